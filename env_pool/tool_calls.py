@@ -88,23 +88,31 @@ def parse_json_tool_calls(text: str) -> list[ToolCall]:
         start = text.find(_TAG_OPEN, pos)
         if start < 0:
             break
-        end = text.find(_TAG_CLOSE, start + len(_TAG_OPEN))
-        if end < 0:
-            raise ToolCallParseError("<tool_call> is not closed by </tool_call>")
-        body = text[start + len(_TAG_OPEN) : end].strip()
-        calls.append(_json_call(body, len(calls)))
-        pos = end + len(_TAG_CLOSE)
+        # Decode the JSON value itself, so a string argument may contain any
+        # text (even "</tool_call>"); only then expect the closing tag.
+        body_start = _skip_ws(text, start + len(_TAG_OPEN))
+        where = f"tool call {len(calls) + 1}"
+        try:
+            obj, body_end = _DECODER.raw_decode(text, body_start)
+        except (ValueError, RecursionError) as exc:
+            raise ToolCallParseError(f"{where} is not valid JSON: {exc}") from None
+        close = _skip_ws(text, body_end)
+        if not text.startswith(_TAG_CLOSE, close):
+            raise ToolCallParseError(f"{where}: expected </tool_call> after the JSON object")
+        calls.append(_json_call(obj, where))
+        pos = close + len(_TAG_CLOSE)
     if not calls and _TAG_CLOSE in text:
         raise ToolCallParseError("</tool_call> without an opening <tool_call>")
     return calls
 
 
-def _json_call(body: str, index: int) -> ToolCall:
-    where = f"tool call {index + 1}"
-    try:
-        obj = json.loads(body, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise ToolCallParseError(f"{where} is not valid JSON: {exc}") from None
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _json_call(obj: Any, where: str) -> ToolCall:
     if not isinstance(obj, dict):
         raise ToolCallParseError(f"{where} must be a JSON object with name and arguments")
     unknown = set(obj) - {"name", "arguments"}
@@ -131,6 +139,9 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid JSON value")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
 
 
 def _check_depth(value: Any, where: str, depth: int = 0) -> None:

@@ -5,9 +5,7 @@ import argparse
 import os
 import sys
 
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+from seal.errors import CliError
 
 
 def build_parser() -> argparse.ArgumentParser:

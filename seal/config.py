@@ -22,7 +22,9 @@ def compose(overrides: list[str], config_name: str = "config"):
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             return hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ValueError(f"bad config: {exc}") from None
+        # Hydra's messages span lines (with the search path); keep one line.
+        text = str(exc).split("\nConfig search path")[0]
+        raise ValueError("bad config: " + " ".join(text.split())) from None
 
 
 def instantiate(node, **kwargs):

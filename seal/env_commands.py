@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from typing import Any, Iterator
 
-from seal.cli import CliError
+from seal.errors import CliError
 
 
 def _interface(components: str, guidelines: str = ""):

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the test suite, setting up first if needed. `--all` includes slow tests;
+# other arguments go to pytest.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+marker=(-m "not slow")
+if [[ "${1:-}" == "--all" ]]; then
+  marker=()
+  shift
+fi
+exec .venv/bin/python -m pytest "${marker[@]}" "$@"

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Keep bfcl-eval from writing into site-packages, and keep our caches in a
+# temp area when the tests run in a fresh clone.
+os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "seal" / "bfcl_root"))
+Path(os.environ["BFCL_PROJECT_ROOT"]).mkdir(parents=True, exist_ok=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def seal_bin() -> list[str]:
+    """The installed `seal` entry point of this interpreter's environment."""
+    return [sys.executable, "-m", "seal.cli"]

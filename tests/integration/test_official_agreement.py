@@ -1,0 +1,97 @@
+"""Our verdict equals bfcl-eval's multi_turn_checker on corrupted trajectories."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from env_pool.bfcl.judge import judge
+from env_pool.bfcl.official import official_verdict
+from env_pool.bfcl.replay import ground_truth_calls
+from env_pool.bfcl.tasks import get_task, split_ids
+from env_pool.tool_calls import ParsedStep, ToolCall
+
+pytestmark = pytest.mark.integration
+KINDS = ("wrong_argument", "dropped_call", "extra_call", "reordered_calls", "call_in_abstention_turn", "empty_turn", "truncated", "untouched")
+
+
+def _changed(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "_x"
+    if isinstance(value, list):
+        return value[:-1] if value else ["x"]
+    return value
+
+
+def corrupt(task, rng: random.Random, kind: str):
+    turns = [[ParsedStep(calls=tuple(ground_truth_calls(task, t)))] if task.ground_truth[t] else [] for t in range(task.num_turns)]
+    t = rng.choice([u for u in range(task.num_turns) if turns[u]])
+    calls = list(turns[t][0].calls)
+    if kind == "wrong_argument":
+        i = rng.randrange(len(calls))
+        if calls[i].arguments:
+            key = rng.choice(sorted(calls[i].arguments))
+            calls[i] = ToolCall(calls[i].name, {**calls[i].arguments, key: _changed(calls[i].arguments[key])})
+    elif kind == "dropped_call":
+        calls.pop(rng.randrange(len(calls)))
+    elif kind == "extra_call":
+        calls.insert(rng.randrange(len(calls) + 1), rng.choice(calls))
+    elif kind == "reordered_calls":
+        rng.shuffle(calls)
+    elif kind == "call_in_abstention_turn":
+        empty = [u for u in range(task.num_turns) if not task.ground_truth[u]]
+        if empty:
+            turns[rng.choice(empty)] = [ParsedStep(calls=(rng.choice(calls),))]
+    elif kind == "empty_turn":
+        calls = []
+    turns[t] = [ParsedStep(calls=tuple(calls))] if calls else []
+    if kind == "truncated":
+        turns = turns[:t]
+    if turns and rng.random() < 0.2:  # steps that do not decode are dropped by both
+        turns[0] = [ParsedStep(error="garbled")] + list(turns[0])
+    return turns
+
+
+def _agreement(n: int, seed: int):
+    rng = random.Random(seed)
+    ids = split_ids("all")
+    seen_errors: Counter = Counter()
+    disagreements = []
+    for i in range(n):
+        task = get_task(ids[i % len(ids)] if n >= len(ids) else rng.choice(ids))
+        kind = KINDS[i % len(KINDS)]
+        turns = corrupt(task, rng, kind)
+        ours = judge(task, turns)
+        valid, error_type = official_verdict(task, turns)
+        seen_errors[error_type] += 1
+        if (ours.reward, ours.error_type) != (int(valid), error_type):
+            disagreements.append((task.id, kind, ours.reward, ours.error_type, valid, error_type))
+    return seen_errors, disagreements
+
+
+def test_verdict_and_error_type_agree_with_official_checker():
+    seen, disagreements = _agreement(1600, seed=0)
+    assert not disagreements, disagreements[:5]
+    # The corruptions exercise every outcome the official checker reports.
+    assert {None, "multi_turn:empty_turn_model_response", "multi_turn:instance_state_mismatch",
+            "multi_turn:execution_response_mismatch", "multi_turn:force_terminated"} <= set(seen)
+    assert seen[None] > 100 and sum(seen.values()) - seen[None] > 800
+
+
+@pytest.mark.slow
+def test_agreement_on_every_task_many_times():
+    seen, disagreements = _agreement(8 * 800, seed=1)
+    assert not disagreements, disagreements[:5]
+
+
+def test_official_oracle_refuses_names_that_are_not_tools():
+    task = get_task("multi_turn_base_0")
+    turns = [[ParsedStep(calls=(ToolCall("open", {"file": "/tmp/x"}),))]] + [[] for _ in range(task.num_turns - 1)]
+    with pytest.raises(ValueError, match="unknown tool"):
+        official_verdict(task, turns)
+    assert judge(task, turns).reward == 0  # ours never executes it

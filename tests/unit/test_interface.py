@@ -1,0 +1,122 @@
+"""Training interface pieces: schema annotations, hints, guidelines, the state value."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from env_pool import tags as T
+from env_pool.interface.feedback import parse_failure_hint, tool_error_hint, unknown_tool_hint
+from env_pool.interface.guidelines import GuidelinePolicy, TagStat, evolve, guideline_block, select_guidelines
+from env_pool.interface.schema_lite import annotate_tools
+from env_pool.interface.state import RAW_INTERFACE, InterfaceState
+
+DOC = {
+    "name": "set_mode",
+    "description": "Set a mode.",
+    "parameters": {
+        "type": "dict",
+        "properties": {
+            "mode": {"type": "string", "description": "The mode.", "enum": ["eco", "sport"]},
+            "level": {"type": "integer", "description": "Level."},
+        },
+        "required": ["mode"],
+    },
+}
+
+
+def test_observation_lite_annotates_a_copy():
+    (out,) = annotate_tools([DOC], InterfaceState(schema_lite=True))
+    assert out["parameters"]["properties"]["mode"]["description"] == "The mode. [required] Allowed values: eco, sport."
+    assert out["parameters"]["properties"]["level"]["description"] == "Level."
+    assert DOC["parameters"]["properties"]["mode"]["description"] == "The mode."  # original untouched
+
+
+def test_observation_lite_options():
+    (out,) = annotate_tools([DOC], InterfaceState(schema_lite=True, schema_show_types=True, schema_drop_optional=True))
+    assert list(out["parameters"]["properties"]) == ["mode"]
+    assert "[type: string]" in out["parameters"]["properties"]["mode"]["description"]
+    assert annotate_tools([DOC], RAW_INTERFACE) == [DOC]
+
+
+@pytest.mark.parametrize(
+    "error, fragment",
+    [
+        ("set_mode() missing 1 required positional argument: 'mode'", "required argument is missing"),
+        ("set_mode() got an unexpected keyword argument 'speed'", "parameter names listed"),
+        ("cat: 'x.txt': No such file or directory", "does not exist where you are"),
+        ("cd: a/b: Unsupported path. Only one folder level at a time is supported.", "one directory level"),
+        ("No user is currently logged in.", "authentication"),
+        ("Token expired", "authentication"),
+        ("argument 'level' expected integer, got str", "wrong type"),
+        ("Both inputs must be numbers", "wrong type"),
+        ("Booking not found", "the tool reported an error"),
+    ],
+)
+def test_tool_error_hints_by_pattern(error, fragment):
+    assert fragment in tool_error_hint(error)
+
+
+def test_long_unrecognised_errors_get_no_hint():
+    assert tool_error_hint("x" * 500) is None
+
+
+def test_parse_hint_lists_twelve_tools_then_a_count():
+    names = [f"t{i}" for i in range(15)]
+    hint = parse_failure_hint("json", "bad JSON", names)
+    assert "t11" in hint and "t12" not in hint and "(and 3 more)" in hint and "<tool_call>" in hint
+    assert "plain text" in hint
+    assert "(and 2 more)" in unknown_tool_hint("zz", [f"t{i}" for i in range(10)])
+
+
+def stat(count, reward_mean):
+    return TagStat(count, count * reward_mean)
+
+
+def test_guidelines_need_frequency_prevalence_and_low_reward():
+    profile = {
+        T.PASS: stat(60, 1.0),
+        T.STATE_MISMATCH: stat(20, 0.0),  # pressure 0.2
+        T.EMPTY_TURN: stat(12, 0.25),  # pressure 0.12 * 0.75 = 0.09
+        T.SPURIOUS_TOOL_CALL: stat(7, 0.0),  # count < 8
+        T.RESPONSE_MISMATCH: stat(10, 0.6),  # reward_mean not < 0.6
+        T.CHECKER_ERROR: stat(500, 0.0),  # excluded, and not in N
+    }
+    assert select_guidelines(profile) == ("state_aware", "active_respond")
+    assert select_guidelines({T.PASS: stat(95, 1.0), T.STATE_MISMATCH: stat(9, 0.0)}) == ()  # prevalence 0.086
+
+
+def test_top_three_by_pressure():
+    profile = {t: stat(10 + i, 0.0) for i, t in enumerate([T.SPURIOUS_TOOL_CALL, T.EMPTY_TURN, T.STATE_MISMATCH, T.INSTANCE_MISMATCH, T.RESPONSE_MISMATCH])}
+    assert select_guidelines(profile) == ("format", "scope", "state_aware")
+    assert select_guidelines(profile, GuidelinePolicy(top_k=1)) == ("format",)
+
+
+def test_evolve_bumps_the_version_only_on_change():
+    state = InterfaceState(guidelines=True)
+    profile = {T.STATE_MISMATCH: stat(20, 0.0)}
+    s1 = evolve(state, profile)
+    assert s1.version == 1 and s1.active_guidelines == ("state_aware",)
+    assert evolve(s1, profile) is s1
+    assert evolve(RAW_INTERFACE, profile) is RAW_INTERFACE  # guidelines off: nothing evolves
+    s2 = evolve(s1, profile, category_profiles={"base": {T.EMPTY_TURN: stat(10, 0.0)}})
+    assert s2.version == 2 and s2.guidelines_for("base") == ("active_respond",) and s2.guidelines_for("miss_func") == ("state_aware",)
+
+
+def test_state_round_trips_through_json():
+    state = InterfaceState(version=3, schema_lite=True, guidelines=True, active_guidelines=("format",), category_guidelines={"base": ("scope",)})
+    assert InterfaceState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    with pytest.raises(ValueError, match="unknown interface fields"):
+        InterfaceState.from_dict({"bogus": 1})
+    with pytest.raises(ValueError, match="unknown guideline kind"):
+        InterfaceState(active_guidelines=("be_smart",))
+    with pytest.raises(ValueError, match="unknown interface component"):
+        RAW_INTERFACE.with_components("lite,magic")
+
+
+def test_raw_means_nothing_added():
+    assert RAW_INTERFACE.is_raw
+    assert InterfaceState(version=7, guidelines=True).is_raw  # on, but nothing active
+    assert not InterfaceState(schema_lite=True).is_raw
+    assert guideline_block(()) == ""
+    assert guideline_block(("format",)).startswith("Guidelines:\n- ")

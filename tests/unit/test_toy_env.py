@@ -1,0 +1,61 @@
+"""The built-in small tool environment: exact verifier, same episode API."""
+from __future__ import annotations
+
+import pytest
+
+from env_pool import tags as T
+from env_pool.base import play_scripted
+from env_pool.interface.state import InterfaceState
+from env_pool.tool_calls import ToolCall, render_calls
+from env_pool.toy.env import NUM_TASKS, ToyToolEnv, toy_task
+
+
+@pytest.mark.parametrize("fmt", ["json", "python"])
+def test_reference_agent_solves_every_task(fmt):
+    env = ToyToolEnv(tool_format=fmt)
+    results = [play_scripted(env, t, env.reference_turns(t)) for t in env.task_ids("all")]
+    assert len(results) == NUM_TASKS and all(r.reward == 1 and r.tags == [T.PASS] for r in results)
+    assert len(env.task_ids("train")) + len(env.task_ids("test")) == NUM_TASKS
+
+
+def _play(text: str, task_id: str = "toy_0", interface=None):
+    env = ToyToolEnv()
+    return play_scripted(env, task_id, [[text, "ok"]], interface), env
+
+
+def test_verifier_outcomes_and_tags():
+    task = toy_task("toy_0")
+    a, b = task.expected.arguments["a"], task.expected.arguments["b"]
+    assert _play(render_calls([ToolCall("add", {"a": b, "b": a})], "json"))[0].reward == 1  # commutative
+    wrong = _play(render_calls([ToolCall("add", {"a": a + 1, "b": b})], "json"))[0]
+    assert (wrong.reward, wrong.tags, wrong.labels) == (0, [T.RESPONSE_MISMATCH], [T.ARGUMENT_MISMATCH])
+    other = _play(render_calls([ToolCall("multiply", {"a": a, "b": b})], "json"))[0]
+    assert (other.reward, other.tags) == (0, [T.INSTANCE_MISMATCH])
+    extra = _play(render_calls([task.expected, ToolCall("get_weather", {"city": "Oslo"})], "json"))[0]
+    assert extra.reward == 0
+    silent = _play("It is 42.")[0]
+    assert (silent.tags, silent.labels) == ([T.EMPTY_TURN], [T.MISSING_TOOL_CALL])
+    garbled = _play("<tool_call>{oops</tool_call>")[0]
+    assert garbled.labels == [T.INVALID_TOOL_CALL] and garbled.num_parse_errors == 1
+
+
+def test_tool_results_and_feedback():
+    env = ToyToolEnv()
+    env.reset("toy_0", InterfaceState(error_feedback=True, schema_lite=True))
+    assert "[required]" in env.messages[0]["content"]
+    r = env.step(render_calls([ToolCall("add", {"a": "x", "b": 2})], "json"))
+    assert '"error"' in r.messages[0]["content"] and "Hint:" in r.messages[0]["content"]
+    r = env.step(render_calls([ToolCall("divide", {"a": 1})], "json"))
+    assert "not an available tool" in r.messages[0]["content"]
+
+
+def test_step_limit_and_bad_ids():
+    env = ToyToolEnv(step_limit=2)
+    env.reset("toy_3")
+    env.step(render_calls([ToolCall("add", {"a": 1, "b": 1})], "json"))
+    assert env.step(render_calls([ToolCall("add", {"a": 1, "b": 1})], "json")).done
+    assert env.result().outcome == "step_limit"
+    with pytest.raises(KeyError, match="unknown toy task"):
+        toy_task("toy_999")
+    with pytest.raises(ValueError, match="unknown split"):
+        env.task_ids("dev")
