@@ -260,13 +260,25 @@ def render_calls(calls: list[ToolCall], fmt: str) -> str:
     raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
 
 
-def python_literal(value: Any) -> str:
-    """Python source for a literal value (round-trips through ast parsing)."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(python_literal(v) for v in value) + "]"
-    if isinstance(value, tuple):
-        items = ", ".join(python_literal(v) for v in value)
-        return f"({items},)" if len(value) == 1 else f"({items})"
-    return repr(value)
+def python_literal(value: Any, escape_parens: bool = False) -> str:
+    """Python source for a literal value (round-trips through ast parsing).
+
+    ``escape_parens`` writes "(" inside strings as an escape, so regex-based
+    call rewriting (bfcl-eval's executor) cannot alter the string's text.
+    """
+    def lit(v: Any) -> str:
+        if isinstance(v, str):
+            text = repr(v)
+            return text.replace("(", "\\x28") if escape_parens else text
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{lit(k)}: {lit(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ", ".join(lit(x) for x in v) + "]"
+        if isinstance(v, tuple):
+            items = ", ".join(lit(x) for x in v)
+            return f"({items},)" if len(v) == 1 else f"({items})"
+        if v is None or isinstance(v, (bool, int, float)):
+            return repr(v)
+        raise TypeError(f"not a literal: {type(v).__name__}")
+
+    return lit(value)

@@ -12,33 +12,19 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 from env_pool import tags as T
 from env_pool.bfcl.runtime import _isolate_shared_state, method_class, prepare_import
 from env_pool.bfcl.tasks import BfclTask
-from env_pool.tool_calls import ParsedStep, ToolCall
+from env_pool.tool_calls import ParsedStep, ToolCall, python_literal
 
 _ids = itertools.count()
 
 
 def call_string(call: ToolCall) -> str:
-    return f"{call.name}(" + ", ".join(f"{k}={_literal(v)}" for k, v in call.arguments.items()) + ")"
-
-
-def _literal(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value).replace("(", "\\x28")
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
-    if isinstance(value, tuple):
-        items = ", ".join(_literal(v) for v in value)
-        return f"({items},)" if len(value) == 1 else f"({items})"
-    if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
-    raise TypeError(f"not a literal: {type(value).__name__}")
+    args = ", ".join(f"{k}={python_literal(v, escape_parens=True)}" for k, v in call.arguments.items())
+    return f"{call.name}({args})"
 
 
 def official_verdict(task: BfclTask, turns: Sequence[Sequence[ParsedStep]]) -> tuple[bool, str | None]:

@@ -1,6 +1,7 @@
 """Our verdict equals bfcl-eval's multi_turn_checker on corrupted trajectories."""
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -95,3 +96,23 @@ def test_official_oracle_refuses_names_that_are_not_tools():
     with pytest.raises(ValueError, match="unknown tool"):
         official_verdict(task, turns)
     assert judge(task, turns).reward == 0  # ours never executes it
+
+
+def test_strings_reach_bfcl_executor_unaltered():
+    """bfcl-eval rewrites `name(` anywhere in a call string; our rendering escapes it."""
+    from env_pool.bfcl.official import call_string
+    from env_pool.bfcl.runtime import prepare_import
+
+    prepare_import()
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    task = get_task("multi_turn_base_0")
+    content = "run ls(a=True) then cd(folder='x') \\( done"
+    calls = [ToolCall("touch", {"file_name": "notes.txt"}), ToolCall("echo", {"content": content, "file_name": "notes.txt"}), ToolCall("cat", {"file_name": "notes.txt"})]
+    try:
+        results, _ = multi_turn_utils.execute_multi_turn_func_call(
+            [call_string(c) for c in calls], task.initial_config, list(task.involved_classes), "seal_escape_test", task.id)
+    finally:
+        for key in [k for k in vars(multi_turn_utils) if k.startswith("seal_escape_test")]:
+            del vars(multi_turn_utils)[key]
+    assert json.loads(results[2])["file_content"] == content
