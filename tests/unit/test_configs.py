@@ -1,30 +1,53 @@
-"""Every config file composes, and each group instantiates its component."""
+"""Every config file composes; each group's node fits its component's constructor."""
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
+from hydra.utils import get_class, get_method
+from omegaconf import OmegaConf
 
 from seal.config import compose, config_dir, instantiate
 
 GROUP_FILES = sorted(p for p in config_dir().glob("*/*.yaml"))
+# Constructors cheap enough to run here; the generator starts an engine.
+CHEAP = {"env", "interface", "sampling"}
+EXTRA = {("model", "local"): ["model.path=/models/some-model"]}
 
 
 def test_there_are_config_groups():
-    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface"}
+    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling"}
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_each_group_option_composes_and_instantiates(path: Path):
-    cfg = compose([f"{path.parent.name}={path.stem}"])
-    component = instantiate(cfg[path.parent.name])
-    assert type(component).__name__ in {"BfclEnv", "ToyToolEnv", "InterfaceState"}
+def test_each_group_option_composes_and_fits_its_constructor(path: Path):
+    group, option = path.parent.name, path.stem
+    cfg = compose([f"{group}={option}", *EXTRA.get((group, option), [])])
+    node = OmegaConf.to_container(cfg[group], resolve=True)
+    assert node, f"{group}/{option} is empty"
+    target = node.pop("_target_", None)
+    if target is None:  # plain settings group, read by others through interpolation
+        return
+    try:
+        ctor = get_class(target)
+    except Exception:
+        ctor = get_method(target)
+    inspect.signature(ctor).bind(**node)  # every key is a constructor parameter
+    if group in CHEAP:
+        assert type(instantiate(cfg[group])).__name__ == ctor.__name__
+
+
+def test_generator_configs_take_the_model_group():
+    cfg = compose(["model=tiny"])
+    assert cfg.generator.model_path == "tiny" and cfg.generator.max_model_len == cfg.model.max_model_len
 
 
 def test_root_config_defaults():
     cfg = compose([])
-    assert cfg.split == "train" and cfg.env.tool_format == "json"
+    assert cfg.split == "train" and cfg.env.tool_format == "json" and cfg.n == 8
     assert instantiate(cfg.interface).schema_lite is True
+    assert instantiate(compose(["sampling=eval"]).sampling).temperature == 0.0
 
 
 def test_bad_overrides_are_clear_errors():
@@ -32,3 +55,5 @@ def test_bad_overrides_are_clear_errors():
         compose(["env=nope"])
     with pytest.raises(ValueError, match="tool_format"):
         instantiate(compose(["env.tool_format=xml"]).env)
+    with pytest.raises(ValueError, match="temperature"):
+        instantiate(compose(["sampling.temperature=-1"]).sampling)

@@ -1,0 +1,142 @@
+"""Multi-turn rollouts: generator and environment alternate until the episode ends.
+
+A group is n rollouts of one task under one interface state; they advance in
+lockstep so every generation call is one batch (and the shared prompt prefix
+is computed once, then served from vLLM's prefix cache).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from actors.chat import ChatTokenizer, Message
+from actors.generator import GenerationRequest, Generator, SamplingConfig
+from env_pool.base import Environment, Outcome
+from env_pool.interface.state import RAW_INTERFACE, InterfaceState
+from replay.messages import Segment, Trajectory
+
+MIN_NEW_TOKENS = 8  # below this much room left, the episode ends as context overflow
+
+
+@dataclass
+class _Episode:
+    env: Environment
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    before: list[Message] = field(default_factory=list)  # conversation before the next generation
+    prompt_length: int = 0
+    generate_s: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+    def add(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([mask] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+@dataclass
+class GroupStats:
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def run_group(
+    make_env: Callable[[], Environment],
+    generator: Generator,
+    chat: ChatTokenizer,
+    task_id: str,
+    n: int,
+    sampling: SamplingConfig,
+    interface: InterfaceState = RAW_INTERFACE,
+    group_id: str | None = None,
+    seed: int | None = None,
+    stats: GroupStats | None = None,
+) -> list[Trajectory]:
+    """n rollouts of ``task_id``; each ends with a record, whatever happens."""
+    if n < 1:
+        raise ValueError(f"a group needs n >= 1 rollouts, got {n}")
+    group_id = group_id or uuid.uuid4().hex[:12]
+    t_start = time.perf_counter()
+    episodes = []
+    for i in range(n):
+        ep = _Episode(env=make_env(), index=i)
+        ep.before = ep.env.reset(task_id, interface)
+        if not ep.env.done:
+            ep.add(chat.prompt_ids(ep.before), 0)
+        ep.prompt_length = len(ep.token_ids)
+        episodes.append(ep)
+
+    step = 0
+    while True:
+        active = [ep for ep in episodes if not ep.env.done]
+        if not active:
+            break
+        requests = []
+        for ep in active:
+            room = generator.max_model_len - len(ep.token_ids)
+            if room < MIN_NEW_TOKENS:
+                ep.env.end(Outcome.CONTEXT_OVERFLOW)
+                continue
+            req_seed = None if seed is None else seed * 1_000_003 + ep.index * 1009 + step
+            requests.append((ep, GenerationRequest(f"{group_id}-{ep.index}-{step}", ep.token_ids, min(sampling.max_new_tokens, room), req_seed)))
+        if not requests:
+            continue
+        t0 = time.perf_counter()
+        try:
+            outputs = generator.generate([r for _, r in requests], sampling)
+        except Exception as exc:  # a generator failure ends these episodes with a named error
+            for ep, _ in requests:
+                ep.error = f"generation failed: {exc.__class__.__name__}: {exc}"
+                ep.env.end(Outcome.ABORTED)
+            continue
+        elapsed = time.perf_counter() - t0
+        for (ep, req), out in zip(requests, outputs):
+            ep.generate_s += elapsed / len(requests)
+            ep.prompt_tokens += out.prompt_tokens
+            ep.cached_tokens += out.cached_prompt_tokens
+            start = len(ep.token_ids)
+            ep.add(out.token_ids, 1, out.logprobs)
+            ep.segments.append(Segment(start, len(ep.token_ids), out.policy_version))
+            text, ended = chat.completion_text(out.token_ids)
+            result = ep.env.step(text)
+            new_messages = [] if result.done else result.messages
+            ep.add(chat.continuation_ids(ep.before, text, ended, new_messages), 0)
+            ep.before = ep.before + [{"role": "assistant", "content": text}] + list(new_messages)
+            if not result.done and out.finish_reason == "length" and req.max_new_tokens < sampling.max_new_tokens:
+                ep.env.end(Outcome.CONTEXT_OVERFLOW)  # cut by the context, not by the budget
+        step += 1
+
+    total = time.perf_counter() - t_start
+    trajectories = []
+    for ep in episodes:
+        res = ep.env.result()
+        traj = Trajectory(
+            task_id=res.task_id, category=res.category, env=res.env, group_id=group_id, rollout_index=ep.index,
+            interface_version=interface.version, token_ids=ep.token_ids, loss_mask=ep.loss_mask, logprobs=ep.logprobs,
+            prompt_length=ep.prompt_length, segments=ep.segments, reward=float(res.reward), success=res.success,
+            progress=res.progress, tags=res.tags, labels=res.labels, error_type=res.error_type, outcome=res.outcome,
+            num_tool_calls=res.num_tool_calls, num_steps=res.num_steps,
+            timings={"generate_s": ep.generate_s, "env_s": res.env_seconds, "judge_s": res.judge_seconds, "total_s": total},
+            error=ep.error,
+        )
+        traj.validate()
+        trajectories.append(traj)
+        if stats is not None:
+            stats.prompt_tokens += ep.prompt_tokens
+            stats.cached_prompt_tokens += ep.cached_tokens
+            stats.generated_tokens += traj.num_generated_tokens
+            stats.generate_s += ep.generate_s
+    return trajectories

