@@ -37,6 +37,7 @@ class VllmGenerator(Generator):
 
         model_path = str(resolve_model(model_path))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown progress bars
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories; never a hub
         if device == "cpu":
             # Read when vLLM is imported: set before.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -31,6 +31,15 @@ TOOLS: tuple[dict[str, Any], ...] = (
     {"name": "get_weather", "description": "Current weather of a city.", "parameters": {"type": "dict", "properties": {"city": {"type": "string", "description": "City name."}}, "required": ["city"]}},
 )
 _EXAMPLE = ToolCall("add", {"a": 1, "b": 2})
+# Worked exchanges shown as earlier chat turns. Without them SmolLM2-135M never
+# emits a call (0 of 192 samples at temperature 1); with them it earns the
+# reward on about 21% of samples in the python format and 7% in json (96 each,
+# raw interface): a learnable signal.
+FEW_SHOT: tuple[tuple[str, ToolCall, str, str], ...] = (
+    ("What is 3 plus 4?", ToolCall("add", {"a": 3, "b": 4}), '{"result": 7}', "3 plus 4 is 7."),
+    ("What is the weather in Berlin right now?", ToolCall("get_weather", {"city": "Berlin"}), '{"weather": "cold"}', "It is cold in Berlin."),
+    ("What is 6 times 7?", ToolCall("multiply", {"a": 6, "b": 7}), '{"result": 42}', "6 times 7 is 42."),
+)
 NUM_TASKS = 300
 NUM_TRAIN = 200
 
@@ -83,7 +92,7 @@ def _matches(call: ToolCall, expected: ToolCall) -> bool:
 class ToyToolEnv(Environment):
     kind = "toy"
 
-    def __init__(self, tool_format: str = "json", step_limit: int = 4) -> None:
+    def __init__(self, tool_format: str = "python", step_limit: int = 4, few_shot: bool = True) -> None:
         super().__init__()
         if tool_format not in FORMATS:
             raise ValueError(f"tool_format must be one of {FORMATS}, got {tool_format!r}")
@@ -91,6 +100,7 @@ class ToyToolEnv(Environment):
             raise ValueError(f"step_limit must be >= 1, got {step_limit}")
         self.tool_format = tool_format
         self.step_limit = step_limit
+        self.few_shot = few_shot
         self._task: ToyTask | None = None
         self._done = True
 
@@ -112,10 +122,16 @@ class ToyToolEnv(Environment):
     def reset(self, task_id: str, interface: InterfaceState | None = None) -> list[Message]:
         self._task = toy_task(task_id)
         self._interface = interface or RAW_INTERFACE
-        self._messages: list[Message] = [
-            {"role": "system", "content": self.system_prompt(self._interface)},
-            {"role": "user", "content": self._task.question},
-        ]
+        self._messages: list[Message] = [{"role": "system", "content": self.system_prompt(self._interface)}]
+        if self.few_shot:
+            for question, call, result, answer in FEW_SHOT:
+                self._messages += [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": render_calls([call], self.tool_format)},
+                    {"role": "tool", "name": call.name, "content": result},
+                    {"role": "assistant", "content": answer},
+                ]
+        self._messages.append({"role": "user", "content": self._task.question})
         self._texts: list[str] = []
         self._calls: list[ToolCall] = []
         self._parse_errors = 0

@@ -74,7 +74,7 @@ def test_behaviour_logprobs_match_the_learner_model(bfcl_group, tiny_path):
     traj = min(bfcl_group[0], key=lambda t: len(t.token_ids))
     ours = sequence_logprobs(model, traj.token_ids)
     diffs = [abs(a - b) for a, b, m in zip(ours, traj.logprobs, traj.loss_mask) if m]
-    assert diffs and max(diffs) < 1e-3, max(diffs)
+    assert diffs and max(diffs) < 1e-4, max(diffs)  # measured: 1e-6 (tiny), 2.5e-5 (embedded)
 
 
 def test_weight_update_changes_output_and_version_and_restores_exactly(generator, chat, tiny_path, tmp_path):

@@ -19,7 +19,7 @@ def test_reference_agent_solves_every_task(fmt):
 
 
 def _play(text: str, task_id: str = "toy_0", interface=None):
-    env = ToyToolEnv()
+    env = ToyToolEnv(tool_format="json")
     return play_scripted(env, task_id, [[text, "ok"]], interface), env
 
 
@@ -40,7 +40,7 @@ def test_verifier_outcomes_and_tags():
 
 
 def test_tool_results_and_feedback():
-    env = ToyToolEnv()
+    env = ToyToolEnv(tool_format="json")
     env.reset("toy_0", InterfaceState(error_feedback=True, schema_lite=True))
     assert "[required]" in env.messages[0]["content"]
     r = env.step(render_calls([ToolCall("add", {"a": "x", "b": 2})], "json"))
@@ -50,7 +50,7 @@ def test_tool_results_and_feedback():
 
 
 def test_step_limit_and_bad_ids():
-    env = ToyToolEnv(step_limit=2)
+    env = ToyToolEnv(tool_format="json", step_limit=2)
     env.reset("toy_3")
     env.step(render_calls([ToolCall("add", {"a": 1, "b": 1})], "json"))
     assert env.step(render_calls([ToolCall("add", {"a": 1, "b": 1})], "json")).done
@@ -59,3 +59,11 @@ def test_step_limit_and_bad_ids():
         toy_task("toy_999")
     with pytest.raises(ValueError, match="unknown split"):
         env.task_ids("dev")
+
+
+def test_opening_shows_worked_exchanges_in_the_active_format():
+    env = ToyToolEnv(tool_format="python")
+    msgs = env.reset("toy_5")
+    assert [m["role"] for m in msgs] == ["system"] + ["user", "assistant", "tool", "assistant"] * 3 + ["user"]
+    assert msgs[2]["content"] == "[add(a=3, b=4)]" and msgs[-1]["content"] == toy_task("toy_5").question
+    assert [m["role"] for m in ToyToolEnv(few_shot=False).reset("toy_5")] == ["system", "user"]
