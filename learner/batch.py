@@ -1,0 +1,77 @@
+"""From trajectories to training samples: complete groups, advantages, A-Patch scales."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from learner.advantages import apply_scale, grpo_advantages, trajectory_scale
+from replay.messages import Trajectory
+
+
+@dataclass(frozen=True)
+class APatchConfig:
+    enabled: bool = True  # diagnosis weighting on/off (the "without reweighting" ablation)
+    apply_to: str = "all"  # all | positive | negative
+    vocabulary: str = "released"  # released (tags) | paper (labels)
+
+    def __post_init__(self) -> None:
+        if self.apply_to not in ("all", "positive", "negative"):
+            raise ValueError(f"apply_to must be all, positive or negative, got {self.apply_to!r}")
+        if self.vocabulary not in ("released", "paper"):
+            raise ValueError(f"vocabulary must be released or paper, got {self.vocabulary!r}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    advantage: float  # after A-Patch
+    raw_advantage: float
+    scale: float
+    num_tokens: int  # unmasked tokens
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    groups: int
+    trajectories: int
+    zero_variance_groups: int
+    mean_scale: float
+    reward_mean: float
+
+
+def group_trajectories(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """Groups in first-seen order; every group complete (same size, distinct rollout indices)."""
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        groups[t.group_id].append(t)
+    sizes = {len(g) for g in groups.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"groups of different sizes in one batch: {sorted(sizes)}")
+    for gid, g in groups.items():
+        if len({t.rollout_index for t in g}) != len(g):
+            raise ValueError(f"group {gid} has duplicate rollout indices")
+        if len({(t.task_id, t.interface_version) for t in g}) != 1:
+            raise ValueError(f"group {gid} mixes tasks or interface versions")
+    return [sorted(g, key=lambda t: t.rollout_index) for g in groups.values()]
+
+
+def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, float], cfg: APatchConfig = APatchConfig()) -> tuple[list[Sample], BatchStats]:
+    groups = group_trajectories(trajectories)
+    samples: list[Sample] = []
+    zero_var = 0
+    scales = []
+    for group in groups:
+        adv = grpo_advantages([t.reward for t in group])
+        zero_var += adv.zero_variance
+        for t, a in zip(group, adv.advantages):
+            tags = t.tags if cfg.vocabulary == "released" else t.labels
+            scale = trajectory_scale(tags, weights) if cfg.enabled else 1.0
+            scales.append(scale)
+            samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, apply_scale(a, scale, cfg.apply_to), a, scale, sum(t.loss_mask)))
+    n = len(samples)
+    stats = BatchStats(len(groups), n, zero_var, sum(scales) / n if n else 1.0,
+                       sum(t.reward for g in groups for t in g) / n if n else 0.0)
+    return samples, stats

@@ -1,0 +1,275 @@
+"""The learner: GRPO updates with DeepSpeed ZeRO (stage 2 or 3) or plain torch.
+
+One ``train_batch`` call takes complete groups, computes advantages and A-Patch
+scales, splits the batch into mini-batches (one optimizer step each) and
+mini-batches into micro-batches (gradient accumulation). The loss is the token
+mean over the whole mini-batch, whatever the micro-batch split, so every
+backend and split computes the same update. A frozen copy of the initial
+weights is the KL reference. Checkpoints hold model, optimizer, step and RNG
+states plus any extra state the caller passes (capability and interface).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from learner.batch import APatchConfig, BatchStats, Sample, build_samples
+from learner.loss import LossConfig, policy_loss
+from replay.messages import Trajectory
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    backend: str = "deepspeed"  # deepspeed | torch
+    zero_stage: int = 2
+    device: str = "cpu"
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    mini_batch_groups: int = 8  # groups per optimizer step
+    micro_batch_size: int = 2  # trajectories per forward/backward
+    seed: int = 0
+    loss: LossConfig = field(default_factory=LossConfig)
+    apatch: APatchConfig = field(default_factory=APatchConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("deepspeed", "torch"):
+            raise ValueError(f"backend must be deepspeed or torch, got {self.backend!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0..3, got {self.zero_stage}")
+        if self.mini_batch_groups < 1 or self.micro_batch_size < 1:
+            raise ValueError("mini_batch_groups and micro_batch_size must be >= 1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(device: str) -> None:
+    """A one-process group unless a launcher (deepspeed/torchrun) already set one up."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+
+
+class Learner:
+    def __init__(self, model_path: str, cfg: LearnerConfig = LearnerConfig(), group_size: int = 8) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.group_size = group_size
+        self.model_path = model_path
+        self.step = 0  # optimizer steps taken
+        self.device = torch.device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        per_mini = cfg.mini_batch_groups * group_size
+        if per_mini % cfg.micro_batch_size:
+            raise ValueError(f"a mini-batch of {per_mini} trajectories does not split into micro-batches of {cfg.micro_batch_size}")
+        self.grad_accum = per_mini // cfg.micro_batch_size
+        self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
+        for p in self.ref.parameters():
+            p.requires_grad_(False)
+        if cfg.backend == "deepspeed":
+            self._init_deepspeed(model_path)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).train()
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+            self.engine = None
+
+    def _init_deepspeed(self, model_path: str) -> None:
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        init_distributed(self.cfg.device)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
+            "gradient_accumulation_steps": self.grad_accum,
+            "gradient_clipping": self.cfg.grad_clip,
+            "zero_optimization": {"stage": self.cfg.zero_stage},
+            "bf16": {"enabled": False},
+            "fp16": {"enabled": False},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self._hf_ds_config = None
+        if self.cfg.zero_stage == 3:
+            # Must exist (and stay alive) before the model is built, so
+            # from_pretrained partitions parameters as it loads them.
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._hf_ds_config = HfDeepSpeedConfig(ds_config)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.model = self.engine.module
+        self.model.train()
+
+    # --------------------------------------------------------------- training
+    def _forward_logprobs(self, model, ids, attention):
+        import torch
+
+        forward = self.engine if (model is self.model and self.engine is not None) else model
+        logits = forward(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if self.cfg.loss.entropy_coef:
+            probs = torch.softmax(logits, dim=-1)
+            entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+        return logp, entropy
+
+    def _collate(self, samples: Sequence[Sample]):
+        import torch
+
+        width = max(len(s.token_ids) for s in samples)
+        pad = 0
+        ids = torch.full((len(samples), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(samples), width), dtype=torch.long)
+        mask = torch.zeros((len(samples), width - 1))
+        old = torch.zeros((len(samples), width - 1))
+        adv = torch.zeros((len(samples), 1))
+        for i, s in enumerate(samples):
+            n = len(s.token_ids)
+            ids[i, :n] = torch.tensor(s.token_ids)
+            attention[i, :n] = 1
+            mask[i, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
+            old[i, : n - 1] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
+            adv[i, 0] = s.advantage
+        return ids.to(self.device), attention.to(self.device), mask.to(self.device), old.to(self.device), adv.to(self.device)
+
+    def train_batch(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float]) -> dict[str, Any]:
+        """One batch of complete groups: len(groups) / mini_batch_groups optimizer steps."""
+        import torch
+
+        t0 = time.perf_counter()
+        samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch)
+        per_mini = self.cfg.mini_batch_groups * self.group_size
+        if stats.trajectories % per_mini or any(len(s.token_ids) < 2 for s in samples):
+            raise ValueError(f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {stats.groups} groups of {stats.trajectories // max(stats.groups, 1)}")
+        metrics: dict[str, list[float]] = {}
+        tokens = 0
+        for m0 in range(0, len(samples), per_mini):
+            mini = samples[m0 : m0 + per_mini]
+            mini_tokens = max(1, sum(s.num_tokens for s in mini))
+            for k in range(0, len(mini), self.cfg.micro_batch_size):
+                micro = mini[k : k + self.cfg.micro_batch_size]
+                ids, attention, mask, old, adv = self._collate(micro)
+                logp, entropy = self._forward_logprobs(self.model, ids, attention)
+                with torch.no_grad():
+                    ref_logp, _ = self._forward_logprobs(self.ref, ids, attention)
+                # Normalise by the mini-batch's token count: the sum over
+                # micro-batches is the mini-batch token mean.
+                loss, m = policy_loss(logp, old, adv.expand_as(logp), mask, self.cfg.loss, ref_logp, entropy,
+                                      token_normalizer=float(mini_tokens))
+                for key, value in m.items():
+                    metrics.setdefault(key, []).append(value)
+                if self.engine is not None:
+                    self.engine.backward(loss, scale_wrt_gas=False)
+                    self.engine.step()
+                else:
+                    loss.backward()
+            if self.engine is None:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                metrics.setdefault("grad_norm", []).append(float(grad_norm))
+            else:
+                metrics.setdefault("grad_norm", []).append(float(self.engine.get_global_grad_norm() or 0.0))
+            self.step += 1
+            tokens += mini_tokens
+        seconds = time.perf_counter() - t0
+        minis = len(samples) // per_mini
+        # Loss terms were normalised by mini-batch tokens: summing micro-batches
+        # gives each mini-batch's value; report their mean.
+        out: dict[str, Any] = {k: (sum(v) / len(v) if k == "grad_norm" else sum(v) / minis) for k, v in metrics.items()}
+        out.update(step=self.step, seconds=seconds, samples_per_s=len(samples) / seconds, tokens_per_s=tokens / seconds,
+                   groups=stats.groups, zero_variance_groups=stats.zero_variance_groups, mean_scale=stats.mean_scale,
+                   reward_mean=stats.reward_mean)
+        return out
+
+    # -------------------------------------------------------------- weights
+    def full_state_dict(self) -> dict[str, Any]:
+        """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""
+        if self.engine is not None and self.cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+                return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def publish(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
+        """A versioned safetensors snapshot generators can load; (path, seconds)."""
+        t0 = time.perf_counter()
+        out = Path(out_dir) / f"v{version:06d}"
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp, state_dict=self.full_state_dict(), safe_serialization=True)
+        (tmp / "seal-version.json").write_text(json.dumps({"version": version, "step": self.step}))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        return out, time.perf_counter() - t0
+
+    # ----------------------------------------------------------- checkpoints
+    def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
+        import numpy as np
+        import torch
+
+        path = Path(ckpt_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+        meta = {"step": self.step, "backend": self.cfg.backend, "zero_stage": self.cfg.zero_stage, "extra": dict(extra or {})}
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(path), tag=f"step{self.step:07d}", client_state={"seal": meta})
+        else:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path / "torch_state.pt")
+        torch.save(rng, path / "rng.pt")
+        (path / "learner.json").write_text(json.dumps(meta, indent=2))
+        return path
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> dict[str, Any]:
+        """Restore model, optimizer, step and RNG; returns the caller's extra state."""
+        import numpy as np
+        import torch
+
+        path = Path(ckpt_dir)
+        meta_file = path / "learner.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"no learner checkpoint in {path}")
+        meta = json.loads(meta_file.read_text())
+        if (meta["backend"], meta["zero_stage"]) != (self.cfg.backend, self.cfg.zero_stage):
+            raise ValueError(f"checkpoint was written by {meta['backend']} stage {meta['zero_stage']}, this learner is {self.cfg.backend} stage {self.cfg.zero_stage}")
+        if self.engine is not None:
+            loaded, _ = self.engine.load_checkpoint(str(path))  # the tag DeepSpeed recorded as latest
+            if loaded is None:
+                raise FileNotFoundError(f"DeepSpeed found no checkpoint in {path}")
+        else:
+            state = torch.load(path / "torch_state.pt", weights_only=False)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        self.step = int(meta["step"])
+        return meta["extra"]
