@@ -76,6 +76,9 @@ class Learner:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from actors.model_assets import resolve_model
+
+        model_path = str(resolve_model(model_path))
         self.cfg = cfg
         self.group_size = group_size
         self.model_path = model_path

@@ -46,8 +46,15 @@ def target_weight(base: float, count: int, total: int, reward_mean: float, cfg: 
 class TagWeights:
     """The current per-tag weights; ``update`` applies one EMA step."""
 
-    def __init__(self, base: Mapping[str, float], cfg: DynamicWeightConfig = DynamicWeightConfig(),
+    def __init__(self, base: str | Mapping[str, float] = "released", cfg: DynamicWeightConfig = DynamicWeightConfig(),
                  excluded: frozenset[str] = T.EXCLUDED_TAGS) -> None:
+        if isinstance(base, str):
+            from learner.advantages import PAPER_BASE_WEIGHTS, RELEASED_BASE_WEIGHTS
+
+            tables = {"released": RELEASED_BASE_WEIGHTS, "paper": PAPER_BASE_WEIGHTS}
+            if base not in tables:
+                raise ValueError(f"base weights must be released, paper or a mapping, got {base!r}")
+            base = tables[base]
         self.base = dict(base)
         self.cfg = cfg
         self.excluded = excluded

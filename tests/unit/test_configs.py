@@ -12,12 +12,12 @@ from seal.config import compose, config_dir, instantiate
 
 GROUP_FILES = sorted(p for p in config_dir().glob("*/*.yaml"))
 # Constructors cheap enough to run here; the generator starts an engine.
-CHEAP = {"env", "interface", "sampling"}
+CHEAP = {"env", "interface", "sampling", "tag_weights"}
 EXTRA = {("model", "local"): ["model.path=/models/some-model"]}
 
 
 def test_there_are_config_groups():
-    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling"}
+    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling", "learner", "tag_weights"}
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -34,6 +34,13 @@ def test_each_group_option_composes_and_fits_its_constructor(path: Path):
     except Exception:
         ctor = get_method(target)
     inspect.signature(ctor).bind(**node)  # every key is a constructor parameter
+    for key, value in node.items():  # nested component configs too (learner.cfg, its loss and apatch)
+        if isinstance(value, dict) and "_target_" in value:
+            nested = dict(value)
+            inspect.signature(get_class(nested.pop("_target_"))).bind(**{k: v for k, v in nested.items()})
+    if group == "learner":
+        cfg_node = instantiate(cfg.learner.cfg)  # the config objects themselves are cheap
+        assert cfg_node.loss.kl_coef == 0.001 and cfg_node.apatch.apply_to == "all"
     if group in CHEAP:
         assert type(instantiate(cfg[group])).__name__ == ctor.__name__
 

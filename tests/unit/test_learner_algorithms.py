@@ -102,3 +102,12 @@ def test_capability_state_views_window_and_exact_restore():
     assert set(state.tag_counts("tag")) == {T.EMPTY_TURN}  # auto: the window once it has data
     with pytest.raises(ValueError, match="unknown view"):
         state.tag_counts("nope")
+
+
+def test_base_weight_tables_by_name():
+    from learner.advantages import PAPER_BASE_WEIGHTS
+
+    assert TagWeights("paper").to_dict()[T.INVALID_TOOL_CALL] == PAPER_BASE_WEIGHTS[T.INVALID_TOOL_CALL]
+    assert TagWeights().to_dict()[T.CORRECT_ABSTENTION] == 1.8
+    with pytest.raises(ValueError, match="released, paper"):
+        TagWeights("mine")

@@ -1,0 +1,31 @@
+"""The learner on CUDA (NCCL): runs wherever CUDA (and DeepSpeed) are installed."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+
+
+@pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])
+def test_cuda_step_matches_cpu(backend, stage):
+    import torch
+
+    if backend == "deepspeed":
+        pytest.importorskip("deepspeed")
+    from test_learner_engine import make_batch
+
+    from actors.model_assets import prepare_tiny_model
+    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from learner.engine import Learner, LearnerConfig
+
+    path = str(prepare_tiny_model())
+    batch = make_batch(0, path)
+    results = {}
+    for device in ("cpu", "cuda"):
+        cfg = LearnerConfig(backend=backend if device == "cuda" else "torch", zero_stage=stage, device=device, lr=1e-3,
+                            mini_batch_groups=2, micro_batch_size=1)
+        lrn = Learner(path, cfg, group_size=2)
+        results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.full_state_dict())
+    assert results["cuda"][0]["loss"] == pytest.approx(results["cpu"][0]["loss"], rel=1e-3)
+    for k, w in results["cpu"][1].items():
+        assert torch.allclose(results["cuda"][1][k], w, atol=1e-4), k
