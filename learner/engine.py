@@ -60,6 +60,11 @@ def init_distributed(device: str) -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
+        # Someone (a launcher, or vLLM in the same process) made the group;
+        # DeepSpeed still reads the rank variables.
+        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+        os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
