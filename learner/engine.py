@@ -95,6 +95,11 @@ class Learner:
         if per_mini % cfg.micro_batch_size:
             raise ValueError(f"a mini-batch of {per_mini} trajectories does not split into micro-batches of {cfg.micro_batch_size}")
         self.grad_accum = per_mini // cfg.micro_batch_size
+        # A ZeRO-3 config left active by an earlier learner in this process
+        # would make from_pretrained partition the reference model too.
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
         self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
         for p in self.ref.parameters():
             p.requires_grad_(False)

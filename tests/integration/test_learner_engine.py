@@ -95,7 +95,7 @@ def test_micro_batch_split_does_not_change_the_update(tiny_path):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
 
 
-@pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2)])
+@pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])
 def test_checkpoint_resume_is_exact(tiny_path, tmp_path, backend, stage):
     b1, b2 = make_batch(2, tiny_path), make_batch(3, tiny_path)
     first = learner(tiny_path, backend, stage)
