@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import random
 import time
-from pathlib import Path
+
+from _report import write_report
 
 
 def rss_mb() -> float:
@@ -103,10 +103,7 @@ def main() -> None:
     print(f"diagnosis costs x{report['diagnosis_cost_ratio']:.2f} in episodes/s")
     print(f"memory over {args.memory_episodes} episodes: {rss0:.1f} -> {rss1:.1f} MB RSS")
     print(f"outside load (1-min avg): {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} cores")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

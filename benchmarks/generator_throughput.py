@@ -12,10 +12,10 @@ Prints a table and writes JSON (default benchmarks/results/generator_throughput.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
+
+from _report import write_report
 
 
 def main() -> None:
@@ -118,10 +118,7 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<44}{value}")
     print(f"outside load (1-min avg): {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} cores")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    write_report(args.out, report)
     gen.close()
 
 

@@ -11,12 +11,12 @@ Prints a table and writes JSON (default benchmarks/results/learner_throughput.js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import tempfile
 import time
-from pathlib import Path
+
+from _report import write_report
 
 
 def synthetic_batch(groups: int, n: int, tokens: int, seed: int):
@@ -96,10 +96,7 @@ def main() -> None:
         print(f"{r['backend']:<8}{r['step_s']:>9.2f}{r['samples_per_s']:>11.2f}{r['tokens_per_s']:>10.0f}{r['publish_s']:>11.2f}")
     print(f"batch: {args.groups} groups x {args.n} x {args.tokens} tokens (half generated); tokens/s counts generated tokens")
     print(f"peak RSS (three learners in one process): {report['peak_rss_gb_all_backends']:.1f} GB; outside load {load_before:.2f} -> {load_after:.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
