@@ -91,3 +91,44 @@ class Trajectory:
         fields = {k: v for k, v in d.items() if k in known}
         fields["segments"] = [Segment(**s) for s in d["segments"]]
         return cls(**fields)
+
+
+# ------------------------------------------------------------ control plane
+@dataclass(frozen=True)
+class WeightVersion:
+    """Learner -> generators and replay queue: a new policy version is published."""
+
+    version: int
+    path: str  # where the snapshot lies ("" when pushed as tensors)
+    step: int
+    published_at: float
+
+
+@dataclass(frozen=True)
+class InterfaceUpdate:
+    """Coordinator -> env actors: the training interface's new state."""
+
+    version: int
+    state: dict[str, Any]  # InterfaceState.to_dict()
+
+
+@dataclass(frozen=True)
+class TagSummary:
+    """Env/rollout side -> coordinator: tags of one finished trajectory."""
+
+    task_id: str
+    category: str
+    tags: list[str]
+    labels: list[str]
+    reward: float
+    success: bool
+    progress: float
+    interface_version: int
+
+
+@dataclass(frozen=True)
+class Control:
+    """Orchestrator -> actors: stop, scale, checkpoint, ..."""
+
+    command: str
+    args: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,145 @@
+"""The replay queue: assembles complete GRPO groups under a staleness bound.
+
+Rollouts arrive one by one (any order, possibly twice). A group is complete
+when all ``group_size`` rollout indices are in; complete groups wait in FIFO
+order until the learner takes a batch of ``groups_per_batch``. Staleness is
+measured in policy versions, from the oldest segment of any rollout in the
+group to the current version when the learner takes it: groups past
+``max_staleness`` are dropped (counted) or, with ``stale_policy="downweight"``,
+kept with a weight that halves per version past the bound. A duplicate
+delivery (same group id and rollout index) is ignored and counted. Incomplete
+groups older than ``reissue_after_s`` are handed back by ``expired()`` for the
+producer to re-issue (counted); their partial rollouts are discarded, so a
+group reaches the learner exactly once, whole.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from replay.messages import Trajectory
+
+
+@dataclass
+class QueueStats:
+    accepted: int = 0
+    duplicates: int = 0
+    dropped_stale: int = 0  # groups
+    downweighted: int = 0  # groups
+    reissued: int = 0  # groups
+    batches: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+@dataclass
+class _Pending:
+    created: float
+    task_id: str
+    rollouts: dict[int, Trajectory] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Group:
+    group_id: str
+    trajectories: list[Trajectory]
+    staleness: int  # current version minus the oldest policy version in the group
+    weight: float  # 1.0, or < 1 when down-weighted for staleness
+
+
+class ReplayQueue:
+    def __init__(self, group_size: int, groups_per_batch: int, max_staleness: int = 1, stale_policy: str = "drop",
+                 reissue_after_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if group_size < 1 or groups_per_batch < 1:
+            raise ValueError("group_size and groups_per_batch must be >= 1")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if stale_policy not in ("drop", "downweight"):
+            raise ValueError(f"stale_policy must be drop or downweight, got {stale_policy!r}")
+        self.group_size = group_size
+        self.groups_per_batch = groups_per_batch
+        self.max_staleness = max_staleness
+        self.stale_policy = stale_policy
+        self.reissue_after_s = reissue_after_s
+        self.clock = clock
+        self.policy_version = 0
+        self.stats = QueueStats()
+        self._pending: dict[str, _Pending] = {}
+        self._complete: OrderedDict[str, list[Trajectory]] = OrderedDict()
+        # Groups already complete, handed out, dropped or re-issued (bounded:
+        # a late duplicate older than this many groups is no longer recognised).
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        self._closed_cap = 100_000
+
+    def set_policy_version(self, version: int) -> None:
+        if version < self.policy_version:
+            raise ValueError(f"policy version went back from {self.policy_version} to {version}")
+        self.policy_version = version
+
+    def add(self, traj: Trajectory) -> bool:
+        """False for a duplicate (or a late rollout of a closed group)."""
+        gid = traj.group_id
+        if gid in self._closed:
+            self.stats.duplicates += 1
+            return False
+        if not 0 <= traj.rollout_index < self.group_size:
+            raise ValueError(f"rollout index {traj.rollout_index} outside a group of {self.group_size}")
+        pending = self._pending.setdefault(gid, _Pending(self.clock(), traj.task_id))
+        if traj.rollout_index in pending.rollouts:
+            self.stats.duplicates += 1
+            return False
+        pending.rollouts[traj.rollout_index] = traj
+        self.stats.accepted += 1
+        if len(pending.rollouts) == self.group_size:
+            del self._pending[gid]
+            self._close(gid)
+            self._complete[gid] = [pending.rollouts[i] for i in range(self.group_size)]
+        return True
+
+    def _close(self, gid: str) -> None:
+        self._closed[gid] = None
+        if len(self._closed) > self._closed_cap:
+            self._closed.popitem(last=False)
+
+    def expired(self) -> list[tuple[str, str]]:
+        """(group_id, task_id) of incomplete groups past the deadline, to re-issue."""
+        now = self.clock()
+        out = []
+        for gid, pending in list(self._pending.items()):
+            if now - pending.created >= self.reissue_after_s:
+                del self._pending[gid]
+                self._close(gid)
+                self.stats.reissued += 1
+                out.append((gid, pending.task_id))
+        return out
+
+    def ready(self) -> int:
+        return len(self._complete)
+
+    def take_batch(self) -> list[Group] | None:
+        """The oldest ``groups_per_batch`` fresh-enough complete groups, or None."""
+        fresh: list[Group] = []
+        for gid in list(self._complete):
+            trajs = self._complete[gid]
+            staleness = self.policy_version - min(t.policy_version for t in trajs)
+            if staleness > self.max_staleness:
+                if self.stale_policy == "drop":
+                    del self._complete[gid]
+                    self.stats.dropped_stale += 1
+                    continue
+                weight = 0.5 ** (staleness - self.max_staleness)
+            else:
+                weight = 1.0
+            fresh.append(Group(gid, trajs, staleness, weight))
+            if len(fresh) == self.groups_per_batch:
+                break
+        if len(fresh) < self.groups_per_batch:
+            return None
+        for g in fresh:
+            del self._complete[g.group_id]
+            self.stats.downweighted += g.weight < 1.0
+        self.stats.batches += 1
+        return fresh

@@ -1,0 +1,89 @@
+"""msgpack encoding of the messages in replay/messages.py.
+
+Every frame is a map {"v": schema version, "kind": message kind, "body": ...}.
+Token ids, masks and logprobs travel as raw little-endian arrays (bin), not
+lists of ints. ``decode`` raises WireError with a reason for anything
+malformed or of another schema version; receivers count and log those and
+carry on.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from replay.messages import (
+    SCHEMA_VERSION,
+    Control,
+    InterfaceUpdate,
+    Segment,
+    TagSummary,
+    Trajectory,
+    WeightVersion,
+)
+
+KINDS: dict[str, type] = {
+    "trajectory": Trajectory,
+    "weight_version": WeightVersion,
+    "interface_update": InterfaceUpdate,
+    "tag_summary": TagSummary,
+    "control": Control,
+}
+_KIND_OF = {cls: kind for kind, cls in KINDS.items()}
+# (field, numpy dtype) of the arrays sent as raw bytes
+_ARRAYS = (("token_ids", "<i4"), ("loss_mask", "<u1"), ("logprobs", "<f4"))
+
+
+class WireError(ValueError):
+    """A frame that cannot be accepted (malformed, unknown kind, other version)."""
+
+
+def encode(message: Any) -> bytes:
+    import msgpack
+    import numpy as np
+
+    kind = _KIND_OF.get(type(message))
+    if kind is None:
+        raise TypeError(f"not a wire message: {type(message).__name__}")
+    if isinstance(message, Trajectory):
+        body = {k: v for k, v in asdict(message).items() if k not in {name for name, _ in _ARRAYS}}
+        for name, dtype in _ARRAYS:
+            body[name] = np.asarray(getattr(message, name), dtype=dtype).tobytes()
+    else:
+        body = asdict(message)
+    return msgpack.packb({"v": SCHEMA_VERSION, "kind": kind, "body": body}, use_bin_type=True)
+
+
+def decode(frame: bytes) -> Any:
+    import msgpack
+    import numpy as np
+
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for bad bytes
+        raise WireError(f"not msgpack: {exc.__class__.__name__}: {exc}") from None
+    if not isinstance(obj, dict) or set(obj) != {"v", "kind", "body"}:
+        raise WireError("frame must be a map with keys v, kind, body")
+    if obj["v"] != SCHEMA_VERSION:
+        raise WireError(f"schema version {obj['v']!r}, expected {SCHEMA_VERSION}")
+    cls = KINDS.get(obj["kind"])
+    if cls is None:
+        raise WireError(f"unknown message kind {obj['kind']!r}")
+    body = obj["body"]
+    if not isinstance(body, dict):
+        raise WireError("body must be a map")
+    try:
+        if cls is Trajectory:
+            for name, dtype in _ARRAYS:
+                raw = body[name]
+                if not isinstance(raw, bytes) or len(raw) % np.dtype(dtype).itemsize:
+                    raise WireError(f"{name} must be raw {dtype} bytes")
+                body[name] = np.frombuffer(raw, dtype=dtype).tolist()
+            body["segments"] = [Segment(**s) for s in body["segments"]]
+            message = Trajectory(**body)
+            message.validate()
+            return message
+        return cls(**body)
+    except WireError:
+        raise
+    except (TypeError, KeyError, ValueError) as exc:
+        raise WireError(f"bad {obj['kind']} body: {exc}") from None
