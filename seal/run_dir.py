@@ -25,7 +25,14 @@ def create_run_dir(requested: str | None, cfg, overrides: list[str]) -> Path:
     repo = Path(__file__).resolve().parent.parent
     path = Path(requested) if requested else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     meta: dict[str, Any] = {"overrides": overrides, "seed": cfg.seed, "code_version": code_version(repo), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    (path / "run.json").write_text(json.dumps(meta, indent=2))
+    run_file = path / "run.json"
+    if run_file.is_file():  # a resumed run: keep the original record, log the continuation
+        record = json.loads(run_file.read_text())
+        record.setdefault("resumed", []).append(meta)
+        (path / f"config.resume{len(record['resumed'])}.yaml").write_text(OmegaConf.to_yaml(cfg))
+    else:
+        record = meta
+        (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    run_file.write_text(json.dumps(record, indent=2))
     return path

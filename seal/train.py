@@ -1,69 +1,44 @@
 """`seal train`: the main job.
 
-The asynchronous trainer (generators, learner, replay queue, coordinator)
-plugs in here as those parts land. Until then the job runs the strongest
-end-to-end path that exists: every task of the split through the
-environment with the training interface, the verifier and the diagnosis,
-driven by the reference (ground-truth) agent; then one closed-loop interface
-update from the resulting failure profile. It writes the run directory the
-trainer will write.
+Synchronous mode today (generation and learning alternate in one process,
+staleness 0); the asynchronous Ray pipeline will take the same config. Writes
+a run directory: config.yaml (resolved), run.json (overrides, seed, code
+version), metrics.jsonl, rounds.jsonl (per-round failure profile and
+interface state), tensorboard/, checkpoints/latest.
 """
 from __future__ import annotations
 
-import json
-import time
-from collections import Counter, defaultdict
+from pathlib import Path
 
 
 def run(args) -> int:
-    from omegaconf import OmegaConf
     from tqdm import tqdm
 
-    from env_pool.base import play_scripted
-    from env_pool.interface.guidelines import TagStat, evolve
     from seal.config import compose, instantiate
     from seal.run_dir import create_run_dir
+    from seal.trainer import SyncTrainer
 
     cfg = compose(args.overrides)
-    env = instantiate(cfg.env)
-    interface = instantiate(cfg.interface)
-    ids = env.task_ids(cfg.split)
-    if cfg.limit is not None:
-        ids = ids[: int(cfg.limit)]
-    run_dir = create_run_dir(cfg.run_dir, cfg, list(args.overrides))
+    if cfg.trainer.mode != "sync":
+        raise ValueError(f"trainer.mode={cfg.trainer.mode!r}: only sync runs in this version (the async Ray pipeline is not built yet)")
+    resume = Path(cfg.resume) if cfg.resume else None
+    if resume is not None and not (resume / "checkpoints" / "latest").is_dir():
+        raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume}/checkpoints/latest")
+    run_dir = create_run_dir(str(resume) if resume else cfg.run_dir, cfg, list(args.overrides))
     print(f"run dir: {run_dir}")
-    print("stage: environment (reference agent through env, verifier, diagnosis, interface); the learner is not built yet")
-
-    profile: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    by_cat: dict[str, Counter] = defaultdict(Counter)
-    t0 = time.perf_counter()
-    with open(run_dir / "episodes.jsonl", "w") as out:
-        for task_id in tqdm(ids, desc="episodes", unit="ep", mininterval=0.5):
-            result = play_scripted(env, task_id, env.reference_turns(task_id), interface)
-            out.write(json.dumps(result.to_dict()) + "\n")
-            by_cat[result.category]["tasks"] += 1
-            by_cat[result.category]["success"] += result.reward
-            for tag in result.tags:
-                profile[tag][0] += 1
-                profile[tag][1] += result.reward
-    seconds = time.perf_counter() - t0
-    new_interface = evolve(interface, {t: TagStat(int(c), r) for t, (c, r) in profile.items()})
-    summary = {
-        "episodes": len(ids),
-        "success": sum(c["success"] for c in by_cat.values()),
-        "by_category": {k: dict(v) for k, v in sorted(by_cat.items())},
-        "tags": {t: int(c) for t, (c, _) in sorted(profile.items())},
-        "env_stats": env.stats.to_dict(),
-        "seconds": round(seconds, 2),
-        "interface_before": interface.to_dict(),
-        "interface_after": new_interface.to_dict(),
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"{summary['success']}/{summary['episodes']} episodes succeeded in {seconds:.1f} s "
-          f"({env.stats.tool_calls} tool calls, {env.stats.tool_calls / max(seconds, 1e-9):.0f} calls/s)")
-    for cat, c in summary["by_category"].items():
-        print(f"  {cat:<14}{c['success']:>4}/{c['tasks']}")
-    print("tags: " + ", ".join(f"{k}={v}" for k, v in summary["tags"].items()))
-    print(f"interface v{new_interface.version}: guidelines {list(new_interface.active_guidelines) or 'none'}")
-    print(f"wrote {run_dir}/summary.json, episodes.jsonl, config.yaml")
-    return 0 if summary["success"] == summary["episodes"] else 1
+    print(f"starting: env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} learner=zero{cfg.learner.cfg.zero_stage if cfg.learner.cfg.backend == 'deepspeed' else '-torch'} "
+          f"{cfg.trainer.steps} steps x {cfg.trainer.groups_per_step} groups x {cfg.n} rollouts", flush=True)
+    trainer = SyncTrainer(cfg, instantiate, run_dir)
+    if resume is not None:
+        trainer.resume(resume)
+        print(f"resumed at step {trainer.step}, policy version {trainer.generator.policy_version}, interface v{trainer.coordinator.interface.version}")
+    with tqdm(total=cfg.trainer.steps, desc="learner steps", unit="step") as bar:
+        history = trainer.run(cfg.trainer.steps, progress=bar)
+    last = history[-1]
+    print(f"step {last['step']}: reward {last['reward_mean']:.3f}, policy v{last['policy_version']}, interface v{last['interface_version']} "
+          f"(guidelines: {', '.join(last['active_guidelines']) or 'none'}), {last['gen_tokens_per_s']:.1f} gen tokens/s, "
+          f"{last['learner_samples_per_s']:.2f} learner samples/s")
+    print("rewards by step: " + " ".join(f"{h['reward_mean']:.2f}" for h in history))
+    print(f"metrics: {run_dir}/metrics.jsonl; TensorBoard: .venv/bin/tensorboard --logdir {run_dir}/tensorboard")
+    trainer.generator.close()
+    return 0

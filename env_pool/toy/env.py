@@ -137,7 +137,7 @@ class ToyToolEnv(Environment):
         self._parse_errors = 0
         self._done = False
         self._outcome: Outcome | None = None
-        self._t0 = time.perf_counter()
+        self._env_seconds = 0.0
         return list(self._messages)
 
     @property
@@ -154,6 +154,7 @@ class ToyToolEnv(Environment):
     def step(self, assistant_text: str) -> StepResult:
         if self._task is None or self._done:
             raise EpisodeStateError("step() needs an episode in progress: call reset() first")
+        t0 = time.perf_counter()
         parsed = parse_step(assistant_text, self.tool_format)
         self._texts.append(assistant_text)
         self._messages.append({"role": "assistant", "content": assistant_text})
@@ -184,6 +185,7 @@ class ToyToolEnv(Environment):
             self._finish(Outcome.COMPLETED)
         elif len(self._texts) >= self.step_limit:
             self._finish(Outcome.STEP_LIMIT)
+        self._env_seconds += time.perf_counter() - t0
         return StepResult(new, 0, end_turn, self._done, self._outcome, len(parsed.calls), parsed.error)
 
     def end(self, outcome: Outcome) -> None:
@@ -220,5 +222,5 @@ class ToyToolEnv(Environment):
             error_type=None if reward else "toy:" + tag, outcome=(self._outcome or Outcome.ABORTED).value,
             interface_version=self._interface.version, num_steps=len(self._texts), num_tool_calls=len(self._calls),
             num_parse_errors=self._parse_errors, turns=[list(self._texts)],
-            env_seconds=time.perf_counter() - self._t0, judge_seconds=0.0,
+            env_seconds=self._env_seconds, judge_seconds=0.0,
         )

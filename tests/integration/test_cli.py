@@ -89,12 +89,3 @@ def test_replay_gt_json_shape():
     assert proc.returncode == 0 and out["tasks"] == out["reward_1"] == 400
     assert out["by_category"] == {c: {"tasks": 100, "reward_1": 100} for c in ("base", "miss_func", "miss_param", "long_context")}
     assert set(out["tags"]) == {"pass", "correct_abstention"}
-
-
-def test_train_writes_a_run_directory(tmp_path):
-    proc = seal("train", "env=toy", "limit=30", f"run_dir={tmp_path}/run")
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["episodes"] == summary["success"] == 30
-    assert (tmp_path / "run" / "config.yaml").is_file() and len((tmp_path / "run" / "episodes.jsonl").read_text().splitlines()) == 30
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["overrides"] == ["env=toy", "limit=30", f"run_dir={tmp_path}/run"]

@@ -33,3 +33,38 @@ def test_eval_reports_macro_average(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["tasks"] == 3 and set(out["by_category"]) <= {"add", "multiply", "get_weather"}
     assert out["overall"] == pytest.approx(sum(out["by_category"].values()) / len(out["by_category"]))
+
+
+METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "staleness_max", "mean_scale", "tag_weights",
+               "tag_fractions", "interface_version", "active_guidelines", "gen_tokens_per_s", "learner_samples_per_s",
+               "dropped", "reissued", "rejected"}
+
+
+def test_train_runs_checkpoints_and_resumes(tmp_path):
+    run = tmp_path / "run"
+    proc = seal("train", "env=toy", "model=tiny", "trainer.steps=2", f"run_dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(METRIC_KEYS <= set(r) for r in rows)
+    assert [r["policy_version"] for r in rows] == [1, 2] and rows[-1]["staleness_max"] == 0
+    # The tiny model never calls a tool: empty turns dominate, and the closed
+    # loop turns on the matching guideline once there are 8 of them.
+    assert rows[-1]["tag_fractions"] == {"empty_turn_model_response": 1.0}
+    assert rows[-1]["active_guidelines"] == ["active_respond"] and rows[-1]["interface_version"] == 1
+    assert rows[-1]["tag_weights"]["empty_turn_model_response"] > 1.5
+    assert (run / "checkpoints" / "latest" / "learner.json").is_file() and list((run / "tensorboard").iterdir())
+    assert len((run / "rounds.jsonl").read_text().splitlines()) == 2
+
+    proc = seal("train", "env=toy", "model=tiny", "trainer.steps=1", f"resume={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed at step 2, policy version 2, interface v1" in proc.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["policy_version"] == 3
+    assert len(json.loads((run / "run.json").read_text())["resumed"]) == 1
+
+
+def test_train_refuses_what_it_cannot_do(tmp_path):
+    proc = seal("train", "trainer.mode=async")
+    assert proc.returncode == 2 and "only sync" in proc.stderr
+    proc = seal("train", f"resume={tmp_path}")
+    assert proc.returncode == 2 and "nothing to resume" in proc.stderr
