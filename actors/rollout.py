@@ -69,6 +69,7 @@ def run_group(
     if n < 1:
         raise ValueError(f"a group needs n >= 1 rollouts, got {n}")
     group_id = group_id or uuid.uuid4().hex[:12]
+    start_version = generator.policy_version
     t_start = time.perf_counter()
     episodes = []
     for i in range(n):
@@ -130,7 +131,7 @@ def run_group(
             progress=res.progress, tags=res.tags, labels=res.labels, error_type=res.error_type, outcome=res.outcome,
             num_tool_calls=res.num_tool_calls, num_steps=res.num_steps,
             timings={"generate_s": ep.generate_s, "env_s": res.env_seconds, "judge_s": res.judge_seconds, "total_s": total},
-            error=ep.error,
+            error=ep.error, start_version=start_version,
         )
         traj.validate()
         trajectories.append(traj)

@@ -140,16 +140,30 @@ class Learner:
         self.model.train()
 
     # --------------------------------------------------------------- training
-    def _forward_logprobs(self, model, ids, attention):
+    def _forward_logprobs(self, model, ids, attention, mask):
+        """log p of each next token at the scored positions (mask 1; 0 elsewhere), and the entropy there.
+
+        Logits are computed only at the columns some sequence scores
+        (``logits_to_keep``): BFCL prompts are ~95% of a sequence, and full
+        logits of a 7K-token sequence are 1.4 GB.
+        """
         import torch
+        import torch.nn.functional as F
 
         forward = self.engine if (model is self.model and self.engine is not None) else model
-        logits = forward(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        keep = mask.any(dim=0).nonzero().squeeze(1)  # logit column j predicts token j + 1
+        logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
+        if keep.numel() == 0:
+            return logp, None
+        logits = forward(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits.float()  # [B, K, V]
+        targets = ids[:, keep + 1]
+        picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        logp[:, keep] = picked.view(targets.shape)
         entropy = None
         if self.cfg.loss.entropy_coef:
-            probs = torch.softmax(logits, dim=-1)
-            entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+            ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+            entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
+            entropy[:, keep] = ent
         return logp, entropy
 
     def _collate(self, samples: Sequence[Sample]):
@@ -188,9 +202,9 @@ class Learner:
             for k in range(0, len(mini), self.cfg.micro_batch_size):
                 micro = mini[k : k + self.cfg.micro_batch_size]
                 ids, attention, mask, old, adv = self._collate(micro)
-                logp, entropy = self._forward_logprobs(self.model, ids, attention)
+                logp, entropy = self._forward_logprobs(self.model, ids, attention, mask)
                 with torch.no_grad():
-                    ref_logp, _ = self._forward_logprobs(self.ref, ids, attention)
+                    ref_logp, _ = self._forward_logprobs(self.ref, ids, attention, mask)
                 # Normalise by the mini-batch's token count: the sum over
                 # micro-batches is the mini-batch token mean.
                 loss, m = policy_loss(logp, old, adv.expand_as(logp), mask, self.cfg.loss, ref_logp, entropy,

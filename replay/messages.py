@@ -45,12 +45,15 @@ class Trajectory:
     num_steps: int
     timings: dict[str, float] = field(default_factory=dict)  # generate_s, env_s, judge_s, total_s
     error: str | None = None  # a process error (the episode still ends with a record)
+    start_version: int = 0  # the generator's policy version when the episode began
     schema_version: int = SCHEMA_VERSION
 
     @property
     def policy_version(self) -> int:
-        """The oldest version that produced any token (staleness is measured from it)."""
-        return min((s.policy_version for s in self.segments), default=-1)
+        """The oldest version that produced any token (staleness is measured from
+        it); an episode that generated nothing (e.g. its prompt did not fit)
+        counts from the version it started under."""
+        return min((s.policy_version for s in self.segments), default=self.start_version)
 
     @property
     def policy_versions(self) -> list[int]:

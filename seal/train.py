@@ -29,6 +29,10 @@ def run(args) -> int:
     print(f"starting: env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} learner=zero{cfg.learner.cfg.zero_stage if cfg.learner.cfg.backend == 'deepspeed' else '-torch'} "
           f"{cfg.trainer.steps} steps x {cfg.trainer.groups_per_step} groups x {cfg.n} rollouts", flush=True)
     trainer = SyncTrainer(cfg, instantiate, run_dir)
+    if trainer.skipped_overlong:
+        print(f"skipping {trainer.skipped_overlong} tasks whose opening prompt does not fit the model's context "
+              f"({trainer.generator.max_model_len} tokens with {cfg.sampling.max_new_tokens} to answer); "
+              f"{len(trainer.task_ids)} remain (trainer.skip_overlong=false keeps them)")
     if resume is not None:
         trainer.resume(resume)
         print(f"resumed at step {trainer.step}, policy version {trainer.generator.policy_version}, interface v{trainer.coordinator.interface.version}")

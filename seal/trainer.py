@@ -42,9 +42,23 @@ class SyncTrainer:
         self.queue = ReplayQueue(cfg.n, t.groups_per_step, max_staleness=t.max_staleness)
         self.generator = instantiate(cfg.generator)
         self.chat = ChatTokenizer(self.generator.tokenizer)
+        self.skipped_overlong = 0
+        if t.skip_overlong:
+            self._drop_overlong_tasks()
         self.learner = instantiate(cfg.learner)
         self.step = 0
         self.cursor = 0  # next task index; an epoch ends when it wraps
+
+    def _drop_overlong_tasks(self) -> None:
+        """Tasks whose opening prompt leaves no room to answer would only
+        produce context_overflow groups (zero reward, zero gradient)."""
+        room = self.generator.max_model_len - self.sampling.max_new_tokens
+        env, interface = self.make_env(), self.coordinator.interface
+        keep = [t for t in self.task_ids if len(self.chat.prompt_ids(env.reset(t, interface))) <= room]
+        self.skipped_overlong = len(self.task_ids) - len(keep)
+        if not keep:
+            raise ValueError(f"no task's opening prompt fits {room} tokens (model context {self.generator.max_model_len} minus max_new_tokens)")
+        self.task_ids = keep
 
     # ---------------------------------------------------------------- state
     def checkpoint(self) -> Path:
@@ -147,6 +161,7 @@ class SyncTrainer:
             "dropped": self.queue.stats.dropped_stale,
             "reissued": self.queue.stats.reissued,
             "rejected": 0,  # frames refused by the wire decoder (async pipeline); none in process
+            "skipped_overlong_tasks": self.skipped_overlong,
             "step_s": time.perf_counter() - t0,
         }
 

@@ -128,3 +128,21 @@ def test_incomplete_mini_batches_are_refused(tiny_path):
     lrn = learner(tiny_path, "torch")
     with pytest.raises(ValueError, match="whole mini-batches"):
         lrn.train_batch(make_batch(5, tiny_path)[:N], RELEASED_BASE_WEIGHTS)
+
+
+def test_learner_scores_exactly_the_masked_tokens(tiny_path):
+    from learner.batch import build_samples
+    from learner.logprobs import sequence_logprobs
+
+    lrn = learner(tiny_path, "torch", micro=2)
+    batch = make_batch(6, tiny_path)
+    samples, _ = build_samples(batch, RELEASED_BASE_WEIGHTS)
+    ids, attention, mask, _, _ = lrn._collate(samples[:2])
+    logp, _ = lrn._forward_logprobs(lrn.ref, ids, attention, mask)
+    for row, sample in enumerate(samples[:2]):
+        full = sequence_logprobs(lrn.ref, sample.token_ids)[1:]
+        for j, m in enumerate(sample.loss_mask[1:]):
+            if m:
+                assert abs(float(logp[row, j]) - full[j]) < 1e-5
+            else:
+                assert float(logp[row, j]) == 0.0 or mask[row, j] == 0
