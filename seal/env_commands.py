@@ -82,20 +82,23 @@ def _lines(path: str) -> Iterator[str]:
         raise CliError(f"{path} is not UTF-8 text: {exc}") from None
 
 
-def _read_trajectory(line: str) -> tuple[str | None, list[list[str]]]:
+def _read_line(line: str) -> dict[str, Any]:
     try:
         obj = json.loads(line)
     except ValueError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object with task_id and turns")
-    task_id = obj.get("task_id")
-    if not isinstance(task_id, str):
+    if not isinstance(obj.get("task_id"), str):
         raise ValueError("task_id must be a string")
+    return obj
+
+
+def _turns(obj: dict[str, Any]) -> list[list[str]]:
     turns = obj.get("turns")
     if not isinstance(turns, list) or not all(isinstance(t, list) and all(isinstance(s, str) for s in t) for t in turns):
-        raise ValueError("turns must be a list of lists of assistant step texts", task_id)
-    return task_id, turns
+        raise ValueError("turns must be a list of lists of assistant step texts")
+    return turns
 
 
 def score(args) -> int:
@@ -112,8 +115,9 @@ def score(args) -> int:
             continue
         row: dict[str, Any] = {"line": number, "task_id": None, "reward": 0, "tags": [], "labels": [], "progress": 0.0, "error_type": None, "error": None}
         try:
-            task_id, turns = _read_trajectory(line)
-            row["task_id"] = task_id
+            obj = _read_line(line)
+            task_id = row["task_id"] = obj["task_id"]
+            turns = _turns(obj)
             task = get_task(task_id)
             if len(turns) > task.num_turns:
                 raise ValueError(f"{len(turns)} turns given, {task_id} has {task.num_turns}")
@@ -126,8 +130,6 @@ def score(args) -> int:
                 disagreements += (int(valid), error_type) != (diag.reward, diag.error_type)
         except (ValueError, KeyError) as exc:
             malformed += 1
-            if len(exc.args) > 1 and isinstance(exc.args[1], str):
-                row["task_id"] = exc.args[1]
             row["error"] = str(exc.args[0]) if exc.args else str(exc)
         _print_score_row(row, args.json)
     if disagreements:

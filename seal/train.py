@@ -26,7 +26,7 @@ def run(args) -> int:
         raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume}/checkpoints/latest")
     run_dir = create_run_dir(str(resume) if resume else cfg.run_dir, cfg, list(args.overrides))
     print(f"run dir: {run_dir}")
-    print(f"starting: env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} learner=zero{cfg.learner.cfg.zero_stage if cfg.learner.cfg.backend == 'deepspeed' else '-torch'} "
+    print(f"starting: env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} learner={'ZeRO-' + str(cfg.learner.cfg.zero_stage) if cfg.learner.cfg.backend == 'deepspeed' else 'torch'} "
           f"{cfg.trainer.steps} steps x {cfg.trainer.groups_per_step} groups x {cfg.n} rollouts", flush=True)
     trainer = SyncTrainer(cfg, instantiate, run_dir)
     if trainer.skipped_overlong:

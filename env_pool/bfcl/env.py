@@ -133,7 +133,7 @@ class BfclEnv(Environment):
                 new.extend(self.user_messages(self._turn))
         self._messages.extend(new)
         if outcome is None:
-            outcome = self._check_context()
+            self._check_context()
         else:
             self._finish(outcome)
         self._env_seconds += time.perf_counter() - t0
@@ -202,13 +202,11 @@ class BfclEnv(Environment):
                 return f"{result}\n{hint}"
         return result
 
-    def _check_context(self) -> Outcome | None:
+    def _check_context(self) -> None:
         if self.token_counter is None or self._done:
-            return None
+            return
         if self.token_counter(self._messages) > self.max_context_tokens:  # type: ignore[operator]
             self._finish(Outcome.CONTEXT_OVERFLOW)
-            return Outcome.CONTEXT_OVERFLOW
-        return None
 
     def _finish(self, outcome: Outcome) -> None:
         self._done = True

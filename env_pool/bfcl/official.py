@@ -15,7 +15,7 @@ import os
 from typing import Sequence
 
 from env_pool import tags as T
-from env_pool.bfcl.runtime import _isolate_shared_state, method_class, prepare_import
+from env_pool.bfcl.runtime import isolate_shared_state, method_class, prepare_import
 from env_pool.bfcl.tasks import BfclTask
 from env_pool.tool_calls import ParsedStep, ToolCall, python_literal
 
@@ -58,7 +58,7 @@ def official_verdict(task: BfclTask, turns: Sequence[Sequence[ParsedStep]]) -> t
                     long_context=True, is_evaL_run=True,
                 )
                 for inst in instances.values():
-                    _isolate_shared_state(inst)
+                    isolate_shared_state(inst)
         result = multi_turn_checker(decoded, [list(t) for t in task.ground_truth], entry, task.category, model_name)
     finally:
         g = vars(multi_turn_utils)

@@ -97,7 +97,7 @@ class InstanceSet:
             if class_name not in _stateless():
                 inst._load_scenario(copy.deepcopy(initial_config.get(class_name, {})), long_context=long_context)
                 if long_context:
-                    _isolate_shared_state(inst)
+                    isolate_shared_state(inst)
             self.instances[class_name] = inst
             # Later classes win on name clashes, as in bfcl-eval's mapping.
             for name in public_methods(class_name):
@@ -134,7 +134,7 @@ class InstanceSet:
         return str(result)
 
 
-def _isolate_shared_state(inst: Any) -> None:
+def isolate_shared_state(inst: Any) -> None:
     # long_context TravelAPI / VehicleControlAPI merge module-level dicts into
     # their state by reference; a mutation would leak into every later
     # instance in the process. Give each instance its own copies.

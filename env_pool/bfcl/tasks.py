@@ -13,20 +13,10 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from env_pool.bfcl.runtime import package_dir
+from env_pool.bfcl.runtime import package_dir, prepare_import
 
 CATEGORIES: tuple[str, ...] = ("base", "miss_func", "miss_param", "long_context")
 SPLITS: tuple[str, ...] = ("train", "test", "all")
-_DOC_FILES = {
-    "GorillaFileSystem": "gorilla_file_system.json",
-    "MathAPI": "math_api.json",
-    "MessageAPI": "message_api.json",
-    "TwitterAPI": "posting_api.json",
-    "TicketAPI": "ticket_api.json",
-    "TradingBot": "trading_bot.json",
-    "TravelAPI": "travel_booking.json",
-    "VehicleControlAPI": "vehicle_control.json",
-}
 
 
 @dataclass(frozen=True)
@@ -68,8 +58,11 @@ def category_of(task_id: str) -> str:
 
 @lru_cache(maxsize=1)
 def _function_docs() -> dict[str, tuple[dict[str, Any], ...]]:
+    prepare_import()
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
     doc_dir = package_dir() / "data" / "multi_turn_func_doc"
-    return {cls: tuple(_read_jsonl(doc_dir / name)) for cls, name in _DOC_FILES.items()}
+    return {cls: tuple(_read_jsonl(doc_dir / name)) for cls, name in MULTI_TURN_FUNC_DOC_FILE_MAPPING.items()}
 
 
 def _read_jsonl(path) -> list[dict[str, Any]]:
