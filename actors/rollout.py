@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from actors.chat import ChatTokenizer, Message
-from actors.generator import GenerationRequest, Generator, SamplingConfig
+from actors.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 from env_pool.base import Environment, Outcome
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from replay.messages import Segment, Trajectory
@@ -98,6 +98,8 @@ def run_group(
         t0 = time.perf_counter()
         try:
             outputs = generator.generate([r for _, r in requests], sampling)
+        except GeneratorUnavailable:
+            raise  # the whole group is re-issued elsewhere
         except Exception as exc:  # a generator failure ends these episodes with a named error
             for ep, _ in requests:
                 ep.error = f"generation failed: {exc.__class__.__name__}: {exc}"

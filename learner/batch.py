@@ -58,19 +58,27 @@ def group_trajectories(trajectories: Sequence[Trajectory]) -> list[list[Trajecto
     return [sorted(g, key=lambda t: t.rollout_index) for g in groups.values()]
 
 
-def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, float], cfg: APatchConfig = APatchConfig()) -> tuple[list[Sample], BatchStats]:
+def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, float], cfg: APatchConfig = APatchConfig(),
+                  group_weights: Mapping[str, float] | None = None) -> tuple[list[Sample], BatchStats]:
+    """``group_weights`` (group id -> factor in (0, 1]) scales whole groups'
+    advantages: the replay queue down-weights groups past the staleness bound."""
     groups = group_trajectories(trajectories)
+    group_weights = group_weights or {}
+    for gid, w in group_weights.items():
+        if not 0 < w <= 1:
+            raise ValueError(f"group weight of {gid} must be in (0, 1], got {w}")
     samples: list[Sample] = []
     zero_var = 0
     scales = []
     for group in groups:
         adv = grpo_advantages([t.reward for t in group])
         zero_var += adv.zero_variance
+        factor = group_weights.get(group[0].group_id, 1.0)
         for t, a in zip(group, adv.advantages):
             tags = t.tags if cfg.vocabulary == "released" else t.labels
             scale = trajectory_scale(tags, weights) if cfg.enabled else 1.0
             scales.append(scale)
-            samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, apply_scale(a, scale, cfg.apply_to), a, scale, sum(t.loss_mask)))
+            samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, factor * apply_scale(a, scale, cfg.apply_to), a, scale, sum(t.loss_mask)))
     n = len(samples)
     stats = BatchStats(len(groups), n, zero_var, sum(scales) / n if n else 1.0,
                        sum(t.reward for g in groups for t in g) / n if n else 0.0)

@@ -185,12 +185,14 @@ class Learner:
             adv[i, 0] = s.advantage
         return ids.to(self.device), attention.to(self.device), mask.to(self.device), old.to(self.device), adv.to(self.device)
 
-    def train_batch(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float]) -> dict[str, Any]:
-        """One batch of complete groups: len(groups) / mini_batch_groups optimizer steps."""
+    def train_batch(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
+                    group_weights: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """One batch of complete groups: len(groups) / mini_batch_groups optimizer
+        steps. ``group_weights`` scales stale groups' advantages (replay queue)."""
         import torch
 
         t0 = time.perf_counter()
-        samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch)
+        samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch, group_weights)
         per_mini = self.cfg.mini_batch_groups * self.group_size
         if stats.trajectories % per_mini or any(len(s.token_ids) < 2 for s in samples):
             raise ValueError(f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {stats.groups} groups of {stats.trajectories // max(stats.groups, 1)}")

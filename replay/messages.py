@@ -131,7 +131,49 @@ class TagSummary:
 
 @dataclass(frozen=True)
 class Control:
-    """Orchestrator -> actors: stop, scale, checkpoint, ..."""
+    """`seal scale` (or any operator tool) -> the running orchestrator, over its
+    control socket: ``scale`` with args {"env": N}, ``status``."""
 
     command: str
     args: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------- orchestrator <-> env actors
+@dataclass(frozen=True)
+class GroupJob:
+    """Orchestrator -> env actor: play one GRPO group of ``n`` rollouts of a task.
+
+    ``slot`` is the task's position in the training stream: a re-issued job
+    (after a crash) keeps its slot and gets a new group id, so the learner sees
+    each slot's group exactly once."""
+
+    slot: int
+    task_id: str
+    group_id: str
+    n: int
+    seed: int
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    """Env actor -> orchestrator, after the group's trajectories went to the
+    replay queue (the trajectories themselves travel over ZeroMQ): counts and
+    per-stage timings."""
+
+    slot: int
+    group_id: str
+    task_id: str
+    actor: str
+    sent: int
+    interface_version: int
+    start_version: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    generate_s: float  # waiting for the generator
+    env_s: float  # env steps, verifier and diagnosis
+    send_s: float  # handing frames to the transport (back-pressure shows here)
+    wall_s: float
+    env_steps: int
+    tool_calls: int

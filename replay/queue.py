@@ -29,6 +29,7 @@ class QueueStats:
     dropped_stale: int = 0  # groups
     downweighted: int = 0  # groups
     reissued: int = 0  # groups
+    abandoned: int = 0  # groups given up after a producer crash
     batches: int = 0
 
     def to_dict(self) -> dict[str, int]:
@@ -73,6 +74,7 @@ class ReplayQueue:
         # a late duplicate older than this many groups is no longer recognised).
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._closed_cap = 100_000
+        self._dropped_ids: list[str] = []  # stale groups dropped since the last drain_dropped()
 
     def set_policy_version(self, version: int) -> None:
         if version < self.policy_version:
@@ -116,6 +118,23 @@ class ReplayQueue:
                 out.append((gid, pending.task_id))
         return out
 
+    def abandon(self, group_id: str) -> bool:
+        """Give up on a group whose producer died before finishing it: partial
+        rollouts are discarded, later deliveries ignored, and True tells the
+        caller to re-issue the task under a new group id. False when the group
+        had already arrived whole (nothing to re-issue)."""
+        if group_id in self._closed:
+            return False
+        self._pending.pop(group_id, None)
+        self._close(group_id)
+        self.stats.abandoned += 1
+        return True
+
+    def drain_dropped(self) -> list[str]:
+        """Group ids dropped as stale since the last call (for the producer's books)."""
+        out, self._dropped_ids = self._dropped_ids, []
+        return out
+
     def ready(self) -> int:
         return len(self._complete)
 
@@ -129,6 +148,7 @@ class ReplayQueue:
                 if self.stale_policy == "drop":
                     del self._complete[gid]
                     self.stats.dropped_stale += 1
+                    self._dropped_ids.append(gid)
                     continue
                 weight = 0.5 ** (staleness - self.max_staleness)
             else:

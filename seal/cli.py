@@ -16,6 +16,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
     train.set_defaults(handler="seal.train:run")
 
+    scale = sub.add_parser("scale", help="change the number of env actors of a running `seal train`")
+    scale.add_argument("run_dir", help="the running run's directory")
+    scale.add_argument("setting", metavar="env=N", help="env actors wanted, e.g. env=4")
+    scale.set_defaults(handler="seal.train:scale")
+
     roll = sub.add_parser("rollout", help="write tagged training trajectories (JSONL)")
     roll.add_argument("--tasks", type=int, default=4, help="first K tasks of the split")
     roll.add_argument("--n", type=int, default=8, help="rollouts per task (a GRPO group)")
@@ -65,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "scale":
+        key, _, value = args.setting.partition("=")
+        if key != "env" or not value.isdigit() or int(value) < 1:
+            parser.error(f"scale takes env=N with N >= 1, got {args.setting!r}")
+        args.env = int(value)
     module_name, func_name = args.handler.split(":")
     import importlib
 

@@ -36,3 +36,11 @@ def instantiate(node, **kwargs):
     except Exception as exc:  # hydra wraps constructor errors; keep the cause's message
         cause = exc.__cause__ or exc
         raise ValueError(f"bad config for {OmegaConf.select(node, '_target_')}: {cause}") from None
+
+
+def instantiate_spec(spec: dict):
+    """Build a component from a resolved plain-dict config (what crosses into a
+    Ray actor: OmegaConf nodes are resolved in the driver first)."""
+    from omegaconf import OmegaConf
+
+    return instantiate(OmegaConf.create(spec))

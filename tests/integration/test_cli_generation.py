@@ -42,8 +42,9 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
 
 def test_train_runs_checkpoints_and_resumes(tmp_path):
     run = tmp_path / "run"
-    proc = seal("train", "env=toy", "model=tiny", "trainer.steps=2", f"run_dir={run}")
+    proc = seal("train", "env=toy", "model=tiny", "trainer.steps=2", "trainer.mode=sync", f"run_dir={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "seal scale" in proc.stdout and "tensorboard --logdir" in proc.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(METRIC_KEYS <= set(r) for r in rows)
     assert [r["policy_version"] for r in rows] == [1, 2] and rows[-1]["staleness_max"] == 0
@@ -55,16 +56,23 @@ def test_train_runs_checkpoints_and_resumes(tmp_path):
     assert (run / "checkpoints" / "latest" / "learner.json").is_file() and list((run / "tensorboard").iterdir())
     assert len((run / "rounds.jsonl").read_text().splitlines()) == 2
 
-    proc = seal("train", "env=toy", "model=tiny", "trainer.steps=1", f"resume={run}")
+    proc = seal("train", "env=toy", "model=tiny", "trainer.steps=1", "trainer.mode=sync", f"resume={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed at step 2, policy version 2, interface v1" in proc.stdout
+    assert "resumed at step 2, policy version 2" in proc.stdout
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["interface_version"] == 1
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["policy_version"] == 3
     assert len(json.loads((run / "run.json").read_text())["resumed"]) == 1
 
 
 def test_train_refuses_what_it_cannot_do(tmp_path):
-    proc = seal("train", "trainer.mode=async")
-    assert proc.returncode == 2 and "only sync" in proc.stderr
+    proc = seal("train", "trainer.mode=async", "trainer.max_staleness=0")
+    assert proc.returncode == 2 and "max_staleness >= 1" in proc.stderr
+    proc = seal("train", "trainer.mode=overlapped")
+    assert proc.returncode == 2 and "sync or async" in proc.stderr
+    proc = seal("scale", str(tmp_path), "env=2")
+    assert proc.returncode == 2 and "no running pipeline" in proc.stderr
+    proc = seal("scale", str(tmp_path), "env=0")
+    assert proc.returncode == 2 and "env=N with N >= 1" in proc.stderr
     proc = seal("train", f"resume={tmp_path}")
     assert proc.returncode == 2 and "nothing to resume" in proc.stderr

@@ -1,0 +1,83 @@
+"""Env actor: a CPU worker that plays GRPO groups against the shared generator.
+
+Each ``run_group`` job runs n episodes of one task in lockstep (actors/rollout),
+asking the generator actor for every completion, and streams the finished
+trajectories to the replay server over ZeroMQ. The training interface comes
+from the coordinator: read once at start (so a restarted actor is current)
+and replaced whenever the coordinator pushes a new version; a group always
+plays under one interface version.
+
+Runs as a Ray actor with two concurrent calls, so a pushed interface update
+or a ``pid`` probe is answered while a group plays.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from actors.chat import ChatTokenizer
+from actors.generator import SamplingConfig
+from actors.rollout import GroupStats, run_group
+from env_pool.base import Environment
+from env_pool.interface.state import InterfaceState
+from replay.messages import GroupJob, GroupReport, InterfaceUpdate
+from replay.transport import TrajectorySender
+
+
+class EnvActor:
+    def __init__(self, name: str, make_env: Callable[[], Environment], make_tokenizer: Callable[[], Any],
+                 generator: Any, coordinator: Any, replay_address: str, sampling: SamplingConfig,
+                 hwm: int = 64, send_timeout_s: float = 600.0) -> None:
+        import ray
+
+        from actors.generator_server import RemoteGenerator
+
+        self.name = name
+        self.make_env = make_env
+        self.sampling = sampling
+        self.chat = ChatTokenizer(make_tokenizer())
+        self.generator = RemoteGenerator(generator)
+        self.sender = TrajectorySender(replay_address, hwm=hwm, send_timeout_s=send_timeout_s)
+        self._lock = threading.Lock()
+        update: InterfaceUpdate = ray.get(coordinator.interface.remote())
+        self.interface = InterfaceState.from_dict(update.state)
+        self.groups = 0
+
+    def set_interface(self, update: InterfaceUpdate) -> int:
+        """Coordinator push; versions only move forward (pushes may cross)."""
+        with self._lock:
+            if update.version > self.interface.version:
+                self.interface = InterfaceState.from_dict(update.state)
+            return self.interface.version
+
+    def run_group(self, job: GroupJob) -> GroupReport:
+        t0 = time.perf_counter()
+        with self._lock:
+            interface = self.interface
+        stats = GroupStats()
+        trajectories = run_group(self.make_env, self.generator, self.chat, job.task_id, job.n, self.sampling, interface,
+                                 group_id=job.group_id, seed=job.seed, stats=stats)
+        t_send = time.perf_counter()
+        for traj in trajectories:
+            self.sender.send(traj)
+        send_s = time.perf_counter() - t_send
+        self.groups += 1
+        return GroupReport(
+            slot=job.slot, group_id=job.group_id, task_id=job.task_id, actor=self.name, sent=len(trajectories),
+            interface_version=interface.version, start_version=min(t.start_version for t in trajectories),
+            prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
+            generated_tokens=stats.generated_tokens, generate_s=stats.generate_s,
+            env_s=sum(t.timings.get("env_s", 0.0) + t.timings.get("judge_s", 0.0) for t in trajectories),
+            send_s=send_s, wall_s=time.perf_counter() - t0,
+            env_steps=sum(t.num_steps for t in trajectories), tool_calls=sum(t.num_tool_calls for t in trajectories),
+        )
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()

@@ -1,0 +1,53 @@
+"""The learner as a service (a Ray actor in the pipeline): train on batches of
+complete groups, hand out weight snapshots, checkpoint and restore.
+
+Weights leave as a name -> numpy array mapping: Ray's object store then
+carries them to the generator without pickling tensor by tensor, and the
+generator reads them zero-copy.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from learner.engine import Learner
+from replay.messages import Trajectory
+
+
+class LearnerWorker:
+    def __init__(self, make_learner: Callable[[], Learner], threads: int | None = None) -> None:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.learner = make_learner()
+        self.busy_s = 0.0
+        self.started = time.perf_counter()
+
+    def train(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
+              group_weights: Mapping[str, float] | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        out = self.learner.train_batch(trajectories, tag_weights, group_weights)
+        self.busy_s += time.perf_counter() - t0
+        out["tag_weights"] = dict(tag_weights)
+        return out
+
+    def weights(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        state = {k: v.numpy() for k, v in self.learner.full_state_dict().items()}
+        self.busy_s += time.perf_counter() - t0
+        return state
+
+    def save_checkpoint(self, path: str, extra: Mapping[str, Any]) -> str:
+        return str(self.learner.save_checkpoint(path, extra))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self.learner.load_checkpoint(path)
+
+    def idle_ratio(self) -> float:
+        wall = time.perf_counter() - self.started
+        return max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,187 @@
+"""ZeroMQ transport of trajectories: env actors (PUSH) -> replay server (PULL).
+
+Frames are replay/wire.py messages (msgpack, token arrays as raw bytes). The
+server's receiver thread decodes frames into a ReplayQueue; a frame that is
+malformed, of another schema version or not a trajectory is rejected, counted
+and logged, and the stream goes on.
+
+Back-pressure: when ``max_ready_groups`` complete groups wait for the learner,
+the receiver stops reading; ZeroMQ's high-water marks then fill (receiver
+and sender side) and the producers' ``send`` blocks, so a slow learner holds
+generation back instead of filling memory. A producer blocked longer than
+``send_timeout_s`` gets a TransportTimeout naming the address.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from replay.messages import Trajectory
+from replay.queue import Group, ReplayQueue
+from replay.wire import WireError, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+class TransportTimeout(RuntimeError):
+    """The replay server did not take a frame in time (stalled or gone)."""
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    host: str = "127.0.0.1"  # bind address of the replay server; 0.0.0.0 on a multi-node cluster
+    advertise_host: str | None = None  # what producers connect to (default: host, or the node IP for 0.0.0.0)
+    port: int = 0  # 0: a free port
+    hwm: int = 64  # frames buffered per socket before send blocks
+    max_ready_groups: int = 64  # complete groups waiting for the learner before the receiver stops reading
+    send_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.hwm < 1 or self.max_ready_groups < 1:
+            raise ValueError("transport hwm and max_ready_groups must be >= 1")
+
+
+class TrajectorySender:
+    """One PUSH socket per producer process."""
+
+    def __init__(self, address: str, hwm: int = 64, send_timeout_s: float = 600.0) -> None:
+        import zmq
+
+        self.address = address
+        self._socket = zmq.Context.instance().socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, hwm)
+        self._socket.setsockopt(zmq.SNDTIMEO, int(send_timeout_s * 1000))
+        self._socket.setsockopt(zmq.LINGER, 10_000)  # flush queued frames on close
+        self._socket.connect(address)
+        self.timeout_s = send_timeout_s
+        self.sent = 0
+        self.bytes = 0
+
+    def send(self, traj: Trajectory) -> None:
+        self.send_frame(encode(traj))
+
+    def send_frame(self, frame: bytes) -> None:
+        import zmq
+
+        try:
+            self._socket.send(frame, copy=False)
+        except zmq.Again:
+            raise TransportTimeout(f"the replay server at {self.address} took no frame for {self.timeout_s:.0f} s "
+                                   "(learner stalled or gone)") from None
+        self.sent += 1
+        self.bytes += len(frame)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@dataclass
+class ServerStats:
+    frames: int = 0
+    bytes: int = 0
+    rejected: int = 0
+    backpressure_s: float = 0.0  # time the receiver held back because the learner lagged
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+class ReplayServer:
+    """A PULL socket and a receiver thread in front of a ReplayQueue.
+
+    Every queue operation goes through this object (one lock), so the
+    orchestrator can take batches, abandon groups and move the policy version
+    while frames arrive."""
+
+    def __init__(self, queue: ReplayQueue, cfg: TransportConfig = TransportConfig()) -> None:
+        import zmq
+
+        self.queue = queue
+        self.cfg = cfg
+        self.stats = ServerStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._socket = zmq.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.RCVHWM, cfg.hwm)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        if cfg.port:
+            self._socket.bind(f"tcp://{cfg.host}:{cfg.port}")
+            port = cfg.port
+        else:
+            port = self._socket.bind_to_random_port(f"tcp://{cfg.host}")
+        self.address = f"tcp://{self._advertised_host()}:{port}"
+        self._thread = threading.Thread(target=self._receive, name="replay-receiver", daemon=True)
+        self._thread.start()
+
+    def _advertised_host(self) -> str:
+        if self.cfg.advertise_host:
+            return self.cfg.advertise_host
+        if self.cfg.host in ("0.0.0.0", "*"):
+            import socket
+
+            return socket.gethostbyname(socket.gethostname())
+        return self.cfg.host
+
+    def _receive(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            if self.queue.ready() >= self.cfg.max_ready_groups:
+                t0 = time.perf_counter()
+                time.sleep(0.01)
+                self.stats.backpressure_s += time.perf_counter() - t0
+                continue
+            if not poller.poll(100):
+                continue
+            frame = self._socket.recv(copy=True)
+            self.stats.frames += 1
+            self.stats.bytes += len(frame)
+            try:
+                message = decode(frame)
+                if not isinstance(message, Trajectory):
+                    raise WireError(f"a {type(message).__name__} on the trajectory stream")
+                with self._lock:
+                    self.queue.add(message)
+            except (WireError, ValueError) as exc:
+                self.stats.rejected += 1
+                if self.stats.rejected <= 10 or self.stats.rejected % 1000 == 0:
+                    log.warning("replay server rejected frame %d (%d rejected so far): %s", self.stats.frames, self.stats.rejected, exc)
+
+    # ------------------------------------------------ queue access (locked)
+    def take_batch(self) -> list[Group] | None:
+        with self._lock:
+            return self.queue.take_batch()
+
+    def abandon(self, group_id: str) -> bool:
+        with self._lock:
+            return self.queue.abandon(group_id)
+
+    def drain_dropped(self) -> list[str]:
+        with self._lock:
+            return self.queue.drain_dropped()
+
+    def expired(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return self.queue.expired()
+
+    def set_policy_version(self, version: int) -> None:
+        with self._lock:
+            self.queue.set_policy_version(version)
+
+    def ready(self) -> int:
+        with self._lock:
+            return self.queue.ready()
+
+    def counters(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self.queue.stats.to_dict(), **self.stats.to_dict()}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._socket.close()

@@ -1,0 +1,309 @@
+"""The actor-learner pipeline on Ray: the orchestrator that wires the components.
+
+    env actors (CPU, many) --generate--> generator actor (vLLM)
+    env actors --trajectories, ZeroMQ + msgpack--> replay server (this process)
+    replay server --complete groups--> learner actor (DeepSpeed ZeRO)
+    learner --weights (object store)--> generator; coordinator <-- tag summaries
+    coordinator --tag weights--> learner, --interface versions--> env actors
+
+This process owns the task stream (seal/slots.py), the replay queue behind its
+ZeroMQ socket, the control socket `seal scale` talks to, the metrics and the
+checkpoints. Sync and async mode are the same loop: sync admits one batch of
+groups per acknowledged policy version and waits for each publish and
+interface push; async admits ``max_staleness`` batches more and never waits.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from replay.messages import GroupJob, GroupReport, TagSummary
+from replay.queue import ReplayQueue
+from replay.transport import ReplayServer
+from seal.config import instantiate
+from seal.control import ControlServer
+from seal.pipeline_actors import ActorSet
+from seal.placement import check_reachable, start_ray
+from seal.run_log import RunLog
+from seal.slots import SlotLedger
+from seal.step_metrics import StepWindow
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(self, cfg, run_dir: Path, resume: Path | None = None) -> None:
+        import ray
+
+        t = cfg.trainer
+        check_trainer_config(cfg)
+        self.cfg, self.run_dir, self.sync = cfg, run_dir, t.mode == "sync"
+        self.cluster = instantiate(cfg.cluster)
+        self.task_ids, self.skipped_overlong = select_tasks(cfg)
+        self._owns_ray = not ray.is_initialized()  # tests share one Ray session across pipelines
+        start_ray(self.cluster)
+        check_reachable(self.cluster)
+        staleness = 0 if self.sync else int(t.max_staleness)
+        self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, staleness, cfg.seed)
+        queue = ReplayQueue(cfg.n, t.groups_per_step, max_staleness=staleness, stale_policy=t.stale_policy,
+                            reissue_after_s=t.reissue_after_s)
+        self.replay = ReplayServer(queue, instantiate(cfg.transport))
+        extra = None
+        self.actors = ActorSet(cfg, self.cluster, self.replay.address)
+        if resume is not None:
+            extra = ray.get(self.actors.learner.load_checkpoint.remote(str(resume / "checkpoints" / "latest")))
+        self.actors.start_coordinator(extra["coordinator"] if extra else None)
+        self.step = int(extra["step"]) if extra else 0
+        self.version = int(extra["policy_version"]) if extra else 0
+        if extra:
+            self.ledger.restore(extra["slots"], self.version)
+            self.replay.set_policy_version(self.version)
+            self.weights_ref = self.actors.learner.weights.remote()
+            ray.get(self.actors.generator.update_weights.remote(self.version, self.weights_ref))
+        else:
+            self.weights_ref = None
+        self.acked = self.version  # the generator's version
+        self.actors.scale_env(self.cluster.env_actors)
+        self.control = ControlServer(run_dir, self.cluster.bind_host)
+        self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
+        self.learn: tuple[Any, list, float] | None = None  # (ref, groups, started)
+        self.window = StepWindow()
+        self.gen_probe: tuple[Any, float] | None = None
+        self._last_probe = 0.0
+        self.publishing: dict[Any, tuple[int, float]] = {}  # publish ref -> (version, started)
+        self.publish_s: float | None = None  # the latest completed publish: learner done -> generator loaded
+
+    # ------------------------------------------------------------ main loop
+    def run(self, steps: int, progress=None) -> list[dict[str, Any]]:
+        runlog, history = RunLog(self.run_dir), []
+        target = self.step + steps
+        try:
+            while self.step < target:
+                self.control.poll(self._on_control)
+                self._dispatch()
+                self._wait_some()
+                self._check_generator()
+                self._maybe_train()
+                row = self._maybe_finish_step()
+                if row is not None:
+                    history.append(row)
+                    runlog.write(row, row.pop("_interface"))
+                    if self.cfg.trainer.checkpoint_every and self.step % self.cfg.trainer.checkpoint_every == 0:
+                        self.checkpoint()
+                    if progress is not None:
+                        progress.update(1)
+                        progress.set_postfix(reward=f"{row['reward_mean']:.2f}", v=row["policy_version"],
+                                             stale=row["staleness_max"], env=row["env_actors"])
+        finally:
+            runlog.close()
+        return history
+
+    def _dispatch(self) -> None:
+        while True:
+            actor = self.actors.idle_env_actor(busy={name for _, name in self.jobs.values()})
+            if actor is None:
+                return
+            job = self.ledger.next_job(self.acked)
+            if job is None:
+                return
+            if self.ledger.starts_epoch(job):
+                self.actors.coordinator.end_epoch.remote()
+            name, handle = actor
+            self.jobs[handle.run_group.remote(job)] = (job, name)
+
+    def _wait_some(self) -> None:
+        import ray
+
+        refs = list(self.jobs) + list(self.publishing) + ([self.learn[0]] if self.learn else [])
+        if not refs:
+            time.sleep(0.05)
+            return
+        ready, _ = ray.wait(refs, num_returns=1, timeout=0.1)
+        for ref in ready:
+            if ref in self.jobs:
+                self._job_done(ref)
+            elif ref in self.publishing:
+                self._published(ref)
+        for gid in self.replay.drain_dropped():
+            self.ledger.dropped(gid)
+        for gid, _task in self.replay.expired():
+            if gid in self.ledger.in_flight:
+                self.ledger.failed(gid)
+
+    def _job_done(self, ref) -> None:
+        import ray
+
+        from actors.generator import GeneratorUnavailable
+
+        job, name = self.jobs.pop(ref)
+        try:
+            report: GroupReport = ray.get(ref)
+        except (ray.exceptions.RayActorError, GeneratorUnavailable) as exc:
+            # The env actor (kill -9, node loss) or the generator died: Ray
+            # restarts it; the group is given up and its slot re-issued.
+            log.warning("group %s (slot %d, %s) lost: %s", job.group_id, job.slot, name, exc.__class__.__name__)
+            self.window.note_failure(name, exc)
+            if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
+                self.ledger.failed(job.group_id, crash=True)
+            if isinstance(exc, ray.exceptions.RayActorError):
+                self.actors.crashed(name)
+            if isinstance(exc, GeneratorUnavailable):
+                self._check_generator(force=True)
+            return
+        except ray.exceptions.RayTaskError as exc:  # a bug or a bad environment: retried a bounded number of times
+            log.error("group %s (slot %d, task %s) failed on %s: %s", job.group_id, job.slot, job.task_id, name, exc)
+            self.window.note_failure(name, exc)
+            if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
+                self.ledger.failed(job.group_id)
+            return
+        if job.group_id in self.ledger.in_flight:
+            self.window.add_report(report)
+
+    def _check_generator(self, force: bool = False) -> None:
+        """A restarted generator comes back with the base weights and holds its
+        requests: give it the latest published weights (probed every 2 s)."""
+        import ray
+
+        now = time.monotonic()
+        if self.gen_probe is None:
+            if force or now - self._last_probe > 2.0:
+                self.gen_probe = (self.actors.generator.awaiting_weights.remote(), now)
+            return
+        ref, _ = self.gen_probe
+        ready, _ = ray.wait([ref], timeout=60.0 if force else 0)
+        if not ready:
+            return
+        self.gen_probe, self._last_probe = None, now
+        try:
+            awaiting = ray.get(ref)
+        except ray.exceptions.RayActorError:
+            return  # restarting; probe again
+        if awaiting:
+            log.warning("generator restarted; restoring policy v%d", self.acked)
+            weights = self.weights_ref if self.weights_ref is not None else self.actors.learner.weights.remote()
+            ray.get(self.actors.generator.update_weights.remote(self.acked, weights))
+            self.window.generator_restores += 1
+
+    def _maybe_train(self) -> None:
+        if self.learn is not None:
+            return
+        groups = self.replay.take_batch()
+        for gid in self.replay.drain_dropped():
+            self.ledger.dropped(gid)
+        if groups is None:
+            return
+        trajs = [t for g in groups for t in g.trajectories]
+        for g in groups:
+            self.ledger.consumed(g.group_id)
+        # Tags of what the learner trains on go to the coordinator first, then
+        # its tag weights (an object ref: resolved by Ray, coordinator -> learner).
+        self.actors.coordinator.record.remote([TagSummary(t.task_id, t.category, t.tags, t.labels, t.reward, t.success,
+                                                          t.progress, t.interface_version) for t in trajs])
+        weights_ref = self.actors.coordinator.step_weights.remote()
+        group_weights = {g.group_id: g.weight for g in groups if g.weight < 1.0}
+        ref = self.actors.learner.train.remote(trajs, weights_ref, group_weights)
+        self.learn = (ref, groups, time.perf_counter())
+
+    def _maybe_finish_step(self) -> dict[str, Any] | None:
+        import ray
+
+        if self.learn is None:
+            return None
+        ref, groups, started = self.learn
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            return None
+        result = ray.get(ref)  # a learner failure ends the run (resume=RUN_DIR continues it)
+        t_learn = time.perf_counter() - started
+        self.learn = None
+        self.version += 1
+        self.step += 1
+        self.replay.set_policy_version(self.version)
+        self.weights_ref = self.actors.learner.weights.remote()
+        publish = self.actors.generator.update_weights.remote(self.version, self.weights_ref)
+        self.publishing[publish] = (self.version, time.perf_counter())
+        round_ref = self.actors.coordinator.end_round.remote(wait=self.sync)
+        if self.sync:  # generation waits for the new weights and interface; async goes on
+            ray.wait([publish], timeout=None)
+            self._published(publish)
+        interface = ray.get(round_ref)
+        return self.window.row(self, groups, result, interface, t_learn)
+
+    def _published(self, ref) -> None:
+        import ray
+
+        version, started = self.publishing.pop(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:
+            return  # the generator died; _check_generator restores the latest weights when it is back
+        self.publish_s = time.perf_counter() - started
+        self.acked = max(self.acked, version)
+
+    # ------------------------------------------------------------ control
+    def _on_control(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
+        if command == "scale":
+            env = args.get("env")
+            if not isinstance(env, int) or env < 1:
+                raise ValueError(f"scale needs env=N with N >= 1, got {env!r}")
+            self.actors.scale_env(env)
+            return {"env_actors": self.actors.target_env}
+        if command == "status":
+            return {"step": self.step, "policy_version": self.version, "env_actors": self.actors.target_env,
+                    "in_flight": len(self.jobs), **self.ledger.counters.__dict__}
+        raise ValueError(f"unknown control command {command!r} (scale, status)")
+
+    # ------------------------------------------------------------ state
+    def checkpoint(self) -> Path:
+        import ray
+
+        path = self.run_dir / "checkpoints" / "latest"
+        extra = {"coordinator": ray.get(self.actors.coordinator.state_dict.remote()), "step": self.step,
+                 "policy_version": self.version, "slots": self.ledger.state()}
+        ray.get(self.actors.learner.save_checkpoint.remote(str(path), extra))
+        return path
+
+    def close(self) -> None:
+        import ray
+
+        self.control.close()
+        self.replay.close()
+        self.actors.close()
+        if self._owns_ray:
+            ray.shutdown()
+
+
+def check_trainer_config(cfg) -> None:
+    t = cfg.trainer
+    if t.mode not in ("sync", "async"):
+        raise ValueError(f"trainer.mode must be sync or async, got {t.mode!r}")
+    if t.mode == "async" and t.max_staleness < 1:
+        raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
+    if t.steps < 1 or t.groups_per_step < 1:
+        raise ValueError("trainer.steps and trainer.groups_per_step must be >= 1")
+
+
+def select_tasks(cfg) -> tuple[list[str], int]:
+    """The split's tasks, less those whose opening prompt cannot fit the model's
+    context (they would only produce context-overflow groups: zero gradient)."""
+    from actors.chat import ChatTokenizer
+    from actors.model_assets import load_tokenizer
+
+    env = instantiate(cfg.env)
+    task_ids = env.task_ids(cfg.split)
+    if cfg.limit is not None:
+        task_ids = task_ids[: int(cfg.limit)]
+    if not task_ids:
+        raise ValueError("no tasks to train on (check split and limit)")
+    if not cfg.trainer.skip_overlong:
+        return task_ids, 0
+    chat = ChatTokenizer(load_tokenizer(cfg.model.path))
+    interface = instantiate(cfg.interface)
+    room = cfg.generator.max_model_len - cfg.sampling.max_new_tokens
+    keep = [t for t in task_ids if len(chat.prompt_ids(env.reset(t, interface))) <= room]
+    if not keep:
+        raise ValueError(f"no task's opening prompt fits {room} tokens (model context {cfg.generator.max_model_len} minus max_new_tokens)")
+    return keep, len(task_ids) - len(keep)
+

@@ -1,0 +1,177 @@
+"""Creating, placing, scaling and stopping the pipeline's Ray actors.
+
+Each actor gets a factory of its component built from the resolved config
+(the component never sees hydra or this package) and the resources of the
+`cluster` group. Env actors and the generator restart after a crash (Ray's
+max_restarts); a restarted generator holds its requests until the driver has
+given it the latest weights. Scaling down retires env actors: they take no
+new group, and stop once their current group is sent, so no task is lost or
+played twice.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from actors.coordinator import Coordinator
+from seal.config import instantiate, instantiate_spec
+from seal.placement import ClusterConfig
+
+log = logging.getLogger(__name__)
+
+
+def make_coordinator(interface: dict, tag_weights: dict, closed_loop: bool, per_category: bool, vocabulary: str) -> Coordinator:
+    return Coordinator(instantiate_spec(interface), instantiate_spec(tag_weights), closed_loop=closed_loop,
+                       per_category_guidelines=per_category, vocabulary=vocabulary)
+
+
+def _spec(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True)
+
+
+class ActorSet:
+    def __init__(self, cfg, cluster: ClusterConfig, replay_address: str) -> None:
+        import ray
+
+        from actors.generator_server import GeneratorServer
+        from learner.worker import LearnerWorker
+
+        self.cfg, self.cluster, self.replay_address = cfg, cluster, replay_address
+        self.sampling = instantiate(cfg.sampling)
+        transport = instantiate(cfg.transport)
+        self.hwm, self.send_timeout_s = transport.hwm, transport.send_timeout_s
+        gen = cluster.generator
+        self.generator = ray.remote(GeneratorServer).options(
+            name=None, max_concurrency=1024, max_restarts=cluster.max_restarts, max_task_retries=0,
+            runtime_env={"env_vars": gen.env_vars()}, **gen.ray_options(),
+        ).remote(functools.partial(instantiate_spec, _spec(cfg.generator)))
+        lrn = cluster.learner
+        self.learner = ray.remote(LearnerWorker).options(
+            max_restarts=0, runtime_env={"env_vars": lrn.env_vars()}, **lrn.ray_options(),
+        ).remote(functools.partial(instantiate_spec, _spec(cfg.learner)), threads=lrn.threads or None)
+        self.coordinator: Any = None
+        self.env: dict[str, Any] = {}  # name -> handle, serving
+        self.retiring: dict[str, Any] = {}
+        self.recovering: dict[str, Any] = {}  # name -> probe ref: crashed, serving again once the probe answers
+        self.target_env = 0
+        self._created = 0
+        self._wait_ready([self.generator.max_model_len.remote(), self.learner.pid.remote()], "generator and learner")
+
+    @staticmethod
+    def _wait_ready(refs: list, what: str) -> None:
+        import ray
+
+        try:
+            ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            cause = getattr(exc, "error_msg", None) or str(exc)
+            raise RuntimeError(f"the {what} failed to start: {cause.strip().splitlines()[-1]}") from None
+
+    def start_coordinator(self, state: dict | None) -> None:
+        import ray
+
+        from actors.coordinator_actor import CoordinatorService
+
+        t = self.cfg.trainer
+        factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), bool(t.closed_loop),
+                                    bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary))
+        self.coordinator = ray.remote(CoordinatorService).options(
+            max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()}, **self.cluster.coordinator.ray_options(),
+        ).remote(factory, state)
+        self._wait_ready([self.coordinator.interface.remote()], "coordinator")
+
+    # ---------------------------------------------------------- env actors
+    def scale_env(self, n: int) -> None:
+        """Serve with n env actors: start new ones, or retire the newest."""
+        import ray
+
+        from actors.env_actor import EnvActor
+        from actors.model_assets import load_tokenizer
+
+        if n < 1:
+            raise ValueError(f"env actors must be >= 1, got {n}")
+        self.target_env = n
+        res = self.cluster.env_actor
+        options: dict[str, Any] = dict(max_concurrency=2, max_restarts=self.cluster.max_restarts, max_task_retries=0,
+                                       runtime_env={"env_vars": {**res.env_vars(), "TOKENIZERS_PARALLELISM": "false"}},
+                                       **res.ray_options())
+        if self.cluster.spread_env_actors:
+            options["scheduling_strategy"] = "SPREAD"
+        started = []
+        while len(self.env) < n:
+            name = f"env-{self._created}"
+            self._created += 1
+            handle = ray.remote(EnvActor).options(**options).remote(
+                name, functools.partial(instantiate_spec, _spec(self.cfg.env)), functools.partial(load_tokenizer, str(self.cfg.model.path)),
+                self.generator, self.coordinator, self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
+            self.env[name] = handle
+            self.coordinator.register_env_actor.remote(name, handle)
+            started.append(handle)
+        while len(self.env) > n:
+            name = sorted(self.env, key=lambda k: int(k.split("-")[1]))[-1]
+            self.retiring[name] = self.env.pop(name)
+        if started:
+            self._wait_ready([h.pid.remote() for h in started], "env actors")
+
+    def idle_env_actor(self, busy: set[str]) -> tuple[str, Any] | None:
+        self.reap(busy)
+        self._check_recovering()
+        for name, handle in self.env.items():
+            if name not in busy and name not in self.recovering:
+                return name, handle
+        return None
+
+    def crashed(self, name: str) -> None:
+        """An env actor's group failed with the actor gone: Ray restarts it;
+        no group goes to it until it answers."""
+        if name in self.env:
+            self.recovering[name] = self.env[name].pid.remote()
+
+    def _check_recovering(self) -> None:
+        import ray
+
+        for name, probe in list(self.recovering.items()):
+            ready, _ = ray.wait([probe], timeout=0)
+            if not ready:
+                continue
+            try:
+                ray.get(probe)
+                del self.recovering[name]
+                log.warning("env actor %s is back", name)
+            except ray.exceptions.ActorDiedError:  # out of restarts: replace it
+                del self.recovering[name]
+                self.coordinator.unregister_env_actor.remote(name)
+                del self.env[name]
+                log.warning("env actor %s is gone for good; starting a replacement", name)
+                self.scale_env(self.target_env)
+            except ray.exceptions.RayActorError:  # still restarting
+                self.recovering[name] = self.env[name].pid.remote()
+
+    def reap(self, busy: set[str]) -> None:
+        """Stop retired env actors that have finished their last group."""
+        import ray
+
+        for name in [k for k in self.retiring if k not in busy]:
+            handle = self.retiring.pop(name)
+            self.coordinator.unregister_env_actor.remote(name)
+            ray.kill(handle, no_restart=True)
+            log.info("env actor %s retired", name)
+
+    def pids(self) -> dict[str, int]:
+        import ray
+
+        names = list(self.env)
+        return dict(zip(names, ray.get([self.env[k].pid.remote() for k in names])))
+
+    def close(self) -> None:
+        import ray
+
+        for handle in [*self.env.values(), *self.retiring.values(), self.generator, self.learner, self.coordinator]:
+            if handle is not None:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception:  # already gone
+                    pass

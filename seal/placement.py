@@ -1,0 +1,95 @@
+"""Where the pipeline's actors run and what they reserve (the `cluster` config
+group): kept apart from what the actors do (their own groups).
+
+On a laptop-size machine Ray starts locally with enough logical CPUs for the
+configured actors (they share the cores; threads are pinned per actor). With
+``address`` ("auto" or host:port) the pipeline joins an existing cluster and
+spreads env actors across its nodes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ActorResources:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    threads: int = 0  # torch/OMP threads in the actor (0: library default)
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources, e.g. {"node:env": 1}
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0 or self.num_gpus < 0 or self.threads < 0:
+            raise ValueError(f"actor resources must be >= 0, got {self}")
+
+    def ray_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.resources:
+            opts["resources"] = dict(self.resources)
+        return opts
+
+    def env_vars(self) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(self.threads)} if self.threads else {}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    address: str | None = None  # None: start Ray here; "auto" or host:port: join a cluster
+    bind_host: str = "127.0.0.1"  # where the driver's sockets (replay stream, control) listen; 0.0.0.0 across nodes
+    env_actors: int = 2  # independent of generators and learner; `seal scale RUN_DIR env=N` changes it live
+    spread_env_actors: bool = True  # SPREAD scheduling: env actors on different nodes where there are several
+    max_restarts: int = 3  # per env/generator actor; its in-flight groups are re-issued
+    object_store_gb: float = 4.0  # local start only (weights pass through it)
+    actor_logs: bool = False  # stream actors' stdout/stderr (vLLM, DeepSpeed) to this terminal; else only in Ray's log dir
+    env_actor: ActorResources = field(default_factory=lambda: ActorResources(num_cpus=0.5, threads=1))
+    generator: ActorResources = field(default_factory=ActorResources)
+    learner: ActorResources = field(default_factory=ActorResources)
+    coordinator: ActorResources = field(default_factory=lambda: ActorResources(num_cpus=0.0, threads=1))
+
+    def __post_init__(self) -> None:
+        if self.env_actors < 1:
+            raise ValueError(f"cluster.env_actors must be >= 1, got {self.env_actors}")
+        if self.max_restarts < 0:
+            raise ValueError(f"cluster.max_restarts must be >= 0, got {self.max_restarts}")
+        for name in ("env_actor", "generator", "learner", "coordinator"):
+            value = getattr(self, name)
+            if isinstance(value, dict):  # hydra passes nested plain dicts
+                object.__setattr__(self, name, ActorResources(**value))
+
+    def local_cpus(self) -> int:
+        """Logical CPUs for a local Ray: all configured actors must fit, even on 2 cores."""
+        need = self.env_actors * self.env_actor.num_cpus + self.generator.num_cpus + self.learner.num_cpus + self.coordinator.num_cpus
+        return max(os.cpu_count() or 1, int(need + 0.999) + 2)  # room to scale env actors up
+
+
+def check_reachable(cfg: ClusterConfig) -> None:
+    """Loopback sockets only serve actors on this machine: refuse early when
+    the cluster has nodes elsewhere."""
+    import ray
+
+    if cfg.bind_host not in ("127.0.0.1", "localhost"):
+        return
+    here = ray.util.get_node_ip_address()
+    others = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} - {here})
+    if others:
+        raise ValueError(f"the cluster has nodes at {', '.join(others)} but the replay stream binds to {cfg.bind_host}: "
+                         "use cluster=multinode or cluster.bind_host=0.0.0.0")
+
+
+def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
+    """Start or join Ray; returns the cluster's resources."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token file under ~/.ray for a local run
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    # Actors find the repo's packages through the installed (editable) package;
+    # the driver's working directory does not matter.
+    if cfg.address:
+        ray.init(address=cfg.address, log_to_driver=cfg.actor_logs)
+    else:
+        ray.init(num_cpus=cfg.local_cpus(), include_dashboard=False, log_to_driver=cfg.actor_logs,
+                 object_store_memory=int(cfg.object_store_gb * 2**30))
+    return ray.cluster_resources()

@@ -1,0 +1,44 @@
+"""What a training run writes as it goes: metrics.jsonl (one object per learner
+step), rounds.jsonl (per-round failure profile and interface state) and
+TensorBoard scalars and text."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+SCALARS = ("reward_mean", "staleness_mean", "staleness_max", "mean_scale", "interface_version", "gen_tokens_per_s",
+           "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s", "publish_s", "dropped", "reissued",
+           "rejected", "abandoned", "loss", "kl", "env_actors", "step_s")
+GROUPS = ("tag_weights", "tag_fractions", "success_by_category", "reward_by_category", "wait_s", "idle_ratio")
+
+
+class RunLog:
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = run_dir
+        self._metrics = open(run_dir / "metrics.jsonl", "a")
+        self._rounds = open(run_dir / "rounds.jsonl", "a")
+        self._writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def write(self, row: Mapping[str, Any], interface: Mapping[str, Any]) -> None:
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        self._rounds.write(json.dumps({"step": row["step"], "failure_profile": row["tag_fractions"], "interface": interface}) + "\n")
+        self._rounds.flush()
+        step = row["step"]
+        for key in SCALARS:
+            if row.get(key) is not None:
+                self._writer.add_scalar(f"train/{key}", row[key], step)
+        for group in GROUPS:
+            for k, v in (row.get(group) or {}).items():
+                if v is not None:
+                    self._writer.add_scalar(f"{group}/{k}", v, step)
+        self._writer.add_text("interface/active_guidelines", ", ".join(row["active_guidelines"]) or "none", step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._rounds.close()
+        self._writer.close()
