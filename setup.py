@@ -21,7 +21,7 @@ setup(
     version="0.1.0",
     description="SEAL: co-evolving agents and training environments, asynchronous GRPO on BFCL multi-turn",
     python_requires=">=3.11",
-    packages=find_packages(include=["actors*", "learner*", "env_pool*", "replay*", "seal*"]),
+    packages=find_packages(include=["actors*", "learner*", "env_pool*", "replay*", "seal*", "evaluation*"]),
     package_data={"env_pool": ["data/*.json", "data/*.md"]},
     install_requires=requirements("base.txt"),
     extras_require={

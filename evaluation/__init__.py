@@ -1,0 +1,6 @@
+"""SEAGym-style evaluation of a run's snapshots (DESIGN.md section 7).
+
+records: typed per-task results and snapshot records (CSV/JSON);
+metrics: pure metric functions and ``summarize``;
+report: markdown report with plots (imports matplotlib lazily).
+"""
