@@ -39,6 +39,11 @@ class LearnerWorker:
         self.busy_s += time.perf_counter() - t0
         return state
 
+    def publish(self, out_dir: str, version: int) -> tuple[str, float]:
+        """A loadable safetensors snapshot (frozen evaluation snapshots)."""
+        path, seconds = self.learner.publish(out_dir, version)
+        return str(path), seconds
+
     def save_checkpoint(self, path: str, extra: Mapping[str, Any]) -> str:
         return str(self.learner.save_checkpoint(path, extra))
 

@@ -28,6 +28,7 @@ from seal.pipeline_actors import ActorSet
 from seal.placement import check_reachable, start_ray
 from seal.run_log import RunLog
 from seal.slots import SlotLedger
+from seal.snapshots import next_name, snapshot_root, write_snapshot
 from seal.step_metrics import StepWindow
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,12 @@ class Pipeline:
         self.actors.start_coordinator(extra["coordinator"] if extra else None)
         self.step = int(extra["step"]) if extra else 0
         self.version = int(extra["policy_version"]) if extra else 0
+        # Cumulative cost, carried across resumes (snapshot records report it).
+        self.totals = dict(extra.get("totals", {})) if extra else {}
+        for key in ("wall_s", "update_tokens", "rollout_tokens"):
+            self.totals.setdefault(key, 0.0)
+        self.started = time.perf_counter()
+        self.snapshotted_step: int | None = None
         if extra:
             self.ledger.restore(extra["slots"], self.version)
             self.replay.set_policy_version(self.version)
@@ -65,6 +72,8 @@ class Pipeline:
         else:
             self.weights_ref = None
         self.acked = self.version  # the generator's version
+        if extra is None and not (snapshot_root(run_dir) / "index.jsonl").exists():
+            self.snapshot(initial=True)
         self.actors.scale_env(self.cluster.env_actors)
         self.control = ControlServer(run_dir, self.cluster.bind_host)
         self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
@@ -92,6 +101,9 @@ class Pipeline:
                     runlog.write(row, row.pop("_interface"))
                     if self.cfg.trainer.checkpoint_every and self.step % self.cfg.trainer.checkpoint_every == 0:
                         self.checkpoint()
+                    every = self.cfg.trainer.snapshot_every
+                    if (every and self.step % every == 0) or self.step == target:
+                        self.snapshot(metrics=row)
                     if progress is not None:
                         progress.update(1)
                         progress.set_postfix(reward=f"{row['reward_mean']:.2f}", v=row["policy_version"],
@@ -229,6 +241,8 @@ class Pipeline:
             ray.wait([publish], timeout=None)
             self._published(publish)
         interface = ray.get(round_ref)
+        self.totals["update_tokens"] += result["tokens_per_s"] * result["seconds"]
+        self.totals["rollout_tokens"] += sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports)
         return self.window.row(self, groups, result, interface, t_learn)
 
     def _published(self, ref) -> None:
@@ -260,10 +274,31 @@ class Pipeline:
         import ray
 
         path = self.run_dir / "checkpoints" / "latest"
+        totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
         extra = {"coordinator": ray.get(self.actors.coordinator.state_dict.remote()), "step": self.step,
-                 "policy_version": self.version, "slots": self.ledger.state()}
+                 "policy_version": self.version, "slots": self.ledger.state(), "totals": totals}
         ray.get(self.actors.learner.save_checkpoint.remote(str(path), extra))
         return path
+
+    def snapshot(self, initial: bool = False, metrics: dict[str, Any] | None = None) -> Path:
+        """A frozen snapshot (seal/snapshots.py); A_0 references the base model."""
+        import ray
+
+        from actors.model_assets import load_tokenizer
+
+        state = ray.get(self.actors.coordinator.state_dict.remote())
+        name = next_name(self.run_dir)
+        weights = str(self.cfg.model.path)
+        if not initial:
+            out = snapshot_root(self.run_dir) / name
+            path, _ = ray.get(self.actors.learner.publish.remote(str(out), self.version))
+            load_tokenizer(str(self.cfg.model.path)).save_pretrained(path)  # vLLM loads the directory alone
+            weights = str(Path(path).relative_to(self.run_dir))
+        totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
+        record = {"name": name, "step": self.step, "policy_version": self.version, "interface_version": state["interface"]["version"],
+                  "weights": weights, **totals}
+        self.snapshotted_step = self.step
+        return write_snapshot(self.run_dir, record, state["interface"], state["capability"], metrics)
 
     def close(self) -> None:
         import ray

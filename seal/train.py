@@ -41,11 +41,14 @@ def run(args) -> int:
     finally:
         pipeline.close()
     last = history[-1]
+    wall = sum(h["step_s"] for h in history)
+    gen_rate = sum(h["gen_tokens_per_s"] * h["step_s"] for h in history) / wall
     print(f"step {last['step']}: reward {last['reward_mean']:.3f}, policy v{last['policy_version']}, interface v{last['interface_version']} "
-          f"(guidelines: {', '.join(last['active_guidelines']) or 'none'}), {last['gen_tokens_per_s']:.1f} gen tokens/s, "
-          f"{last['learner_samples_per_s']:.2f} learner samples/s, staleness max {max(h['staleness_max'] for h in history)}")
+          f"(guidelines: {', '.join(last['active_guidelines']) or 'none'}); over the run: {gen_rate:.1f} generated tokens/s, "
+          f"{sum(h['learner_samples_per_s'] for h in history) / len(history):.2f} learner samples/s, "
+          f"staleness max {max(h['staleness_max'] for h in history)}")
     print("rewards by step: " + " ".join(f"{h['reward_mean']:.2f}" for h in history))
-    print(f"metrics: {run_dir}/metrics.jsonl; TensorBoard: .venv/bin/tensorboard --logdir {run_dir}/tensorboard")
+    print(f"snapshots: {run_dir}/snapshots; metrics: {run_dir}/metrics.jsonl; TensorBoard: .venv/bin/tensorboard --logdir {run_dir}/tensorboard")
     return 0
 
 
