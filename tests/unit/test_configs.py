@@ -12,12 +12,13 @@ from seal.config import compose, config_dir, instantiate
 
 GROUP_FILES = sorted(p for p in config_dir().glob("*/*.yaml"))
 # Constructors cheap enough to run here; the generator starts an engine.
-CHEAP = {"env", "interface", "sampling", "tag_weights"}
+CHEAP = {"env", "interface", "sampling", "tag_weights", "cluster", "transport"}
 EXTRA = {("model", "local"): ["model.path=/models/some-model"]}
 
 
 def test_there_are_config_groups():
-    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling", "learner", "tag_weights"}
+    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling", "learner", "tag_weights",
+                                                     "cluster", "transport"}
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
