@@ -34,6 +34,10 @@ class EnvActor:
 
         from actors.generator_server import RemoteGenerator
 
+        # Peers come by name (or handle): a name keeps this actor's constructor
+        # arguments small and plain, which Ray needs to restart it after a crash.
+        generator = ray.get_actor(generator) if isinstance(generator, str) else generator
+        coordinator = ray.get_actor(coordinator) if isinstance(coordinator, str) else coordinator
         self.name = name
         self.make_env = make_env
         self.sampling = sampling

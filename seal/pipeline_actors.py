@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -40,12 +41,13 @@ class ActorSet:
         from learner.worker import LearnerWorker
 
         self.cfg, self.cluster, self.replay_address = cfg, cluster, replay_address
+        self.prefix = f"seal-{uuid.uuid4().hex[:8]}"  # actor names unique to this pipeline
         self.sampling = instantiate(cfg.sampling)
         transport = instantiate(cfg.transport)
         self.hwm, self.send_timeout_s = transport.hwm, transport.send_timeout_s
         gen = cluster.generator
         self.generator = ray.remote(GeneratorServer).options(
-            name=None, max_concurrency=1024, max_restarts=cluster.max_restarts, max_task_retries=0,
+            name=f"{self.prefix}-generator", max_concurrency=1024, max_restarts=cluster.max_restarts, max_task_retries=0,
             runtime_env={"env_vars": gen.env_vars()}, **gen.ray_options(),
         ).remote(functools.partial(instantiate_spec, _spec(cfg.generator)))
         lrn = cluster.learner
@@ -79,7 +81,7 @@ class ActorSet:
         factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), bool(t.closed_loop),
                                     bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary))
         self.coordinator = ray.remote(CoordinatorService).options(
-            max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()}, **self.cluster.coordinator.ray_options(),
+            name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()}, **self.cluster.coordinator.ray_options(),
         ).remote(factory, state)
         self._wait_ready([self.coordinator.interface.remote()], "coordinator")
 
@@ -106,7 +108,7 @@ class ActorSet:
             self._created += 1
             handle = ray.remote(EnvActor).options(**options).remote(
                 name, functools.partial(instantiate_spec, _spec(self.cfg.env)), functools.partial(load_tokenizer, str(self.cfg.model.path)),
-                self.generator, self.coordinator, self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
+                f"{self.prefix}-generator", f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
             self.env[name] = handle
             self.coordinator.register_env_actor.remote(name, handle)
             started.append(handle)
