@@ -5,6 +5,13 @@ in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0: 6 s start instead of
 30 s), eager mode (no inductor compile at every start), thread binding from
 config, a bounded KV cache. Weights reload in place through
 ``collective_rpc("reload_weights")``; the prefix cache is reset after.
+
+The workers always carry actors/weight_sync.py (a vLLM worker extension):
+after a reload it re-derives the CPU kernel of a tied lm_head, which vLLM's
+in-place reload leaves on the old weights. ``weight_sync="broadcast"`` also
+lets the learner broadcast weights straight into the workers over a group of
+their own (``init_weight_group`` once, ``update_weights_from_group`` per
+version) instead of through a snapshot on disk; ``update_weights`` still works.
 """
 from __future__ import annotations
 
@@ -30,9 +37,12 @@ class VllmGenerator(Generator):
         cpu_kv_cache_gb: int = 2,
         seed: int = 0,
         initial_version: int = 0,
+        weight_sync: str = "reload",
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        if weight_sync not in ("reload", "broadcast"):
+            raise ValueError(f"weight_sync must be reload or broadcast, got {weight_sync!r}")
         from actors.model_assets import resolve_model
 
         model_path = str(resolve_model(model_path))
@@ -50,6 +60,7 @@ class VllmGenerator(Generator):
             model=model_path, dtype=dtype, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager, seed=seed, tensor_parallel_size=tensor_parallel_size,
         )
+        kwargs["worker_extension_cls"] = "actors.weight_sync.WeightSyncExtension"
         if device == "cuda":
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
@@ -62,6 +73,8 @@ class VllmGenerator(Generator):
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.policy_version = initial_version
+        self.weight_sync = weight_sync
+        self._group_ready = False
 
     @property
     def tokenizer(self) -> Any:
@@ -98,8 +111,7 @@ class VllmGenerator(Generator):
         return outputs
 
     def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
-        if version < self.policy_version:
-            raise ValueError(f"weight version {version} is older than the loaded {self.policy_version}")
+        self._check_version(version)
         t0 = time.perf_counter()
         if isinstance(source, str):
             if not os.path.isdir(source):
@@ -108,6 +120,49 @@ class VllmGenerator(Generator):
         else:
             items = list(source.items())
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+        self._llm.collective_rpc("refresh_tied_weights")  # receive_weights does this itself
+        return self._loaded(version, t0)
+
+    def init_weight_group(self, host: str, port: int, world_size: int, rank: int = 1, backend: str | None = None,
+                          timeout_s: float = 600.0) -> list[int]:
+        """Join the learner's weight group (it is rank 0); blocks until every member has joined.
+
+        ``rank`` is this engine's first worker; its tensor-parallel workers
+        follow. gloo on CPU, NCCL on CUDA unless ``backend`` says otherwise.
+        Returns the ranks the workers took.
+        """
+        if self.weight_sync != "broadcast":
+            raise RuntimeError("init_weight_group needs weight_sync=broadcast in the generator config")
+        backend = backend or ("nccl" if self.device == "cuda" else "gloo")
+        ranks = self._llm.collective_rpc("init_weight_group", kwargs=dict(
+            host=host, port=int(port), rank=int(rank), world_size=int(world_size), backend=backend, timeout_s=float(timeout_s)))
+        self._group_ready = True
+        return list(ranks)
+
+    def update_weights_from_group(self, version: int, metadata: Sequence[Any], bucket_mb: float = 1024) -> float:
+        """Receive one broadcast round (the learner sends concurrently) and load it in place; seconds.
+
+        ``metadata``: actors.weight_sync.WeightMeta records, in the order the
+        learner sends. ``bucket_mb``: received ahead of loading (a transient
+        extra on the worker's device); 0 = one tensor at a time.
+        """
+        from actors.weight_sync import WeightMeta
+
+        if not self._group_ready:
+            raise RuntimeError("update_weights_from_group before init_weight_group")
+        self._check_version(version)
+        if not metadata:
+            raise ValueError("empty metadata: a round carries every weight of the model")
+        wire = [WeightMeta.from_wire(m).to_wire() for m in metadata]
+        t0 = time.perf_counter()
+        self._llm.collective_rpc("receive_weights", kwargs={"metadata": wire, "bucket_bytes": int(bucket_mb * 2**20)})
+        return self._loaded(version, t0)
+
+    def _check_version(self, version: int) -> None:
+        if version < self.policy_version:
+            raise ValueError(f"weight version {version} is older than the loaded {self.policy_version}")
+
+    def _loaded(self, version: int, t0: float) -> float:
         # Cached KV blocks were computed by the old weights.
         self._llm.reset_prefix_cache()
         self.policy_version = version

@@ -4,15 +4,22 @@ Synthetic groups of trajectories (a prompt, generated spans, behaviour
 logprobs) with the embedded model; per backend: seconds per optimizer step,
 samples/s, tokens/s, and the publish latency (full weights to a safetensors
 snapshot). Backends alternate round by round so they see the same load.
-Prints a table and writes JSON (default benchmarks/results/learner_throughput.json).
+Then the two ways weights reach vLLM, per backend, with vLLM CPU in a child
+process: the published snapshot reloaded from disk, and the weight group
+(actors/weight_sync.py, gloo): seconds from the learner's first send to the
+last, seconds until vLLM has loaded them, and the first token after it (a
+prompt of --prompt-tokens, the prefix cache just reset, so a full prefill).
+Prints tables and writes JSON (default benchmarks/results/learner_throughput.json).
 
-    .venv/bin/python benchmarks/learner_throughput.py [--model embedded] [--groups 2] [--n 4] [--tokens 128] [--rounds 2]
+    .venv/bin/python benchmarks/learner_throughput.py [--model embedded] [--groups 2] [--n 4] [--tokens 128] [--rounds 2] [--no-broadcast]
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import random
+import socket
 import tempfile
 import time
 
@@ -48,6 +55,65 @@ def rss_gb() -> float:
     return 0.0
 
 
+HOST = "127.0.0.1"
+
+
+def first_token_s(gen, prompt: list[int]) -> float:
+    from actors.generator import GenerationRequest, SamplingConfig
+
+    t = time.perf_counter()
+    gen.generate([GenerationRequest("ft", prompt, 1)], SamplingConfig(temperature=0.0, max_new_tokens=1))
+    return time.perf_counter() - t
+
+
+def vllm_side(model: str, port: int, prompt_tokens: int, conn) -> None:
+    """Rank 1 of the weight group: vLLM CPU on the same model, loading each round the parent announces."""
+    from actors.vllm_generator import VllmGenerator
+
+    gen = VllmGenerator(model, max_model_len=max(2048, prompt_tokens + 16), cpu_kv_cache_gb=1, weight_sync="broadcast")
+    prompt = [random.Random(0).randrange(100, 40000) for _ in range(prompt_tokens)]
+    first_token_s(gen, prompt)  # warm-up
+    gen.reset_prefix_cache()
+    baseline = first_token_s(gen, prompt)
+    gen.init_weight_group(HOST, port, world_size=2, timeout_s=600)
+    conn.send({"first_token_s_before": baseline})
+    while (msg := conn.recv()) is not None:
+        version, metadata, snapshot = msg
+        # The parent is sending already: receive first, or its clock counts our other work.
+        out = {"receive_s": gen.update_weights_from_group(version, metadata)}
+        out["first_token_s"] = first_token_s(gen, prompt)
+        out["reload_s"] = gen.update_weights(version, snapshot)  # the existing path, same weights, for comparison
+        conn.send(out)
+    gen.close()
+
+
+class VllmPeer:
+    """vLLM in a child process, joined to this process (rank 0) by the weight group."""
+
+    def __init__(self, model: str, prompt_tokens: int) -> None:
+        from learner.weight_broadcast import WeightBroadcaster
+
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=vllm_side, args=(model, port, prompt_tokens, child), daemon=True)
+        self.proc.start()
+        self.broadcaster = WeightBroadcaster(HOST, port, world_size=2, backend="gloo", timeout_s=600)
+        self.before = self.conn.recv()
+
+    def round(self, learner, version: int, snapshot: str) -> dict:
+        self.conn.send((version, learner.weight_metadata(), snapshot))
+        sent = learner.broadcast_weights(self.broadcaster)  # vLLM is receiving meanwhile
+        return {"broadcast_s": sent, **self.conn.recv()}
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(timeout=120)
+        self.broadcaster.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
@@ -56,6 +122,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="tokens per trajectory (half generated)")
     parser.add_argument("--micro", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=1024, help="prompt of the first-token measurement")
+    parser.add_argument("--no-broadcast", action="store_true", help="skip the vLLM weight-path measurements")
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
     args = parser.parse_args()
 
@@ -77,23 +145,39 @@ def main() -> None:
         batch = synthetic_batch(args.groups, args.n, args.tokens, seed=r)
         for name, lrn in learners.items():
             times[name].append(lrn.train_batch(batch, RELEASED_BASE_WEIGHTS))
-    publish = {}
+    publish, weights = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, lrn in learners.items():
             _, seconds = lrn.publish(tmp, version=1)
             publish[name] = seconds
+        if not args.no_broadcast:
+            peer = VllmPeer(path, args.prompt_tokens)
+            for version, (name, lrn) in enumerate(learners.items(), start=1):
+                snapshot, _ = lrn.publish(tmp, version=version)
+                weights[name] = peer.round(lrn, version, str(snapshot))
+            peer.close()
     load_after = os.getloadavg()[0]
     rows = []
     for name, runs in times.items():
         best = min(runs, key=lambda m: m["seconds"])
         rows.append({"backend": name, "init_s": learners[name].init_s, "step_s": best["seconds"], "samples_per_s": best["samples_per_s"],
-                     "tokens_per_s": best["tokens_per_s"], "publish_s": publish[name], "all_step_s": [m["seconds"] for m in runs]})
+                     "tokens_per_s": best["tokens_per_s"], "publish_s": publish[name], "all_step_s": [m["seconds"] for m in runs],
+                     **weights.get(name, {})})
     report = {"benchmark": "learner_throughput", "model": args.model, "batch": {"groups": args.groups, "n": args.n, "tokens": args.tokens, "micro": args.micro},
               "results": rows, "peak_rss_gb_all_backends": rss_gb(), "machine": {"cpus": os.cpu_count()},
               "outside_load_1min": {"before": load_before, "after": load_after}}
+    if weights:
+        report["weight_path"] = {"vllm": "cpu, fp32, in a child process", "group": "gloo, 127.0.0.1", "prompt_tokens": args.prompt_tokens,
+                                 "first_token_s_before_any_update": peer.before["first_token_s_before"]}
     print(f"{'backend':<8}{'step s':>9}{'samples/s':>11}{'tokens/s':>10}{'publish s':>11}")
     for r in rows:
         print(f"{r['backend']:<8}{r['step_s']:>9.2f}{r['samples_per_s']:>11.2f}{r['tokens_per_s']:>10.0f}{r['publish_s']:>11.2f}")
+    if weights:
+        print(f"\nweights to vLLM (CPU, gloo; first token = {args.prompt_tokens}-token prompt after the prefix-cache reset; "
+              f"{peer.before['first_token_s_before']:.2f} s before any update)")
+        print(f"{'backend':<8}{'publish+reload s':>18}{'broadcast s':>13}{'vLLM recv s':>13}{'first tok s':>13}")
+        for r in rows:
+            print(f"{r['backend']:<8}{r['publish_s'] + r['reload_s']:>18.2f}{r['broadcast_s']:>13.2f}{r['receive_s']:>13.2f}{r['first_token_s']:>13.2f}")
     print(f"batch: {args.groups} groups x {args.n} x {args.tokens} tokens (half generated); tokens/s counts generated tokens")
     print(f"peak RSS (three learners in one process): {report['peak_rss_gb_all_backends']:.1f} GB; outside load {load_before:.2f} -> {load_after:.2f}")
     write_report(args.out, report)

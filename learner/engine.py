@@ -259,6 +259,18 @@ class Learner:
         tmp.rename(out)
         return out, time.perf_counter() - t0
 
+    def broadcast_weights(self, broadcaster) -> float:
+        """Weights to vLLM over the weight group (learner/weight_broadcast.py), gathered per parameter
+        under ZeRO-3 (ranks other than 0 pass None); seconds. ``weight_metadata`` says what is sent."""
+        from learner.weight_broadcast import broadcast_model
+
+        return broadcast_model(self.model, broadcaster, zero3=self.engine is not None and self.cfg.zero_stage == 3)
+
+    def weight_metadata(self, dtype=None) -> list:
+        from learner.weight_broadcast import model_metadata
+
+        return model_metadata(self.model, dtype)
+
     # ----------------------------------------------------------- checkpoints
     def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
         import numpy as np

@@ -1,0 +1,81 @@
+"""The learner's end of the weight group (rank 0): broadcast weights to the vLLM workers.
+
+See actors/weight_sync.py for the group and the worker side. The group is
+not the DeepSpeed training group: only the learner's rank 0 is in it, with
+the vLLM workers as ranks 1..N. Metadata (name, dtype, shape per tensor)
+goes to the workers by whatever carries control messages; it is fixed for a
+model, so ``weight_metadata`` needs no gather even under ZeRO-3.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable, Iterator, Mapping
+
+import torch
+
+from actors.weight_sync import WeightGroup, WeightMeta
+
+
+def model_weights(model: torch.nn.Module, zero3: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) per parameter, in a fixed order, a tied parameter once.
+
+    Under ZeRO-3 each parameter is gathered only while its tensor is out (the
+    caller sends it before asking for the next): one full parameter at a
+    time instead of the whole model. The gather is a collective of the
+    training group, so every learner rank must walk this iterator in step.
+    """
+    if zero3:
+        import deepspeed
+
+    for name, param in model.named_parameters():
+        if zero3:
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                yield name, param.data
+        else:
+            yield name, param.data
+
+
+def model_metadata(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[WeightMeta]:
+    """What ``model_weights`` will send, cast to ``dtype`` if given; ZeRO-3 shapes come from ds_shape."""
+    return [WeightMeta.of(name, getattr(p, "ds_shape", p.shape), dtype or p.dtype) for name, p in model.named_parameters()]
+
+
+class WeightBroadcaster:
+    """Rank 0 of the weight group; the constructor returns once every worker has joined.
+
+    ``dtype`` casts before sending (e.g. fp32 learner weights to a bf16 vLLM:
+    half the bytes on the wire); the metadata given to workers must say the same.
+    """
+
+    def __init__(self, host: str, port: int, world_size: int, backend: str = "gloo",
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 timeout_s: float = 600.0) -> None:
+        device = device if device is not None else ("cuda" if backend == "nccl" else "cpu")
+        self.group = WeightGroup(host, port, 0, world_size, backend, device, timeout_s)
+        self.device = self.group.device
+        self.dtype = dtype
+
+    def broadcast(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Send every tensor, in order; returns seconds until the last one is on the wire and done."""
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for _, tensor in items:
+                out = tensor.detach().to(device=self.device, dtype=self.dtype or tensor.dtype).contiguous()
+                self.group.broadcast(out)  # the root's buffer is only read: no copy needed when already in place
+        self.group.synchronize()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.group.close()
+
+
+def broadcast_model(model: torch.nn.Module, broadcaster: WeightBroadcaster | None, zero3: bool = False) -> float:
+    """Send ``model``'s weights; a learner rank other than 0 passes None and only joins the ZeRO-3 gathers."""
+    if broadcaster is None:
+        t0 = time.perf_counter()
+        for _ in model_weights(model, zero3):
+            pass
+        return time.perf_counter() - t0
+    return broadcaster.broadcast(model_weights(model, zero3))
+
