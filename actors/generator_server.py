@@ -156,10 +156,14 @@ class GeneratorServer:
 
 def _restarted_by_ray() -> bool:
     """True inside a Ray actor that Ray has restarted after a crash."""
+    import warnings
+
     try:
         import ray
 
-        return ray.is_initialized() and bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        with warnings.catch_warnings():  # the property reads a deprecated accessor internally
+            warnings.simplefilter("ignore")
+            return ray.is_initialized() and bool(ray.get_runtime_context().was_current_actor_reconstructed)
     except (ImportError, AttributeError, RuntimeError):
         return False
 

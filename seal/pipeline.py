@@ -44,15 +44,35 @@ class Pipeline:
         self.cluster = instantiate(cfg.cluster)
         self.task_ids, self.skipped_overlong = select_tasks(cfg)
         self._owns_ray = not ray.is_initialized()  # tests share one Ray session across pipelines
-        start_ray(self.cluster)
-        check_reachable(self.cluster)
         staleness = 0 if self.sync else int(t.max_staleness)
         self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, staleness, cfg.seed)
         queue = ReplayQueue(cfg.n, t.groups_per_step, max_staleness=staleness, stale_policy=t.stale_policy,
                             reissue_after_s=t.reissue_after_s)
-        self.replay = ReplayServer(queue, instantiate(cfg.transport))
+        self.replay: ReplayServer | None = None
+        self.actors: ActorSet | None = None
+        self.control: ControlServer | None = None
+        self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
+        self.learn: tuple[Any, list, float] | None = None  # (ref, groups, started)
+        self.window = StepWindow()
+        self.gen_probe: tuple[Any, float] | None = None
+        self._last_probe = 0.0
+        self.generator_down = False
+        self.publishing: dict[Any, tuple[int, float]] = {}  # publish ref -> (version, started)
+        self.publish_s: float | None = None  # the latest completed publish: learner done -> generator loaded
+        try:
+            start_ray(self.cluster)
+            check_reachable(self.cluster)
+            self.replay = ReplayServer(queue, instantiate(cfg.transport))
+            self.actors = ActorSet(cfg, self.cluster, self.replay.address)
+            self._start(resume)
+        except BaseException:
+            self.close()  # no actor, socket or Ray session outlives a failed start
+            raise
+
+    def _start(self, resume: Path | None) -> None:
+        import ray
+
         extra = None
-        self.actors = ActorSet(cfg, self.cluster, self.replay.address)
         if resume is not None:
             extra = ray.get(self.actors.learner.load_checkpoint.remote(str(resume / "checkpoints" / "latest")))
         self.actors.start_coordinator(extra["coordinator"] if extra else None)
@@ -63,26 +83,17 @@ class Pipeline:
         for key in ("wall_s", "update_tokens", "rollout_tokens"):
             self.totals.setdefault(key, 0.0)
         self.started = time.perf_counter()
-        self.snapshotted_step: int | None = None
+        self.weights_ref = None
         if extra:
             self.ledger.restore(extra["slots"], self.version)
             self.replay.set_policy_version(self.version)
             self.weights_ref = self.actors.learner.weights.remote()
             ray.get(self.actors.generator.update_weights.remote(self.version, self.weights_ref))
-        else:
-            self.weights_ref = None
         self.acked = self.version  # the generator's version
-        if extra is None and not (snapshot_root(run_dir) / "index.jsonl").exists():
+        if extra is None and not (snapshot_root(self.run_dir) / "index.jsonl").exists():
             self.snapshot(initial=True)
         self.actors.scale_env(self.cluster.env_actors)
-        self.control = ControlServer(run_dir, self.cluster.bind_host)
-        self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
-        self.learn: tuple[Any, list, float] | None = None  # (ref, groups, started)
-        self.window = StepWindow()
-        self.gen_probe: tuple[Any, float] | None = None
-        self._last_probe = 0.0
-        self.publishing: dict[Any, tuple[int, float]] = {}  # publish ref -> (version, started)
-        self.publish_s: float | None = None  # the latest completed publish: learner done -> generator loaded
+        self.control = ControlServer(self.run_dir, self.cluster.bind_host)
 
     # ------------------------------------------------------------ main loop
     def run(self, steps: int, progress=None) -> list[dict[str, Any]]:
@@ -113,6 +124,8 @@ class Pipeline:
         return history
 
     def _dispatch(self) -> None:
+        if self.generator_down:  # groups would only fail until it is back
+            return
         while True:
             actor = self.actors.idle_env_actor(busy={name for _, name in self.jobs.values()})
             if actor is None:
@@ -162,6 +175,7 @@ class Pipeline:
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.actors.crashed(name)
             if isinstance(exc, GeneratorUnavailable):
+                self.generator_down = True
                 self._check_generator(force=True)
             return
         except ray.exceptions.RayTaskError as exc:  # a bug or a bad environment: retried a bounded number of times
@@ -180,7 +194,7 @@ class Pipeline:
 
         now = time.monotonic()
         if self.gen_probe is None:
-            if force or now - self._last_probe > 2.0:
+            if force or now - self._last_probe > (0.5 if self.generator_down else 2.0):
                 self.gen_probe = (self.actors.generator.awaiting_weights.remote(), now)
             return
         ref, _ = self.gen_probe
@@ -192,6 +206,7 @@ class Pipeline:
             awaiting = ray.get(ref)
         except ray.exceptions.RayActorError:
             return  # restarting; probe again
+        self.generator_down = False
         if awaiting:
             log.warning("generator restarted; restoring policy v%d", self.acked)
             weights = self.weights_ref if self.weights_ref is not None else self.actors.learner.weights.remote()
@@ -297,15 +312,14 @@ class Pipeline:
         totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
         record = {"name": name, "step": self.step, "policy_version": self.version, "interface_version": state["interface"]["version"],
                   "weights": weights, **totals}
-        self.snapshotted_step = self.step
         return write_snapshot(self.run_dir, record, state["interface"], state["capability"], metrics)
 
     def close(self) -> None:
         import ray
 
-        self.control.close()
-        self.replay.close()
-        self.actors.close()
+        for part in (self.control, self.replay, self.actors):
+            if part is not None:
+                part.close()
         if self._owns_ray:
             ray.shutdown()
 
