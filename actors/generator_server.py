@@ -27,7 +27,7 @@ from actors.generator import GenerationOutput, GenerationRequest, Generator, Gen
 
 @dataclass
 class _Job:
-    kind: str  # generate | update
+    kind: str  # generate | update (new weights: a callable returning seconds) | call (any other engine call)
     args: tuple
     future: Future = field(default_factory=Future)
 
@@ -70,7 +70,19 @@ class GeneratorServer:
         return job.future.result()
 
     def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
-        job = _Job("update", (version, source))
+        return self._on_engine("update", lambda: self.generator.update_weights(version, _as_tensors(source)))
+
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> list[int]:
+        """Join the learner's weight broadcast group as rank 1 (vLLM generators
+        with weight_sync=broadcast); blocks until the learner has joined too."""
+        return self._on_engine("call", lambda: self.generator.init_weight_group(host, port, world_size, rank=1, backend=backend))
+
+    def update_weights_from_group(self, version: int, metadata: list) -> float:
+        """Receive one broadcast round from the learner (sent concurrently)."""
+        return self._on_engine("update", lambda: self.generator.update_weights_from_group(version, metadata))
+
+    def _on_engine(self, kind: str, fn: Callable[[], Any]) -> Any:
+        job = _Job(kind, (fn,))
         self._jobs.put(job)
         return job.future.result()
 
@@ -127,9 +139,10 @@ class GeneratorServer:
                 continue
             t0 = time.perf_counter()
             try:
-                if batch[0].kind == "update":
-                    version, source = batch[0].args
-                    seconds = self.generator.update_weights(version, _as_tensors(source))
+                if batch[0].kind == "call":
+                    batch[0].future.set_result(batch[0].args[0]())
+                elif batch[0].kind == "update":
+                    seconds = batch[0].args[0]()
                     self.counters.updates += 1
                     self.counters.update_s += seconds
                     batch[0].future.set_result(seconds)

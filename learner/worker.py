@@ -22,6 +22,7 @@ class LearnerWorker:
 
             torch.set_num_threads(threads)
         self.learner = make_learner()
+        self.broadcaster = None  # rank 0 of the weight group, when generators take weights by broadcast
         self.busy_s = 0.0
         self.started = time.perf_counter()
 
@@ -43,6 +44,34 @@ class LearnerWorker:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""
         path, seconds = self.learner.publish(out_dir, version)
         return str(path), seconds
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """This node's IP and a free port on it, for the weight group's store."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> list[dict[str, Any]]:
+        """Form (or re-form, after a generator restart) the broadcast group as
+        rank 0; returns the metadata the receivers need, once per model."""
+        from learner.weight_broadcast import WeightBroadcaster
+
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+        self.broadcaster = WeightBroadcaster(host, port, world_size, backend)
+        return [m.to_wire() for m in self.learner.weight_metadata()]
+
+    def broadcast_weights(self) -> float:
+        if self.broadcaster is None:
+            raise RuntimeError("broadcast_weights before join_weight_group")
+        t0 = time.perf_counter()
+        seconds = self.learner.broadcast_weights(self.broadcaster)
+        self.busy_s += time.perf_counter() - t0
+        return seconds
 
     def save_checkpoint(self, path: str, extra: Mapping[str, Any]) -> str:
         return str(self.learner.save_checkpoint(path, extra))

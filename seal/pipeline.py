@@ -90,6 +90,10 @@ class Pipeline:
             self.weights_ref = self.actors.learner.weights.remote()
             ray.get(self.actors.generator.update_weights.remote(self.version, self.weights_ref))
         self.acked = self.version  # the generator's version
+        self.broadcast = self.cfg.generator.get("weight_sync", "reload") == "broadcast"
+        self.weight_meta: list | None = None
+        if self.broadcast:
+            self._form_weight_group()
         if extra is None and not (snapshot_root(self.run_dir) / "index.jsonl").exists():
             self.snapshot(initial=True)
         self.actors.scale_env(self.cluster.env_actors)
@@ -208,9 +212,17 @@ class Pipeline:
             return  # restarting; probe again
         self.generator_down = False
         if awaiting:
-            log.warning("generator restarted; restoring policy v%d", self.acked)
-            weights = self.weights_ref if self.weights_ref is not None else self.actors.learner.weights.remote()
-            ray.get(self.actors.generator.update_weights.remote(self.acked, weights))
+            log.warning("generator restarted; restoring the latest weights")
+            # The last published arrays when the object store carried them; with
+            # broadcast (or before any publish) the learner's current weights.
+            if self.weights_ref is not None and not self.broadcast:
+                weights, version = self.weights_ref, self.acked
+            else:
+                weights, version = self.actors.learner.weights.remote(), self.version
+            ray.get(self.actors.generator.update_weights.remote(version, weights))
+            self.acked = max(self.acked, version)
+            if self.broadcast:  # the old group died with the old process
+                self._form_weight_group()
             self.window.generator_restores += 1
 
     def _maybe_train(self) -> None:
@@ -248,8 +260,7 @@ class Pipeline:
         self.version += 1
         self.step += 1
         self.replay.set_policy_version(self.version)
-        self.weights_ref = self.actors.learner.weights.remote()
-        publish = self.actors.generator.update_weights.remote(self.version, self.weights_ref)
+        publish = self._publish()
         self.publishing[publish] = (self.version, time.perf_counter())
         round_ref = self.actors.coordinator.end_round.remote(wait=self.sync)
         if self.sync:  # generation waits for the new weights and interface; async goes on
@@ -259,6 +270,28 @@ class Pipeline:
         self.totals["update_tokens"] += result["tokens_per_s"] * result["seconds"]
         self.totals["rollout_tokens"] += sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports)
         return self.window.row(self, groups, result, interface, t_learn)
+
+    def _form_weight_group(self) -> None:
+        """The learner (rank 0) and the generator's workers form a broadcast
+        group of their own (gloo on CPU, NCCL on GPU), as verl and OpenRLHF do."""
+        import ray
+
+        host, port = ray.get(self.actors.learner.weight_group_address.remote())
+        backend = "nccl" if self.cfg.learner.cfg.device == "cuda" else "gloo"
+        meta = self.actors.learner.join_weight_group.remote(host, port, 2, backend)
+        joined = self.actors.generator.join_weight_group.remote(host, port, 2, backend)
+        self.weight_meta = ray.get(meta)
+        ray.get(joined)
+
+    def _publish(self) -> Any:
+        """New weights to the generator: by broadcast over the weight group, or
+        through the object store (the learner's arrays, read zero-copy)."""
+        if self.broadcast:
+            publish = self.actors.generator.update_weights_from_group.remote(self.version, self.weight_meta)
+            self.actors.learner.broadcast_weights.remote()  # its failure surfaces at the learner's next call
+            return publish
+        self.weights_ref = self.actors.learner.weights.remote()
+        return self.actors.generator.update_weights.remote(self.version, self.weights_ref)
 
     def _published(self, ref) -> None:
         import ray

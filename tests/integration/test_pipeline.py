@@ -149,3 +149,19 @@ def test_env_actors_scale_up_and_down_while_training(tmp_path):
     assert 3 in seen and seen[-1] == 1, seen
     assert len(p.actors.env) == 1 and not p.actors.retiring
     assert_exactly_once(p, 5)
+
+
+def test_weights_by_broadcast_group(tmp_path):
+    """generator.weight_sync=broadcast: the learner and the vLLM workers form a
+    gloo group of their own (NCCL on GPU) and every publish goes over it."""
+    import ray
+
+    p = make_pipeline(tmp_path, "trainer.mode=async", "generator.weight_sync=broadcast", "learner=zero2")
+    try:
+        rows = p.run(2)
+        stats = ray.get(p.actors.generator.stats.remote())
+    finally:
+        p.close()
+    assert [r["policy_version"] for r in rows] == [1, 2] and p.weight_meta
+    assert stats["updates"] >= 1 and stats["policy_version"] >= 1
+    assert_exactly_once(p, 2)
