@@ -219,10 +219,15 @@ class Pipeline:
                 weights, version = self.weights_ref, self.acked
             else:
                 weights, version = self.actors.learner.weights.remote(), self.version
-            ray.get(self.actors.generator.update_weights.remote(version, weights))
+            try:
+                ray.get(self.actors.generator.update_weights.remote(version, weights))
+                if self.broadcast:  # the old group died with the old process
+                    self._form_weight_group()
+            except ray.exceptions.RayError as exc:  # died again while restoring: keep probing
+                log.warning("restoring the generator failed (%s); retrying", exc.__class__.__name__)
+                self.generator_down = True
+                return
             self.acked = max(self.acked, version)
-            if self.broadcast:  # the old group died with the old process
-                self._form_weight_group()
             self.window.generator_restores += 1
 
     def _maybe_train(self) -> None:
