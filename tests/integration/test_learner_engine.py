@@ -55,9 +55,9 @@ def make_batch(seed: int, tiny_path: str) -> list[Trajectory]:
     return out
 
 
-def learner(tiny_path, backend, stage=2, micro=1):
+def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False):
     cfg = LearnerConfig(backend=backend, zero_stage=stage, lr=1e-3, mini_batch_groups=GROUPS, micro_batch_size=micro,
-                        loss=LossConfig(kl_coef=0.1))
+                        loss=LossConfig(kl_coef=0.1), gradient_checkpointing=checkpointing)
     return Learner(tiny_path, cfg, group_size=N)
 
 
@@ -93,6 +93,16 @@ def test_micro_batch_split_does_not_change_the_update(tiny_path):
     # Padding changes float rounding a little; Adam turns that into at most a
     # few 1e-6 on single elements (an update step here is 1e-3).
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+
+
+def test_gradient_checkpointing_computes_the_same_update(tiny_path):
+    batch = make_batch(2, tiny_path)
+    plain, recomputed = learner(tiny_path, "deepspeed", 2), learner(tiny_path, "deepspeed", 2, checkpointing=True)
+    assert recomputed.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    mp, mr = plain.train_batch(batch, RELEASED_BASE_WEIGHTS), recomputed.train_batch(batch, RELEASED_BASE_WEIGHTS)
+    assert mr["loss"] == pytest.approx(mp["loss"], rel=1e-5, abs=1e-7)
+    wp, wr = weights(plain), weights(recomputed)
+    assert all(torch.allclose(wp[k], wr[k], atol=1e-6) for k in wp)
 
 
 @pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])
