@@ -21,7 +21,7 @@ setup(
     version="0.1.0",
     description="SEAL: co-evolving agents and training environments, asynchronous GRPO on BFCL multi-turn",
     python_requires=">=3.11",
-    packages=find_packages(include=["actors*", "learner*", "env_pool*", "replay*", "seal*", "evaluation*"]),
+    packages=find_packages(include=["actors*", "learner*", "env_pool*", "replay*", "seal*", "evaluation*", "benchmarks*"]),
     package_data={"env_pool": ["data/*.json", "data/*.md"]},
     install_requires=requirements("base.txt"),
     extras_require={
@@ -30,6 +30,8 @@ setup(
         # GPU generator and learner: CUDA torch and vLLM (a separate install).
         "gpu": ["torch==2.14.0", "vllm==0.33.0"],
         "test": requirements("test.txt"),
+        # The TRL peer benchmark (`seal bench trl`) only.
+        "bench": requirements("bench.txt"),
     },
     entry_points={"console_scripts": ["seal=seal.cli:main"]},
 )

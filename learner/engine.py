@@ -243,6 +243,7 @@ class Learner:
         # gives each mini-batch's value; report their mean.
         out: dict[str, Any] = {k: (sum(v) / len(v) if k == "grad_norm" else sum(v) / minis) for k, v in metrics.items()}
         out.update(step=self.step, seconds=seconds, samples_per_s=len(samples) / seconds, tokens_per_s=tokens / seconds,
+                   sequence_tokens=sum(len(s.token_ids) for s in samples), scored_tokens=tokens,
                    groups=stats.groups, zero_variance_groups=stats.zero_variance_groups, mean_scale=stats.mean_scale,
                    reward_mean=stats.reward_mean)
         return out

@@ -35,6 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny")
     ev.set_defaults(handler="seal.rollout_commands:evaluate")
 
+    sev = sub.add_parser("evaluate", help="SEAGym metrics over a run's snapshots (raw interface, greedy)")
+    sev.add_argument("run_dir", help="a run directory written by `seal train`")
+    sev.add_argument("--views", default=None, help="comma-separated views (default: evaluation.views), e.g. validation,id,replay")
+    sev.add_argument("--snapshots", default=None, help="comma-separated snapshot names (default: all), e.g. A_0,A_2")
+    sev.add_argument("--limit", type=int, default=None, help="tasks per view, stratified over categories")
+    sev.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    sev.add_argument("overrides", nargs="*", help="key=value on the run's config, e.g. evaluation.max_new_tokens=64")
+    sev.set_defaults(handler="seal.evaluate_commands:evaluate")
+
+    rep = sub.add_parser("report", help="markdown report with plots from `seal evaluate` and the training metrics")
+    rep.add_argument("run_dir")
+    rep.set_defaults(handler="seal.evaluate_commands:report")
+
+    abl = sub.add_parser("ablate", help="train and evaluate a set of ablations with the same seed, split and budget")
+    abl.add_argument("--set", dest="ablations", default="full,vanilla_rl,no_interface_evolution,no_reweighting,no_closed_loop",
+                     help="comma-separated names: full (no ablation) or configs/ablation/<name>.yaml")
+    abl.add_argument("--out", required=True, help="parent directory: one run directory per ablation, and the table")
+    abl.add_argument("--limit", type=int, default=None, help="tasks per evaluation view")
+    abl.add_argument("--views", default=None, help="views to evaluate (default: evaluation.views)")
+    abl.add_argument("overrides", nargs="*", help="hydra overrides shared by every run, e.g. env=toy trainer.steps=20 seed=1")
+    abl.set_defaults(handler="seal.ablate_commands:ablate")
+
     env = sub.add_parser("env", help="environment tools: replay ground truth, score trajectories, show prompts")
     env_sub = env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND")
 
@@ -66,12 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
     prep = model_sub.add_parser("prepare", help="convert the embedded model once (cached)")
     prep.add_argument("--force", action="store_true")
     prep.set_defaults(handler="seal.model_commands:prepare")
+
+    bench = sub.add_parser("bench", help="benchmarks: rollout vs learning, sync vs async, env scaling, transport, weights, TRL peer",
+                           description="seal bench PART --help lists a part's options (benchmarks/cli.py)")
+    bench.add_argument("part", help="rollout-learn, sync-async, env, transport, weights, trl or all")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="--json, --repeats R, part options, hydra overrides")
+    bench.set_defaults(handler="benchmarks.cli:run")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops filling a positional list once an option follows it, so
+    # `seal evaluate RUN --json key=value` leaves key=value over: take it as an override.
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "scale":
         key, _, value = args.setting.partition("=")
         if key != "env" or not value.isdigit() or int(value) < 1:

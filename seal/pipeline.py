@@ -272,7 +272,7 @@ class Pipeline:
             ray.wait([publish], timeout=None)
             self._published(publish)
         interface = ray.get(round_ref)
-        self.totals["update_tokens"] += result["tokens_per_s"] * result["seconds"]
+        self.totals["update_tokens"] += result["sequence_tokens"]
         self.totals["rollout_tokens"] += sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports)
         return self.window.row(self, groups, result, interface, t_learn)
 
@@ -378,8 +378,12 @@ def select_tasks(cfg) -> tuple[list[str], int]:
     from actors.chat import ChatTokenizer
     from actors.model_assets import load_tokenizer
 
+    from evaluation.views import training_task_ids
+
     env = instantiate(cfg.env)
-    task_ids = env.task_ids(cfg.split)
+    # The update-validation view's tasks never serve as update evidence.
+    task_ids = training_task_ids(env.task_ids(cfg.split), cfg.evaluation.validation_size, cfg.evaluation.heldout_categories,
+                                 env.task_ids("train"))
     if cfg.limit is not None:
         task_ids = task_ids[: int(cfg.limit)]
     if not task_ids:

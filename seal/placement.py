@@ -90,6 +90,8 @@ def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
     if cfg.address:
         ray.init(address=cfg.address, log_to_driver=cfg.actor_logs)
     else:
-        ray.init(num_cpus=cfg.local_cpus(), include_dashboard=False, log_to_driver=cfg.actor_logs,
+        # address="local": a new instance here, never a cluster someone else
+        # started on this machine (`ray start`, a test's cluster).
+        ray.init(address="local", num_cpus=cfg.local_cpus(), include_dashboard=False, log_to_driver=cfg.actor_logs,
                  object_store_memory=int(cfg.object_store_gb * 2**30))
     return ray.cluster_resources()

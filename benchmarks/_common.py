@@ -1,0 +1,201 @@
+"""What every `seal bench` part shares: outside-load probe, statistics over
+repeats, machine description, target checks, report writing and plots.
+
+These machines are shared and noisy, so every part records how busy the rest
+of the machine was while it ran (load averages before and after, and the CPU
+time other processes took, from /proc/stat minus our own process tree), and
+reports repeated measurements as median with min and max, never a single run.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------ outside load
+def _proc_stat_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine from the aggregate cpu line."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already inside user/nice]
+    idle = fields[3] + fields[4]
+    total = sum(fields[:8])
+    return total - idle, total
+
+
+def _tree_jiffies(root: int) -> int:
+    """CPU jiffies of ``root`` and every live descendant, plus what reaped
+    children left in their parents' cutime/cstime (Ray's raylet and workers
+    are descendants of the driver when it starts Ray itself)."""
+    stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, jiffies)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                rest = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        # after "pid (comm)": state ppid ... utime(11) stime(12) cutime(13) cstime(14)
+        stats[int(name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0))[1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+class LoadProbe:
+    """Outside CPU load over a measurement: ``with LoadProbe() as probe: ...; probe.result``."""
+
+    def __enter__(self) -> "LoadProbe":
+        self.load_before = os.getloadavg()
+        self.busy0, self.total0 = _proc_stat_jiffies()
+        self.ours0 = _tree_jiffies(os.getpid())
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy1, total1 = _proc_stat_jiffies()
+        ours1 = _tree_jiffies(os.getpid())
+        d_total = max(total1 - self.total0, 1)
+        others = max(0, (busy1 - self.busy0) - max(0, ours1 - self.ours0))
+        self.result = {
+            "loadavg_before": [round(x, 2) for x in self.load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            # share of the machine's total CPU capacity used by processes outside this benchmark
+            "other_processes_cpu_share": round(min(1.0, others / d_total), 3),
+            "ours_cpu_share": round(min(1.0, max(0, ours1 - self.ours0) / d_total), 3),
+            "wall_s": round(time.perf_counter() - self.t0, 2),
+            "cpus": os.cpu_count(),
+        }
+
+
+# ------------------------------------------------------------ statistics
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    """Median and spread of repeated measurements (None values are skipped)."""
+    xs = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
+    if not xs:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    mid = len(xs) // 2
+    median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return {"median": median, "min": xs[0], "max": xs[-1], "n": len(xs)}
+
+
+def median(values: Sequence[float]) -> float | None:
+    return summary(values)["median"]
+
+
+def target(name: str, measured: float | None, op: str, bound: float) -> dict[str, Any]:
+    """A target from the issue, stated against the measured figure."""
+    met = None if measured is None else (measured >= bound if op == ">=" else measured < bound if op == "<" else measured <= bound)
+    return {"name": name, "target": f"{op} {bound:g}", "measured": measured, "met": met}
+
+
+# ------------------------------------------------------------ machine
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((l.split(":", 1)[1].strip() for l in fh if l.startswith("model name")), "")
+    except OSError:
+        pass
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model, "memory_gb": round(mem_gb, 1),
+            "python": platform.python_version(), "platform": platform.platform(), "commit": commit or "unknown"}
+
+
+# ------------------------------------------------------------ output
+@contextlib.contextmanager
+def stdout_to_stderr(active: bool) -> Iterator[None]:
+    """With --json, stdout carries only the JSON objects: everything else
+    (vLLM, DeepSpeed and Ray print from C and Python alike) goes to stderr,
+    redirected at the file-descriptor level so child processes inherit it."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def write_json(out_dir: Path, part: str, report: dict[str, Any]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"bench_{part.replace('-', '_')}.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return path
+
+
+def figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
+    """A matplotlib figure on the Agg canvas (no display; imported lazily: it
+    costs a second and only the plotting step needs it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_figure(fig, out_dir: Path, part: str, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = out_dir / f"bench_{part.replace('-', '_')}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def error_bars(stats: Sequence[dict[str, Any]]) -> tuple[list[float], list[list[float]]]:
+    """Medians and [below, above] distances to min and max, for plt.bar(yerr=...)."""
+    med = [s["median"] or 0.0 for s in stats]
+    low = [m - (s["min"] if s["min"] is not None else m) for m, s in zip(med, stats)]
+    high = [(s["max"] if s["max"] is not None else m) - m for m, s in zip(med, stats)]
+    return med, [low, high]
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 1e5 else f"{value:.3g}"
+    return str(value)
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(h) for h in header]] + [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

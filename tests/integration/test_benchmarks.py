@@ -1,0 +1,105 @@
+"""`seal bench`: every part runs on a tiny configuration and writes well-formed JSON.
+
+Not timed tests: the figures themselves are not checked against targets (the
+machine is shared and noisy), only that each part measures something, reports
+it in the documented shape (the keys the issue names), writes the JSON and
+the plot, and keeps stdout to one JSON object with --json. Each runs as a user
+would, `seal bench PART --json --repeats 1 ...`, from outside the checkout.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# One env actor: a pipeline start pays for each, and one group per step needs no more.
+TINY = ["model=tiny", "learner=torch", "sampling.max_new_tokens=16", "cluster.env_actors=1"]
+LOAD_KEYS = {"loadavg_before", "loadavg_after", "other_processes_cpu_share", "ours_cpu_share", "cpus"}
+
+
+def bench(tmp_path: Path, part: str, *args: str, timeout: int = 900) -> dict:
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "seal.cli", "bench", part, "--json", "--repeats", "1", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, f"stdout must hold exactly one JSON object, got: {proc.stdout[:2000]}"
+    report = json.loads(lines[0])
+    stem = f"bench_{part.replace('-', '_')}"
+    written = json.loads((out / f"{stem}.json").read_text())
+    assert written["part"] == report["part"] == part
+    assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert LOAD_KEYS <= set(report["outside_load"]) and report["machine"]["cpus"] >= 1
+    assert report["command"].startswith(f"seal bench {part}")
+    return report
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_transport_compares_zmq_with_queues_per_size(tmp_path):
+    r = bench(tmp_path, "transport", "--tokens", "2048,8192", "--mb", "2")
+    assert r["sizes_tokens"] == [2048, 8192] and r["frame_bytes"][1] > r["frame_bytes"][0] > 2048 * 9
+    for path in ("zmq", "mp_queue", "queue"):
+        assert len(r[path]["msgs_per_s"]) == 2 and all(map(positive, r[path]["msgs_per_s"] + r[path]["mb_per_s"]))
+    assert all(positive(x["median"]) for x in r["zmq_over_mp_queue"])
+    assert all(positive(c["encode"]) and positive(c["decode"]) for c in r["per_message_ms"])
+
+
+def test_env_scaling_reports_rates_per_actor_count(tmp_path):
+    r = bench(tmp_path, "env", "--actors", "1,2", "--episodes", "20")
+    assert r["actors"] == [1, 2] and r["distinct_processes"] == 2
+    assert len(r["episodes_per_s"]) == len(r["tool_calls_per_s"]) == 2
+    assert all(map(positive, r["episodes_per_s"] + r["tool_calls_per_s"]))
+    assert r["parallel_efficiency"][0] == pytest.approx(1.0)
+
+
+def test_weights_publish_against_memcpy(tmp_path):
+    r = bench(tmp_path, "weights", "--models", "tiny", *TINY)
+    assert r["models"] == ["tiny"]
+    assert all(len(r[k]) == 1 and positive(r[k][0]) for k in ("publish_s", "memcpy_s", "model_bytes"))
+    assert r["model_bytes"][0] > 10 * 2**20  # ~7M fp32 parameters (embedding tied, published twice)
+    assert r["breakdown"]["tiny"]["first_token_s"] > 0
+
+
+def test_sync_async_reports_step_times_overlap_and_staleness(tmp_path):
+    r = bench(tmp_path, "sync-async", "--steps", "1", *TINY)
+    for key in ("t_step_sync", "t_step_async", "t_generate", "t_learn", "overlap_efficiency", "speedup", "ideal_speedup"):
+        assert positive(r[key]), key
+    assert 1.0 <= r["ideal_speedup"] <= 2.0
+    assert r["overlap_efficiency"] == pytest.approx(max(r["t_generate"], r["t_learn"]) / r["t_step_async"], rel=1e-6)
+    assert r["staleness"]["sync_max"] == 0 and sum(r["staleness"]["async_groups"].values()) >= 1
+    assert set(r["idle_ratio"]) == {"sync", "async"}
+    assert {t["name"] for t in r["targets"]} >= {"async overlap efficiency", "async speedup / ideal speedup"}
+
+
+def test_rollout_learn_times_each_stage_alone_and_in_the_pipeline(tmp_path):
+    r = bench(tmp_path, "rollout-learn", "--steps", "1", *TINY)
+    for side in ("alone", "pipeline"):
+        for key in ("gen_tokens_per_s", "trajectories_per_s", "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s"):
+            assert positive(r[side][key]["median"]), (side, key)
+    assert positive(r["t_generate_batch"]) and positive(r["t_learn_batch"])
+    assert 0 <= r["env_fraction"]["median"] < 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None,
+                    reason="TRL is an extra for this benchmark only: .venv/bin/pip install -r requirements/bench.txt")
+def test_trl_side_by_side_on_the_same_work(tmp_path):
+    r = bench(tmp_path, "trl", "--steps", "1", *TINY, "n=2")
+    assert positive(r["ours_samples_per_s"]) and positive(r["trl_samples_per_s"])
+    assert r["ratio"] == pytest.approx(r["ours_samples_per_s"] / r["trl_samples_per_s"], rel=1e-6)  # one repeat
+    assert r["n"] == 2 and r["trl_version"] and r["notes"]
+
+
+def test_bad_part_and_options_are_one_line_errors(tmp_path):
+    for args in (["nope"], ["sync-async", "--warmup", "0"], ["env", "--repeats", "0"]):
+        proc = subprocess.run([sys.executable, "-m", "seal.cli", "bench", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.startswith("seal: error:"), (args, proc.stderr)

@@ -1,0 +1,54 @@
+"""benchmarks/_common.py: statistics over repeats, targets, the outside-load probe, tables."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
+
+from benchmarks._common import LoadProbe, _tree_jiffies, summary, table, target  # noqa: E402
+
+
+def test_summary_is_median_and_range_and_skips_missing():
+    assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert summary([4, 1, 3, 2])["median"] == 2.5
+    assert summary([None, float("nan"), 5.0]) == {"median": 5.0, "min": 5.0, "max": 5.0, "n": 1}
+    assert summary([])["median"] is None
+
+
+def test_target_states_the_measured_figure_against_the_bound():
+    assert target("x", 0.95, ">=", 0.9)["met"] is True
+    assert target("x", 0.85, ">=", 0.9)["met"] is False
+    assert target("x", 2.0, "<", 2.0)["met"] is False
+    assert target("x", 0.05, "<=", 0.05)["met"] is True
+    assert target("x", None, "<", 2.0) == {"name": "x", "target": "< 2", "measured": None, "met": None}
+
+
+def _spin(seconds: float) -> None:
+    end = time.time() + seconds
+    while time.time() < end:
+        pass
+
+
+def test_our_process_tree_is_counted_as_ours_not_as_outside_load():
+    ctx = mp.get_context("fork")
+    before = _tree_jiffies(os.getpid())
+    with LoadProbe() as probe:
+        child = ctx.Process(target=_spin, args=(1.0,))
+        child.start()
+        time.sleep(0.5)
+        live = _tree_jiffies(os.getpid())
+        child.join()
+    assert live > before  # a live child's CPU time is in the tree
+    r = probe.result
+    assert r["ours_cpu_share"] > 0 and 0 <= r["other_processes_cpu_share"] <= 1
+    assert len(r["loadavg_before"]) == 3 and r["cpus"] >= 1
+
+
+def test_table_aligns_columns_and_prints_missing_values_as_dashes():
+    lines = table([("a", 1.234, None), ("longer", 10.0, 3)], ["name", "x", "y"]).splitlines()
+    assert lines[0].split() == ["name", "x", "y"] and set(lines[1]) <= {"-", " "}
+    assert lines[2].split() == ["a", "1.23", "-"] and len({len(l) for l in lines}) == 1
