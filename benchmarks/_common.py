@@ -8,7 +8,6 @@ reports repeated measurements as median with min and max, never a single run.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -17,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -124,25 +123,6 @@ def machine() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------ output
-@contextlib.contextmanager
-def stdout_to_stderr(active: bool) -> Iterator[None]:
-    """With --json, stdout carries only the JSON objects: everything else
-    (vLLM, DeepSpeed and Ray print from C and Python alike) goes to stderr,
-    redirected at the file-descriptor level so child processes inherit it."""
-    if not active:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

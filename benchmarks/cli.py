@@ -54,7 +54,8 @@ def build_parser(part: str) -> argparse.ArgumentParser:
 
 
 def run_part(part: str, args: argparse.Namespace) -> dict:
-    from benchmarks._common import LoadProbe, log, machine, stdout_to_stderr, write_json
+    from benchmarks._common import LoadProbe, log, machine, write_json
+    from seal.console import stdout_to_stderr
 
     module = _module(part)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")

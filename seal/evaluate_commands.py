@@ -10,16 +10,16 @@ closed before the next snapshot's weights are loaded.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from seal.console import stdout_to_stderr
 
 EVAL_DIR, REPORT_DIR = "evaluation", "report"
 # These shape training too (the training pool leaves them out): evaluating a
@@ -64,24 +64,6 @@ def eval_sampling(cfg, eval_cfg):
     if sampling.temperature != 0.0:
         raise ValueError("evaluation samples at temperature 0 (configs/sampling/eval.yaml)")
     return sampling
-
-
-@contextlib.contextmanager
-def stdout_to_stderr(active: bool):
-    """With --json, stdout carries the JSON only: engine logs and C-level prints
-    (vLLM, oneDNN) go to stderr at the file-descriptor level."""
-    if not active:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _snapshot_info(record: dict[str, Any]):
