@@ -13,10 +13,12 @@ Views are kept distinct even where they draw on the same split:
 - ``replay``: training tasks re-run, the ones the learner consumed, in the
   order the run's task stream visited them.
 
-Other OOD views (e.g. "tau2_retail", "bfcl_memory") plug in through
+Other OOD views plug in through
 ``register_view`` (in this module or one it imports, so `seal evaluate` sees
 them) plus a ``CATEGORY_RULES`` entry for their task ids: a builder gets a
-``ViewContext`` and returns a ``View`` with role "ood" and its own env config. Everything here is pure (ids in, ids out);
+``ViewContext`` and returns a ``View`` with role "ood" and its own env config
+(evaluation/ood_views.py registers the offline harnesses that way: tau2_retail,
+tau2_airline, tau2_telecom, bfcl_memory_kv, bfcl_memory_rec_sum). Everything here is pure (ids in, ids out);
 the model-running part lives in evaluation/runner.py.
 """
 from __future__ import annotations
@@ -262,3 +264,7 @@ def schedule_record(declared: Mapping[str, Any], *, pool_size: int, groups_per_s
         if claim is not None and claim != derived[key]:
             raise ValueError(f"evaluation.schedule.{key} says {claim!r} but the run used {derived[key]!r}")
     return derived
+
+
+# The offline OOD harness views (tau2_*, bfcl_memory_*) register themselves on import.
+import evaluation.ood_views  # noqa: E402,F401  (after everything it imports from here is defined)

@@ -101,6 +101,8 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
     from omegaconf import OmegaConf
     from tqdm import tqdm
 
+    from evaluation.ood_runner import OodRunner
+    from evaluation.ood_views import is_harness
     from evaluation.runner import ResultCache, missing, run_task, run_view, settings_key
     from seal.config import instantiate
     from seal.snapshots import snapshot_weights
@@ -111,7 +113,7 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
     keys = {v.name: settings_key(weights=record["weights"], env=env_of[v.name], sampling=asdict(sampling), seed=seed,
                                  interface="raw") for v in views}
     todo = missing({v.name: v.task_ids for v in views}, cache, keys)
-    started, generator, chat, results = time.perf_counter(), None, None, []
+    started, generator, chat, results, ood = time.perf_counter(), None, None, [], None
     try:
         if todo:
             from actors.chat import ChatTokenizer
@@ -119,15 +121,20 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
             print(f"{name}: starting the engine on {weights} for {todo} tasks", file=sys.stderr, flush=True)
             generator = instantiate(OmegaConf.merge(cfg.generator, {"model_path": weights}))
             chat = ChatTokenizer(generator.tokenizer)
+            ood = OodRunner(generator, sampling, snapshot=name, seed=seed, details=run_dir / EVAL_DIR / "ood" / f"{name}.jsonl")
         with tqdm(total=sum(len(v.task_ids) for v in views), desc=f"evaluate {name}", unit="task", file=sys.stderr) as bar:
             for view in views:
                 env_node = OmegaConf.create(env_of[view.name])
                 make_env = lambda node=env_node: instantiate(node)  # noqa: E731 - one env per episode
                 runner = lambda task_id, view=view.name, make_env=make_env: run_task(  # noqa: E731
                     make_env, generator, chat, task_id, sampling, snapshot=name, view=view, seed=seed)
+                if is_harness(env_of[view.name]):  # tau2 / BFCL memory: the harness drives the episode
+                    runner = lambda task_id, view=view.name: ood.run(env_of[view], view, task_id)  # noqa: E731
                 results += run_view(view.task_ids, cache=cache, key=keys[view.name], view=view.name, runner=runner,
                                     progress=bar.update)
     finally:
+        if ood is not None:
+            ood.close()
         if generator is not None:
             generator.close()
             del generator
@@ -138,6 +145,7 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
 def evaluate(args) -> int:
     from evaluation.metrics import summarize
     from evaluation.records import OOD_TEST, write_task_csv
+    from evaluation.ood_views import harness_notes, unavailable_views
     from evaluation.views import schedule_record, validation_task_ids
     from seal.config import instantiate
     from seal.errors import CliError
@@ -172,7 +180,8 @@ def evaluate(args) -> int:
             results += got
 
     roles = {v.role: v.name for v in runnable}
-    ood = next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)  # the first OOD view gives the OOD gain
+    # The held-out-category view gives the OOD gain; without it, the first other OOD view (e.g. tau2_retail).
+    ood = OOD_TEST if OOD_TEST in roles.values() else next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)
     summary = summarize(results, [_snapshot_info(r) for r in records], validation_view=roles.get("validation", "validation"),
                         id_view=roles.get("id", "id"), ood_view=ood, replay_view=roles.get("replay", "replay"))
     t = cfg.trainer
@@ -181,7 +190,8 @@ def evaluate(args) -> int:
                                           rollouts=int(cfg.n), mini_batch_groups=int(cfg.learner.cfg.mini_batch_groups),
                                           steps=max(int(r["step"]) for r in all_records), snapshot_every=int(t.snapshot_every))
     summary["view_tasks"] = {v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable}
-    summary["views_unavailable"] = {v.name: v.unavailable for v in views if v.unavailable}
+    summary["views_unavailable"] = {**unavailable_views(names), **{v.name: v.unavailable for v in views if v.unavailable}}
+    summary["ood_harnesses"] = harness_notes(runnable, {r["name"]: str(r["weights"]) for r in records})
     summary["evaluation"] = {"interface": "raw", "temperature": sampling.temperature, "max_new_tokens": sampling.max_new_tokens,
                              "rollouts_per_task": 1, "seed": int(cfg.seed), "wall_s": time.perf_counter() - t0,
                              "per_snapshot": timings, "heldout_categories": list(eval_cfg.heldout_categories),
@@ -205,10 +215,15 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     print(f"evaluation (raw interface, greedy): {sizes}")
     for v, why in summary["views_unavailable"].items():
         print(f"  view {v}: not available ({why})")
-    print(f"{'snapshot':<10}" + "".join(f"{v:>12}" for v in views))
+    width = {v: max(12, len(v) + 2) for v in views}  # harness view names are long: keep columns apart
+    print(f"{'snapshot':<10}" + "".join(f"{v:>{width[v]}}" for v in views))
     for s in summary["snapshots"]:
-        cells = [summary["success"][s].get(v, {}).get("overall") for v in views]
-        print(f"{s:<10}" + "".join(f"{'n/a' if c is None else f'{100 * c:.1f}%':>12}" for c in cells))
+        cells = [(v, summary["success"][s].get(v, {}).get("overall")) for v in views]
+        print(f"{s:<10}" + "".join(f"{'n/a' if c is None else f'{100 * c:.1f}%':>{width[v]}}" for v, c in cells))
+    from evaluation.ood_views import note_lines
+
+    for line in note_lines(summary.get("ood_harnesses", {})):
+        print(f"  note: {line}")
     print(f"best validation: {summary['best_validation']}; final: {summary['final']}; "
           f"wrote {out / 'summary.json'} and {out / 'results.csv'}")
 
@@ -234,6 +249,10 @@ def report(args) -> int:
             f.write(f"| view `{view}` ({info['role']}) | {info['tasks']} tasks |\n")
         for view, why in summary.get("views_unavailable", {}).items():
             f.write(f"| view `{view}` | not available: {why} |\n")
+        from evaluation.ood_views import note_lines
+
+        if notes := note_lines(summary.get("ood_harnesses", {})):
+            f.write("\n## OOD harness views\n\n" + "".join(f"- {line}\n" for line in notes))
         overlap = summary.get("evaluation", {}).get("validation_in_training_pool")
         if overlap:  # the run trained without the validation split: its validation view is not held out
             f.write(f"\n**Warning:** {overlap} validation tasks were in the run's training pool.\n")
