@@ -29,7 +29,7 @@ def training_state(run: Path) -> dict[str, str]:
 def test_train_evaluate_report(tmp_path):
     run = tmp_path / "run"
     t0 = time.perf_counter()
-    proc = seal("train", "env=toy", "model=tiny", "learner=torch", "trainer.steps=2", "trainer.snapshot_every=1",
+    proc = seal("train", "env=toy", "model=tiny", "learner=torch", "n=4", "trainer.steps=2", "trainer.snapshot_every=1",
                 "sampling.max_new_tokens=32", f"run_dir={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     t_train = time.perf_counter() - t0

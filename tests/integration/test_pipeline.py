@@ -33,7 +33,7 @@ def ray_session():
 def make_pipeline(run_dir, *overrides, resume=None):
     from seal.pipeline import Pipeline
 
-    args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=64", *overrides]
+    args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=64", "n=4", *overrides]
     cfg = compose(args)
     return Pipeline(cfg, create_run_dir(str(run_dir), cfg, args), resume=resume)
 

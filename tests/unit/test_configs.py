@@ -53,7 +53,7 @@ def test_generator_configs_take_the_model_group():
 
 def test_root_config_defaults():
     cfg = compose([])
-    assert cfg.split == "train" and cfg.env.tool_format == "json" and cfg.n == 4
+    assert cfg.split == "train" and cfg.env.tool_format == "json" and cfg.n == 2
     assert cfg.learner.cfg.mini_batch_groups == cfg.trainer.groups_per_step and cfg.learner.group_size == cfg.n
     assert instantiate(cfg.interface).schema_lite is True
     assert instantiate(compose(["sampling=eval"]).sampling).temperature == 0.0
