@@ -8,7 +8,6 @@ generator reads them zero-copy.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 from learner.engine import Learner
@@ -23,22 +22,15 @@ class LearnerWorker:
             torch.set_num_threads(threads)
         self.learner = make_learner()
         self.broadcaster = None  # rank 0 of the weight group, when generators take weights by broadcast
-        self.busy_s = 0.0
-        self.started = time.perf_counter()
 
     def train(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
               group_weights: Mapping[str, float] | None = None) -> dict[str, Any]:
-        t0 = time.perf_counter()
         out = self.learner.train_batch(trajectories, tag_weights, group_weights)
-        self.busy_s += time.perf_counter() - t0
         out["tag_weights"] = dict(tag_weights)
         return out
 
     def weights(self) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        state = {k: v.numpy() for k, v in self.learner.full_state_dict().items()}
-        self.busy_s += time.perf_counter() - t0
-        return state
+        return {k: v.numpy() for k, v in self.learner.full_state_dict().items()}
 
     def publish(self, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""
@@ -68,20 +60,13 @@ class LearnerWorker:
     def broadcast_weights(self) -> float:
         if self.broadcaster is None:
             raise RuntimeError("broadcast_weights before join_weight_group")
-        t0 = time.perf_counter()
-        seconds = self.learner.broadcast_weights(self.broadcaster)
-        self.busy_s += time.perf_counter() - t0
-        return seconds
+        return self.learner.broadcast_weights(self.broadcaster)
 
     def save_checkpoint(self, path: str, extra: Mapping[str, Any]) -> str:
         return str(self.learner.save_checkpoint(path, extra))
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self.learner.load_checkpoint(path)
-
-    def idle_ratio(self) -> float:
-        wall = time.perf_counter() - self.started
-        return max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0
 
     def pid(self) -> int:
         return os.getpid()

@@ -155,8 +155,6 @@ class Pipeline:
                 self._job_done(ref)
             elif ref in self.publishing:
                 self._published(ref)
-        for gid in self.replay.drain_dropped():
-            self.ledger.dropped(gid)
         for gid, _task in self.replay.expired():
             if gid in self.ledger.in_flight:
                 self.ledger.failed(gid)
@@ -169,24 +167,22 @@ class Pipeline:
         job, name = self.jobs.pop(ref)
         try:
             report: GroupReport = ray.get(ref)
-        except (ray.exceptions.RayActorError, GeneratorUnavailable) as exc:
-            # The env actor (kill -9, node loss) or the generator died: Ray
-            # restarts it; the group is given up and its slot re-issued.
-            log.warning("group %s (slot %d, %s) lost: %s", job.group_id, job.slot, name, exc.__class__.__name__)
-            self.window.note_failure(name, exc)
+        except (ray.exceptions.RayActorError, GeneratorUnavailable, ray.exceptions.RayTaskError) as exc:
+            # A crash (kill -9, node loss, a dead generator: Ray restarts it)
+            # says nothing about the task; any other task error counts toward
+            # the slot's bounded retries. Either way the group is given up and
+            # its slot re-issued.
+            crash = isinstance(exc, (ray.exceptions.RayActorError, GeneratorUnavailable))
+            log.warning("group %s (slot %d, task %s) lost on %s: %s", job.group_id, job.slot, job.task_id, name,
+                        exc.__class__.__name__ if crash else exc)
+            self.window.note_failure(exc)
             if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
-                self.ledger.failed(job.group_id, crash=True)
+                self.ledger.failed(job.group_id, crash=crash)
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.actors.crashed(name)
             if isinstance(exc, GeneratorUnavailable):
                 self.generator_down = True
                 self._check_generator(force=True)
-            return
-        except ray.exceptions.RayTaskError as exc:  # a bug or a bad environment: retried a bounded number of times
-            log.error("group %s (slot %d, task %s) failed on %s: %s", job.group_id, job.slot, job.task_id, name, exc)
-            self.window.note_failure(name, exc)
-            if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
-                self.ledger.failed(job.group_id)
             return
         if job.group_id in self.ledger.in_flight:
             self.window.add_report(report)

@@ -162,12 +162,6 @@ class ActorSet:
             ray.kill(handle, no_restart=True)
             log.info("env actor %s retired", name)
 
-    def pids(self) -> dict[str, int]:
-        import ray
-
-        names = list(self.env)
-        return dict(zip(names, ray.get([self.env[k].pid.remote() for k in names])))
-
     def close(self) -> None:
         import ray
 

@@ -28,7 +28,7 @@ class StepWindow:
     def add_report(self, report: GroupReport) -> None:
         self.reports.append(report)
 
-    def note_failure(self, actor: str, exc: BaseException) -> None:
+    def note_failure(self, exc: BaseException) -> None:
         self.failures[type(exc).__name__] += 1
 
     def row(self, pipeline, groups, result: Mapping[str, Any], interface: Mapping[str, Any], t_learn: float) -> dict[str, Any]:
