@@ -78,6 +78,13 @@ class EnvActor:
             env_steps=sum(t.num_steps for t in trajectories), tool_calls=sum(t.num_tool_calls for t in trajectories),
         )
 
+    def close(self) -> int:
+        """Before this actor is stopped: deliver the trajectories still queued in
+        the sender (a kill would drop them, and their group would wait for its
+        re-issue timeout). Returns the frames sent over the actor's life."""
+        self.sender.close()
+        return self.sender.sent
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -3,7 +3,7 @@ repeats, machine description, target checks, report writing and plots.
 
 These machines are shared and noisy, so every part records how busy the rest
 of the machine was while it ran (load averages before and after, and the CPU
-time other processes took, from /proc/stat minus our own process tree), and
+time other processes took: /proc/stat minus our own process tree, sampled), and
 reports repeated measurements as median with min and max, never a single run.
 """
 from __future__ import annotations
@@ -32,11 +32,9 @@ def _proc_stat_jiffies() -> tuple[int, int]:
     return total - idle, total
 
 
-def _tree_jiffies(root: int) -> int:
-    """CPU jiffies of ``root`` and every live descendant, plus what reaped
-    children left in their parents' cutime/cstime (Ray's raylet and workers
-    are descendants of the driver when it starts Ray itself)."""
-    stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, jiffies)
+def _process_cpu() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, own CPU jiffies = utime + stime) of every live process."""
+    stats: dict[int, tuple[int, int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -45,40 +43,86 @@ def _tree_jiffies(root: int) -> int:
                 rest = fh.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # gone meanwhile
-        # after "pid (comm)": state ppid ... utime(11) stime(12) cutime(13) cstime(14)
-        stats[int(name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+        # after "pid (comm)": state ppid ... utime(11) stime(12)
+        stats[int(name)] = (int(rest[1]), int(rest[11]) + int(rest[12]))
+    return stats
+
+
+def _tree_cpu(root: int, stats: dict[int, tuple[int, int]] | None = None) -> dict[int, int]:
+    """Own CPU jiffies of ``root`` and every live descendant, by pid (Ray's
+    gcs, raylet and workers are descendants of the driver when it starts Ray
+    itself)."""
+    stats = _process_cpu() if stats is None else stats
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
+    tree, todo = {}, [root]
     while todo:
         pid = todo.pop()
-        total += stats.get(pid, (0, 0))[1]
+        if pid in stats:
+            tree[pid] = stats[pid][1]
         todo.extend(children.get(pid, []))
-    return total
+    return tree
 
 
 class LoadProbe:
-    """Outside CPU load over a measurement: ``with LoadProbe() as probe: ...; probe.result``."""
+    """Outside CPU load over a measurement: ``with LoadProbe() as probe: ...; probe.result``.
+
+    Our share is sampled every ``interval_s`` by a thread, per process that was
+    ever in our tree: its last sample minus its first (or 0 if it was born
+    during the probe). Sampled, not read from the parents' cutime, because
+    Ray workers outlive the raylet that started them when a session shuts down
+    and are reparented, so their time never reaches our tree's cutime (a first
+    version did that and called 77% of the env benchmark's own Ray workers
+    "outside load"). A process that exits between two samples loses at most
+    one interval of its time to the outside figure."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+
+    def _sample(self) -> None:
+        stats = _process_cpu()
+        for pid, jiffies in _tree_cpu(os.getpid(), stats).items():
+            self._first.setdefault(pid, 0 if self._started else jiffies)
+        for pid in self._first:  # ours once, ours while it lives (also after reparenting)
+            if pid in stats:
+                self._last[pid] = stats[pid][1]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
 
     def __enter__(self) -> "LoadProbe":
+        import threading
+
+        self._first: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._started = False
+        self._sample()  # baseline of what already runs
+        self._started = True
         self.load_before = os.getloadavg()
         self.busy0, self.total0 = _proc_stat_jiffies()
-        self.ours0 = _tree_jiffies(os.getpid())
         self.t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="load-probe", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
         busy1, total1 = _proc_stat_jiffies()
-        ours1 = _tree_jiffies(os.getpid())
         d_total = max(total1 - self.total0, 1)
-        others = max(0, (busy1 - self.busy0) - max(0, ours1 - self.ours0))
+        ours = sum(max(0, self._last.get(pid, first) - first) for pid, first in self._first.items())
+        others = max(0, (busy1 - self.busy0) - ours)
         self.result = {
             "loadavg_before": [round(x, 2) for x in self.load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             # share of the machine's total CPU capacity used by processes outside this benchmark
             "other_processes_cpu_share": round(min(1.0, others / d_total), 3),
-            "ours_cpu_share": round(min(1.0, max(0, ours1 - self.ours0) / d_total), 3),
+            "ours_cpu_share": round(min(1.0, ours / d_total), 3),
+            "our_processes_seen": len(self._first),
             "wall_s": round(time.perf_counter() - self.t0, 2),
             "cpus": os.cpu_count(),
         }

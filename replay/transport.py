@@ -45,16 +45,25 @@ class TransportConfig:
 
 
 class TrajectorySender:
-    """One PUSH socket per producer process."""
+    """One PUSH socket per producer process, on its own ZeroMQ context.
 
-    def __init__(self, address: str, hwm: int = 64, send_timeout_s: float = 600.0) -> None:
+    ``send`` returns once the frame is queued, not delivered; ``close`` is what
+    delivers the rest: it waits (up to ``linger_s``) until every queued frame
+    has gone out and stops the context's I/O thread. A process that exits or
+    is killed with frames still queued loses them (and one that exits while
+    the I/O thread still reads a zero-copy frame can crash in the interpreter's
+    teardown), so producers close before they go away: env actors do it when
+    they retire (seal/pipeline_actors.py)."""
+
+    def __init__(self, address: str, hwm: int = 64, send_timeout_s: float = 600.0, linger_s: float = 30.0) -> None:
         import zmq
 
         self.address = address
-        self._socket = zmq.Context.instance().socket(zmq.PUSH)
+        self.linger_s = linger_s
+        self._context = zmq.Context()  # own context: term() in close() is then this sender's flush, nobody else's
+        self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.SNDHWM, hwm)
         self._socket.setsockopt(zmq.SNDTIMEO, int(send_timeout_s * 1000))
-        self._socket.setsockopt(zmq.LINGER, 10_000)  # flush queued frames on close
         self._socket.connect(address)
         self.timeout_s = send_timeout_s
         self.sent = 0
@@ -66,6 +75,8 @@ class TrajectorySender:
     def send_frame(self, frame: bytes) -> None:
         import zmq
 
+        if self._socket.closed:
+            raise RuntimeError(f"the trajectory sender to {self.address} is closed")
         try:
             self._socket.send(frame, copy=False)
         except zmq.Again:
@@ -75,7 +86,11 @@ class TrajectorySender:
         self.bytes += len(frame)
 
     def close(self) -> None:
-        self._socket.close()
+        """Deliver what is queued (at most ``linger_s``), then release the socket and context. Idempotent."""
+        if self._context.closed:
+            return
+        self._socket.close(linger=int(self.linger_s * 1000))
+        self._context.term()  # returns when the queued frames are out or the linger has passed
 
 
 @dataclass

@@ -57,6 +57,7 @@ class ActorSet:
         self.coordinator: Any = None
         self.env: dict[str, Any] = {}  # name -> handle, serving
         self.retiring: dict[str, Any] = {}
+        self.closing: dict[str, Any] = {}  # retired env actor -> its close() call, in flight
         self.recovering: dict[str, Any] = {}  # name -> probe ref: crashed, serving again once the probe answers
         self.target_env = 0
         self._created = 0
@@ -153,10 +154,21 @@ class ActorSet:
                 self.recovering[name] = self.env[name].pid.remote()
 
     def reap(self, busy: set[str]) -> None:
-        """Stop retired env actors that have finished their last group."""
+        """Stop retired env actors that have finished their last group: first
+        their sender delivers what it still holds (``EnvActor.close``, waited
+        for without blocking the loop), then the actor is killed."""
         import ray
 
-        for name in [k for k in self.retiring if k not in busy]:
+        for name in [k for k in self.retiring if k not in busy and k not in self.closing]:
+            self.closing[name] = self.retiring[name].close.remote()
+        for name, ref in list(self.closing.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:  # it died meanwhile: its groups are re-issued as lost
+                log.warning("env actor %s failed to close its sender: %s", name, exc)
+            del self.closing[name]
             handle = self.retiring.pop(name)
             self.coordinator.unregister_env_actor.remote(name)
             ray.kill(handle, no_restart=True)

@@ -1,8 +1,12 @@
-"""ZeroMQ trajectory stream (real sockets, one process): frames arrive whole,
-bad frames are rejected and counted, a lagging learner blocks senders."""
+"""ZeroMQ trajectory stream (real sockets): frames arrive whole, bad frames are
+rejected and counted, a lagging learner blocks senders, a producer that closes
+and exits has delivered everything it sent."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +59,7 @@ def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
 
 def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
     server = ReplayServer(ReplayQueue(group_size=1, groups_per_batch=1), TransportConfig(hwm=1, max_ready_groups=1))
-    sender = TrajectorySender(server.address, hwm=1, send_timeout_s=0.5)
+    sender = TrajectorySender(server.address, hwm=1, send_timeout_s=0.5, linger_s=0.5)  # close() gives up on the undeliverable rest
     with pytest.raises(TransportTimeout, match="took no frame"):
         for g in range(200):  # nobody takes batches: the receiver stops reading, buffers fill, send times out
             sender.send(traj(group=f"g{g}", index=0, n_tokens=20_000))
@@ -73,3 +77,40 @@ def test_abandoned_groups_ignore_late_rollouts(server):
     sender.send(traj(group="dead", index=1))
     assert wait_for(lambda: server.counters()["duplicates"] == 1) and server.ready() == 0
     sender.close()
+
+
+PRODUCER = """
+import sys
+sys.path[:0] = [{unit!r}]
+from replay.transport import TrajectorySender
+from test_replay import traj
+sender = TrajectorySender({address!r}, hwm=8)
+for g in range({groups}):
+    for i in range(2):
+        sender.send(traj(group=f"g{{g}}", index=i, n_tokens=8192))
+sender.close()
+"""
+
+
+def test_a_producer_that_closes_and_exits_has_delivered_every_frame():
+    # send() only queues; before close() flushed, a process exiting right after its last
+    # send lost the frames still queued (up to the high-water marks) or crashed in teardown.
+    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(hwm=8, max_ready_groups=1000))
+    try:
+        code = PRODUCER.format(unit=str(Path(__file__).parent), address=server.address, groups=150)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert wait_for(lambda: server.ready() == 150, timeout=30), server.counters()
+        assert server.counters()["rejected"] == 0
+    finally:
+        server.close()
+
+
+def test_a_closed_sender_refuses_to_send():
+    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1))
+    sender = TrajectorySender(server.address)
+    sender.close()
+    sender.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        sender.send(traj(group="g", index=0))
+    server.close()
