@@ -77,7 +77,7 @@ class LoadProbe:
     "outside load"). A process that exits between two samples loses at most
     one interval of its time to the outside figure."""
 
-    def __init__(self, interval_s: float = 0.5) -> None:
+    def __init__(self, interval_s: float = 0.2) -> None:
         self.interval_s = interval_s
 
     def _sample(self) -> None:

@@ -31,6 +31,7 @@ class Sample:
     raw_advantage: float
     scale: float
     num_tokens: int  # unmasked tokens
+    group_id: str = ""  # samples of one group share a prompt (shared-prefix packing)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, floa
             tags = t.tags if cfg.vocabulary == "released" else t.labels
             scale = trajectory_scale(tags, weights) if cfg.enabled else 1.0
             scales.append(scale)
-            samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, factor * apply_scale(a, scale, cfg.apply_to), a, scale, sum(t.loss_mask)))
+            samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, factor * apply_scale(a, scale, cfg.apply_to), a, scale,
+                                  sum(t.loss_mask), t.group_id))
     n = len(samples)
     stats = BatchStats(len(groups), n, zero_var, sum(scales) / n if n else 1.0,
                        sum(t.reward for g in groups for t in g) / n if n else 0.0)

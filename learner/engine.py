@@ -40,6 +40,10 @@ class LearnerConfig:
     # Recompute activations in backward: a 7K-token BFCL trajectory otherwise
     # keeps about 1.4 MB of activations per token on CPU (fp32, 30 layers).
     gradient_checkpointing: bool = False
+    # Forward the rollouts of a group that share a micro-batch as one packed
+    # sequence: their common prompt once (learner/packing.py). Only takes
+    # effect when micro_batch_size >= 2, i.e. when rollouts of one group meet.
+    shared_prefix: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
     apatch: APatchConfig = field(default_factory=APatchConfig)
 
@@ -106,11 +110,15 @@ class Learner:
         self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
         for p in self.ref.parameters():
             p.requires_grad_(False)
+        if cfg.shared_prefix:
+            from learner.packing import use_shared_prefix_attention
+
+            use_shared_prefix_attention(self.ref)
         if cfg.backend == "deepspeed":
             self._init_deepspeed(model_path)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).train()
-            self._maybe_checkpoint_activations(self.model)
+            self._prepare_policy_model(self.model)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
             self.engine = None
 
@@ -138,13 +146,17 @@ class Learner:
 
             self._hf_ds_config = HfDeepSpeedConfig(ds_config)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self._maybe_checkpoint_activations(model)
+        self._prepare_policy_model(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.model = self.engine.module
         self.model.train()
 
-    def _maybe_checkpoint_activations(self, model) -> None:
+    def _prepare_policy_model(self, model) -> None:
+        if self.cfg.shared_prefix:  # the reference model gets the same in __init__
+            from learner.packing import use_shared_prefix_attention
+
+            use_shared_prefix_attention(model)
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -175,6 +187,28 @@ class Learner:
             entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
             entropy[:, keep] = ent
         return logp, entropy
+
+    def _forward_logprobs_packed(self, model, packed, ids, mask):
+        """``_forward_logprobs`` for a packed micro-batch (learner/packing.py): same outputs, [B, T]."""
+        import torch
+
+        from learner.packing import needed_positions, packed_token_logprobs
+
+        forward = self.engine if (model is self.model and self.engine is not None) else model
+        kept = needed_positions(packed, mask)
+        if kept.numel() == 0:
+            return torch.zeros(mask.shape, dtype=torch.float32, device=ids.device), None
+        logits = forward(**packed.forward_kwargs(), logits_to_keep=kept).logits.float()  # [R, K, V]
+        return packed_token_logprobs(logits, kept, packed, ids[:, 1:], mask, with_entropy=bool(self.cfg.loss.entropy_coef))
+
+    def _pack(self, samples: Sequence[Sample]):
+        """Packed rows for a micro-batch, or None when no two of its samples share a group."""
+        from learner.packing import pack_shared_prefix
+
+        groups = [s.group_id for s in samples]
+        if not self.cfg.shared_prefix or len(set(groups)) == len(groups):
+            return None
+        return pack_shared_prefix([s.token_ids for s in samples], groups, self.device)
 
     def _collate(self, samples: Sequence[Sample]):
         import torch
@@ -208,15 +242,24 @@ class Learner:
             raise ValueError(f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {stats.groups} groups of {stats.trajectories // max(stats.groups, 1)}")
         metrics: dict[str, list[float]] = {}
         tokens = 0
+        forward_tokens = 0  # tokens through the model (packed: each shared prefix once)
         for m0 in range(0, len(samples), per_mini):
             mini = samples[m0 : m0 + per_mini]
             mini_tokens = max(1, sum(s.num_tokens for s in mini))
             for k in range(0, len(mini), self.cfg.micro_batch_size):
                 micro = mini[k : k + self.cfg.micro_batch_size]
                 ids, attention, mask, old, adv = self._collate(micro)
-                logp, entropy = self._forward_logprobs(self.model, ids, attention, mask)
-                with torch.no_grad():
-                    ref_logp, _ = self._forward_logprobs(self.ref, ids, attention, mask)
+                packed = self._pack(micro)
+                if packed is not None:
+                    logp, entropy = self._forward_logprobs_packed(self.model, packed, ids, mask)
+                    with torch.no_grad():
+                        ref_logp, _ = self._forward_logprobs_packed(self.ref, packed, ids, mask)
+                    forward_tokens += packed.packed_tokens
+                else:
+                    logp, entropy = self._forward_logprobs(self.model, ids, attention, mask)
+                    with torch.no_grad():
+                        ref_logp, _ = self._forward_logprobs(self.ref, ids, attention, mask)
+                    forward_tokens += sum(len(s.token_ids) for s in micro)
                 # Normalise by the mini-batch's token count: the sum over
                 # micro-batches is the mini-batch token mean.
                 loss, m = policy_loss(logp, old, adv.expand_as(logp), mask, self.cfg.loss, ref_logp, entropy,
@@ -243,7 +286,7 @@ class Learner:
         # gives each mini-batch's value; report their mean.
         out: dict[str, Any] = {k: (sum(v) / len(v) if k == "grad_norm" else sum(v) / minis) for k, v in metrics.items()}
         out.update(step=self.step, seconds=seconds, samples_per_s=len(samples) / seconds, tokens_per_s=tokens / seconds,
-                   sequence_tokens=sum(len(s.token_ids) for s in samples), scored_tokens=tokens,
+                   sequence_tokens=sum(len(s.token_ids) for s in samples), forward_tokens=forward_tokens, scored_tokens=tokens,
                    groups=stats.groups, zero_variance_groups=stats.zero_variance_groups, mean_scale=stats.mean_scale,
                    reward_mean=stats.reward_mean)
         return out
@@ -257,6 +300,18 @@ class Learner:
             with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
                 return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def generator_weights(self) -> dict[str, Any]:
+        """What a weight update carries to the generator: full fp32 parameters on
+        CPU, a tied parameter once. The state dict also holds a tied lm_head
+        under its own name, which vLLM skips on load: 17% of the embedded
+        model's bytes moved for nothing."""
+        if self.engine is not None and self.cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+                return {k: v.detach().cpu().clone() for k, v in self.model.named_parameters()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.named_parameters()}
 
     def publish(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
         """A versioned safetensors snapshot generators can load; (path, seconds)."""

@@ -30,7 +30,7 @@ class LearnerWorker:
         return out
 
     def weights(self) -> dict[str, Any]:
-        return {k: v.numpy() for k, v in self.learner.full_state_dict().items()}
+        return {k: v.numpy() for k, v in self.learner.generator_weights().items()}
 
     def publish(self, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""

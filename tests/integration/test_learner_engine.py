@@ -23,7 +23,7 @@ def tiny_path():
     return str(prepare_tiny_model())
 
 
-def make_batch(seed: int, tiny_path: str) -> list[Trajectory]:
+def make_batch(seed: int, tiny_path: str, shared_prompt: bool = False) -> list[Trajectory]:
     """Synthetic groups: a prompt, two generated spans, behaviour logprobs from
     the model itself plus noise (so ratios differ from 1), mixed rewards."""
     from transformers import AutoModelForCausalLM
@@ -34,8 +34,10 @@ def make_batch(seed: int, tiny_path: str) -> list[Trajectory]:
     rng = random.Random(seed)
     out = []
     for g in range(GROUPS):
+        group_prompt = [rng.randrange(100, 5000) for _ in range(12)]
         for i in range(N):
-            prompt = [rng.randrange(100, 5000) for _ in range(12)]
+            # As rollouts are: one prompt per group (shared_prompt), or, harder for batching, one per rollout.
+            prompt = group_prompt if shared_prompt else [rng.randrange(100, 5000) for _ in range(12)]
             gen1 = [rng.randrange(100, 5000) for _ in range(rng.randint(3, 8))]
             tool = [rng.randrange(100, 5000) for _ in range(5)]
             gen2 = [rng.randrange(100, 5000) for _ in range(rng.randint(2, 6))]
@@ -55,9 +57,9 @@ def make_batch(seed: int, tiny_path: str) -> list[Trajectory]:
     return out
 
 
-def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False):
+def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False, shared_prefix=False):
     cfg = LearnerConfig(backend=backend, zero_stage=stage, lr=1e-3, mini_batch_groups=GROUPS, micro_batch_size=micro,
-                        loss=LossConfig(kl_coef=0.1), gradient_checkpointing=checkpointing)
+                        loss=LossConfig(kl_coef=0.1), gradient_checkpointing=checkpointing, shared_prefix=shared_prefix)
     return Learner(tiny_path, cfg, group_size=N)
 
 
@@ -103,6 +105,19 @@ def test_gradient_checkpointing_computes_the_same_update(tiny_path):
     assert mr["loss"] == pytest.approx(mp["loss"], rel=1e-5, abs=1e-7)
     wp, wr = weights(plain), weights(recomputed)
     assert all(torch.allclose(wp[k], wr[k], atol=1e-6) for k in wp)
+
+
+@pytest.mark.parametrize("backend, checkpointing", [("torch", False), ("deepspeed", True)])
+def test_shared_prefix_packing_computes_the_same_update(tiny_path, backend, checkpointing):
+    batch = make_batch(7, tiny_path, shared_prompt=True)
+    plain = learner(tiny_path, backend, micro=1, checkpointing=checkpointing)
+    packed = learner(tiny_path, backend, micro=N, checkpointing=checkpointing, shared_prefix=True)
+    mp, mk = plain.train_batch(batch, RELEASED_BASE_WEIGHTS), packed.train_batch(batch, RELEASED_BASE_WEIGHTS)
+    assert mk["forward_tokens"] <= mp["forward_tokens"] - (N - 1) * GROUPS * 12  # each group's prompt went through once
+    assert mk["loss"] == pytest.approx(mp["loss"], rel=1e-5, abs=1e-7)
+    assert mk["grad_norm"] == pytest.approx(mp["grad_norm"], rel=1e-4)
+    wp, wk = weights(plain), weights(packed)
+    assert all(torch.allclose(wp[k], wk[k], atol=1e-5) for k in wp)
 
 
 @pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])
@@ -156,3 +171,13 @@ def test_learner_scores_exactly_the_masked_tokens(tiny_path):
                 assert abs(float(logp[row, j]) - full[j]) < 1e-5
             else:
                 assert float(logp[row, j]) == 0.0 or mask[row, j] == 0
+
+
+@pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 3)])
+def test_generator_weights_carry_a_tied_parameter_once(tiny_path, backend, stage):
+    lrn = learner(tiny_path, backend, stage)
+    assert lrn.model.config.tie_word_embeddings
+    full, sent = lrn.full_state_dict(), lrn.generator_weights()
+    assert "lm_head.weight" in full and "lm_head.weight" not in sent
+    assert set(sent) == set(full) - {"lm_head.weight"}
+    assert all(torch.equal(sent[k], full[k]) for k in sent)
