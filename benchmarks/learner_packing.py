@@ -22,6 +22,7 @@ import statistics
 import time
 
 from _report import write_report
+from learner_throughput import rss_gb
 
 
 def bfcl_shaped_batch(groups: int, n: int, prompt: int, continuation: int, seed: int):
@@ -52,14 +53,6 @@ def bfcl_shaped_batch(groups: int, n: int, prompt: int, continuation: int, seed:
     return out
 
 
-def _peak_rss_gb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20
-    return 0.0
-
-
 def one_step(model: str, packed: bool, args, seed: int, conn) -> None:
     """Child process: build a ZeRO-2 learner (the CPU default's), one step, report."""
     import sys
@@ -76,7 +69,7 @@ def one_step(model: str, packed: bool, args, seed: int, conn) -> None:
     t = time.perf_counter()
     m = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)
     conn.send({"step_s": time.perf_counter() - t, "loss": m["loss"], "forward_tokens": m["forward_tokens"],
-               "sequence_tokens": m["sequence_tokens"], "peak_rss_gb": _peak_rss_gb()})
+               "sequence_tokens": m["sequence_tokens"], "peak_rss_gb": rss_gb()})
 
 
 def main() -> None:
