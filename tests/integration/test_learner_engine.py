@@ -83,7 +83,9 @@ def test_zero2_and_zero3_match_a_plain_torch_step(tiny_path):
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5, abs=1e-7), name
         assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-4), name
         for k in ref_w:
-            assert torch.allclose(w[k], ref_w[k], atol=1e-6, rtol=1e-5), (name, k)
+            # ZeRO-3 sums gradients in its partitioned flat buffers in another order; Adam turns
+            # that into up to ~2e-6 on single elements (measured 1.7e-6 on AMD EPYC) of a 1e-3 step.
+            assert torch.allclose(w[k], ref_w[k], atol=5e-6, rtol=1e-5), (name, k)
 
 
 def test_micro_batch_split_does_not_change_the_update(tiny_path):
