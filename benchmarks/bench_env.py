@@ -86,8 +86,9 @@ def run(args) -> dict[str, Any]:
     owns = not ray.is_initialized()
     if owns:
         # One logical CPU per actor even where there are fewer cores: the
-        # point is to oversubscribe and see where the curve bends.
-        ray.init(num_cpus=max(os.cpu_count() or 1, counts[-1]), include_dashboard=False, log_to_driver=False)
+        # point is to oversubscribe and see where the curve bends. address="local":
+        # a new instance, never a cluster someone else started on this machine.
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, counts[-1]), include_dashboard=False, log_to_driver=False)
     try:
         # The actor class lives in this module: its workers need the checkout on their path.
         env_vars = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "BFCL_PROJECT_ROOT": os.environ.get(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,15 @@ TINY = ["model=tiny", "learner=torch", "sampling.max_new_tokens=16", "cluster.en
 LOAD_KEYS = {"loadavg_before", "loadavg_after", "other_processes_cpu_share", "ours_cpu_share", "cpus"}
 
 
+# A cluster someone else points this shell at (CI once had one running): a
+# benchmark starts its own Ray instance and must never try to join it.
+FOREIGN_CLUSTER = {"RAY_ADDRESS": "127.0.0.1:9"}
+
+
 def bench(tmp_path: Path, part: str, *args: str, timeout: int = 900) -> dict:
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "seal.cli", "bench", part, "--json", "--repeats", "1", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env={**os.environ, **FOREIGN_CLUSTER})
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, f"stdout must hold exactly one JSON object, got: {proc.stdout[:2000]}"

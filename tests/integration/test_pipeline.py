@@ -25,7 +25,8 @@ def ray_session():
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 2**30)
+    # address="local": never join a cluster another process left on this machine.
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 2**30)
     yield
     ray.shutdown()
 
