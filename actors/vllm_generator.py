@@ -33,7 +33,7 @@ class VllmGenerator(Generator):
         gpu_memory_utilization: float = 0.85,
         enable_prefix_caching: bool = True,
         enforce_eager: bool = True,
-        cpu_threads_bind: str = "all",
+        cpu_threads_bind: str | int = "all",
         cpu_kv_cache_gb: int = 2,
         seed: int = 0,
         initial_version: int = 0,
@@ -51,7 +51,8 @@ class VllmGenerator(Generator):
         if device == "cpu":
             # Read when vLLM is imported: set before.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind)
+            # str(): a single core from the command line (generator.cpu_threads_bind=0) arrives as an int.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpu_threads_bind))
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gb)))
         from vllm import LLM

@@ -49,11 +49,11 @@ class ActorSet:
         self.generator = ray.remote(GeneratorServer).options(
             name=f"{self.prefix}-generator", max_concurrency=1024, max_restarts=cluster.max_restarts, max_task_retries=0,
             runtime_env={"env_vars": gen.env_vars()}, **gen.ray_options(),
-        ).remote(functools.partial(instantiate_spec, _spec(cfg.generator)))
+        ).remote(gen.pinned(functools.partial(instantiate_spec, _spec(cfg.generator))))
         lrn = cluster.learner
         self.learner = ray.remote(LearnerWorker).options(
             max_restarts=0, runtime_env={"env_vars": lrn.env_vars()}, **lrn.ray_options(),
-        ).remote(functools.partial(instantiate_spec, _spec(cfg.learner)), threads=lrn.threads or None)
+        ).remote(lrn.pinned(functools.partial(instantiate_spec, _spec(cfg.learner))), threads=lrn.thread_count() or None)
         self.coordinator: Any = None
         self.env: dict[str, Any] = {}  # name -> handle, serving
         self.retiring: dict[str, Any] = {}
@@ -83,7 +83,7 @@ class ActorSet:
                                     bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary))
         self.coordinator = ray.remote(CoordinatorService).options(
             name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()}, **self.cluster.coordinator.ray_options(),
-        ).remote(factory, state)
+        ).remote(self.cluster.coordinator.pinned(factory), state)
         self._wait_ready([self.coordinator.interface.remote()], "coordinator")
 
     # ---------------------------------------------------------- env actors
@@ -108,7 +108,8 @@ class ActorSet:
             name = f"env-{self._created}"
             self._created += 1
             handle = ray.remote(EnvActor).options(**options).remote(
-                name, functools.partial(instantiate_spec, _spec(self.cfg.env)), functools.partial(load_tokenizer, str(self.cfg.model.path)),
+                # The tokenizer factory runs first in the actor's constructor: it pins the process.
+                name, functools.partial(instantiate_spec, _spec(self.cfg.env)), res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
                 f"{self.prefix}-generator", f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
             self.env[name] = handle
             self.coordinator.register_env_actor.remote(name, handle)

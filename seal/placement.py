@@ -8,21 +8,76 @@ spreads env actors across its nodes.
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+_CPU_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """A Linux CPU list ("1", "0-3,8") as a set; "" is the empty set."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = _CPU_RANGE.fullmatch(part)
+        if m is None or (m[2] is not None and int(m[2]) < int(m[1])):
+            raise ValueError(f"bad CPU list {text!r}: {part!r} is not a CPU number or an ascending range like 2-5")
+        cpus.update(range(int(m[1]), int(m[2] if m[2] is not None else m[1]) + 1))
+    return frozenset(cpus)
+
+
+def pin_process(cpus: frozenset[int]) -> None:
+    """Pin every thread of this process (and so every thread it starts later)
+    to ``cpus``. Runs inside the actor, before its component is built, so the
+    OpenMP pools of torch and vLLM start on those cores."""
+    allowed = os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        raise ValueError(f"CPUs {sorted(cpus - allowed)} are not available on this node (allowed: {sorted(allowed)})")
+    done: set[str] = set()
+    while True:  # again until no thread appears that an unpinned one started meanwhile
+        todo = set(os.listdir("/proc/self/task")) - done
+        if not todo:
+            return
+        for tid in todo:
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+        done |= todo
+
+
+def _build_pinned(cpus: tuple[int, ...], factory: Callable[[], T]) -> T:
+    pin_process(frozenset(cpus))
+    return factory()
 
 
 @dataclass(frozen=True)
 class ActorResources:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
-    threads: int = 0  # torch/OMP threads in the actor (0: library default)
+    threads: int = 0  # torch/OMP threads in the actor (0: library default); pinned: one per core at most
+    # Cores the actor's process is pinned to, a Linux CPU list ("1", "0-3,8"; "": not pinned). Disjoint
+    # sets keep stages that run at once (async generation and learning) off each other's cores.
+    cpus: str = ""
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources, e.g. {"node:env": 1}
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.num_gpus < 0 or self.threads < 0:
             raise ValueError(f"actor resources must be >= 0, got {self}")
+        object.__setattr__(self, "cpus", str(self.cpus))  # `cpus=1` on the command line arrives as an int
+        parse_cpu_list(self.cpus)
+
+    def cpu_set(self) -> frozenset[int]:
+        return parse_cpu_list(self.cpus)
+
+    def thread_count(self) -> int:
+        """Threads to run with (0: the library's default). Pinned: at most one
+        per core (more OpenMP threads than cores only wait on each other)."""
+        pinned = len(self.cpu_set())
+        return min(self.threads or pinned, pinned) if pinned else self.threads
 
     def ray_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
@@ -31,7 +86,14 @@ class ActorResources:
         return opts
 
     def env_vars(self) -> dict[str, str]:
-        return {"OMP_NUM_THREADS": str(self.threads)} if self.threads else {}
+        threads = self.thread_count()
+        return {"OMP_NUM_THREADS": str(threads)} if threads else {}
+
+    def pinned(self, factory: Callable[[], T]) -> Callable[[], T]:
+        """``factory`` that first pins the calling process to ``cpus`` (the
+        actor calls it in its constructor); ``factory`` itself when unpinned."""
+        cpus = self.cpu_set()
+        return functools.partial(_build_pinned, tuple(sorted(cpus)), factory) if cpus else factory
 
 
 @dataclass(frozen=True)
@@ -57,6 +119,15 @@ class ClusterConfig:
             value = getattr(self, name)
             if isinstance(value, dict):  # hydra passes nested plain dicts
                 object.__setattr__(self, name, ActorResources(**value))
+
+    def check_local_cpus(self) -> None:
+        """Pinned cores must exist here (a local start: every actor runs on this machine)."""
+        allowed = os.sched_getaffinity(0)
+        for name in ("env_actor", "generator", "learner", "coordinator"):
+            missing = getattr(self, name).cpu_set() - allowed
+            if missing:
+                raise ValueError(f"cluster.{name}.cpus={getattr(self, name).cpus!r} names CPUs {sorted(missing)} "
+                                 f"this machine does not offer (it has {sorted(allowed)})")
 
     def local_cpus(self) -> int:
         """Logical CPUs for a local Ray: all configured actors must fit, even on 2 cores."""
@@ -92,6 +163,7 @@ def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
     else:
         # address="local": a new instance here, never a cluster someone else
         # started on this machine (`ray start`, a test's cluster).
+        cfg.check_local_cpus()
         ray.init(address="local", num_cpus=cfg.local_cpus(), include_dashboard=False, log_to_driver=cfg.actor_logs,
                  object_store_memory=int(cfg.object_store_gb * 2**30))
     return ray.cluster_resources()

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,9 +84,33 @@ def test_async_end_to_end_rejects_bad_frames_and_resumes(tmp_path):
     assert [r["step"] for r in lines] == [1, 2, 3, 4]
 
 
+def _threads_affinity(pid: int) -> set[str]:
+    """Cpus_allowed_list of every thread of a process on this machine."""
+    out = set()
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            out |= {line.split(":", 1)[1].strip() for line in status.read_text().splitlines() if line.startswith("Cpus_allowed_list")}
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended
+            pass
+    return out
+
+
 def test_sync_mode_alternates_with_the_same_records(tmp_path):
-    p = make_pipeline(tmp_path, "trainer.mode=sync", "trainer.groups_per_step=2", "cluster.env_actors=2")
-    rows = run(p, 2)
+    import ray
+
+    # Also placement: generator and learner pinned to cores of their own (one each where there are two).
+    cores = sorted(os.sched_getaffinity(0))
+    gen_cpu, learn_cpu = cores[0], cores[min(1, len(cores) - 1)]
+    p = make_pipeline(tmp_path, "trainer.mode=sync", "trainer.groups_per_step=2", "cluster.env_actors=2",
+                      f"cluster.generator.cpus={gen_cpu}", f"cluster.learner.cpus={learn_cpu}")
+    try:
+        rows = p.run(2)
+        # After generating and learning: every thread, the OpenMP pools included, on its stage's core.
+        pinned = {"generator": _threads_affinity(ray.get(p.actors.generator.pid.remote())),
+                  "learner": _threads_affinity(ray.get(p.actors.learner.pid.remote()))}
+    finally:
+        p.close()
+    assert pinned == {"generator": {str(gen_cpu)}, "learner": {str(learn_cpu)}}
     assert all(ROW_KEYS <= set(r) and r["mode"] == "sync" and r["staleness_max"] == 0 for r in rows)
     assert all(r["groups_generated"] == 2 for r in rows)  # exactly one batch generated per step
     assert_exactly_once(p, 4)

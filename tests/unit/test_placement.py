@@ -1,0 +1,71 @@
+"""Placement (the `cluster` config group): CPU lists, pinning, early errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from seal.placement import ActorResources, ClusterConfig, parse_cpu_list
+
+
+def test_cpu_lists_parse_like_linux():
+    assert parse_cpu_list("") == frozenset()
+    assert parse_cpu_list("1") == {1}
+    assert parse_cpu_list("0-3,8") == {0, 1, 2, 3, 8}
+    assert parse_cpu_list(" 2 , 2-3 ") == {2, 3}
+
+
+@pytest.mark.parametrize("bad", ["a", "3-1", "1-", "-1", "1;2", "0-2-4"])
+def test_bad_cpu_lists_name_the_bad_part(bad):
+    with pytest.raises(ValueError, match="bad CPU list"):
+        ActorResources(cpus=bad)
+
+
+def test_pinned_cores_set_the_thread_count_unless_given():
+    assert ActorResources(cpus=1).cpus == "1"  # an int from the command line
+    assert ActorResources(cpus="0-2").thread_count() == 3
+    assert ActorResources(cpus="0-2", threads=1).env_vars() == {"OMP_NUM_THREADS": "1"}
+    assert ActorResources(cpus="3", threads=2).thread_count() == 1  # never more threads than pinned cores
+    assert ActorResources().env_vars() == {} and ActorResources().thread_count() == 0
+
+
+def test_unpinned_factory_is_left_as_it_is():
+    factory = dict
+    assert ActorResources().pinned(factory) is factory
+
+
+# A child process: pinning must cover a thread that was running before it and
+# every thread started after it, and the factory's result comes back.
+CHILD = """
+import json, os, threading, time
+from seal.placement import ActorResources
+stop = threading.Event()
+early = threading.Thread(target=stop.wait); early.start()
+build = ActorResources(cpus="{cpu}").pinned(lambda: "built")
+result = build()
+late = threading.Thread(target=stop.wait); late.start()
+allowed = set()
+for tid in os.listdir("/proc/self/task"):
+    allowed.add(",".join(map(str, sorted(os.sched_getaffinity(int(tid))))))
+stop.set()
+print(json.dumps({{"result": result, "allowed": sorted(allowed), "threads": len(os.listdir("/proc/self/task"))}}))
+"""
+
+
+def test_pinning_covers_threads_started_before_and_after():
+    cpu = min(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-c", CHILD.format(cpu=cpu)], capture_output=True, text=True, timeout=60, check=True)
+    report = json.loads(out.stdout)
+    assert report["result"] == "built" and report["allowed"] == [str(cpu)] and report["threads"] >= 3
+
+
+def test_cores_this_machine_lacks_are_refused_early_and_in_the_actor():
+    missing = max(os.sched_getaffinity(0)) + 1000
+    cfg = ClusterConfig(learner={"cpus": str(missing)})
+    with pytest.raises(ValueError, match=rf"cluster.learner.cpus='{missing}' names CPUs \[{missing}\]"):
+        cfg.check_local_cpus()
+    with pytest.raises(ValueError, match="not available on this node"):
+        ActorResources(cpus=str(missing)).pinned(dict)()
