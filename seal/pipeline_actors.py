@@ -108,7 +108,7 @@ class ActorSet:
             name = f"env-{self._created}"
             self._created += 1
             handle = ray.remote(EnvActor).options(**options).remote(
-                # The tokenizer factory runs first in the actor's constructor: it pins the process.
+                # The actor's constructor calls the tokenizer factory before any env work: it pins the process.
                 name, functools.partial(instantiate_spec, _spec(self.cfg.env)), res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
                 f"{self.prefix}-generator", f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
             self.env[name] = handle

@@ -49,8 +49,8 @@ def pin_process(cpus: frozenset[int]) -> None:
         done |= todo
 
 
-def _build_pinned(cpus: tuple[int, ...], factory: Callable[[], T]) -> T:
-    pin_process(frozenset(cpus))
+def _build_pinned(cpus: frozenset[int], factory: Callable[[], T]) -> T:
+    pin_process(cpus)
     return factory()
 
 
@@ -93,7 +93,7 @@ class ActorResources:
         """``factory`` that first pins the calling process to ``cpus`` (the
         actor calls it in its constructor); ``factory`` itself when unpinned."""
         cpus = self.cpu_set()
-        return functools.partial(_build_pinned, tuple(sorted(cpus)), factory) if cpus else factory
+        return functools.partial(_build_pinned, cpus, factory) if cpus else factory
 
 
 @dataclass(frozen=True)
