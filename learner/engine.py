@@ -30,6 +30,10 @@ class LearnerConfig:
     backend: str = "deepspeed"  # deepspeed | torch
     zero_stage: int = 2
     device: str = "cpu"
+    # adamw (training) | sgd: plain SGD (no momentum), whose update is -lr * the
+    # clipped gradient, so equivalence tests compare gradients rather than
+    # Adam's division by sqrt(v), which magnifies rounding on near-zero ones.
+    optimizer: str = "adamw"
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -50,6 +54,8 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("deepspeed", "torch"):
             raise ValueError(f"backend must be deepspeed or torch, got {self.backend!r}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be adamw or sgd, got {self.optimizer!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0..3, got {self.zero_stage}")
         if self.mini_batch_groups < 1 or self.micro_batch_size < 1:
@@ -119,8 +125,15 @@ class Learner:
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).train()
             self._prepare_policy_model(self.model)
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+            self.optimizer = self._make_optimizer(self.model.parameters())
             self.engine = None
+
+    def _make_optimizer(self, params):
+        import torch
+
+        if self.cfg.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=self.cfg.lr, momentum=0.0, weight_decay=self.cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay)
 
     def _init_deepspeed(self, model_path: str) -> None:
         import deepspeed
@@ -137,6 +150,8 @@ class Learner:
             "fp16": {"enabled": False},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
+            # ZeRO lists torch's Adam/AdamW as tested; plain SGD works the same way through it.
+            "zero_allow_untested_optimizer": self.cfg.optimizer == "sgd",
         }
         self._hf_ds_config = None
         if self.cfg.zero_stage == 3:
@@ -147,7 +162,7 @@ class Learner:
             self._hf_ds_config = HfDeepSpeedConfig(ds_config)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self._prepare_policy_model(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay)
+        optimizer = self._make_optimizer(model.parameters())
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.model = self.engine.module
         self.model.train()

@@ -12,7 +12,7 @@ def test_cuda_step_matches_cpu(backend, stage):
 
     if backend == "deepspeed":
         pytest.importorskip("deepspeed")
-    from test_learner_engine import make_batch
+    from test_learner_engine import make_batch, update_gap
 
     from actors.model_assets import prepare_tiny_model
     from learner.advantages import RELEASED_BASE_WEIGHTS
@@ -22,10 +22,14 @@ def test_cuda_step_matches_cpu(backend, stage):
     batch = make_batch(0, path)
     results = {}
     for device in ("cpu", "cuda"):
-        cfg = LearnerConfig(backend=backend if device == "cuda" else "torch", zero_stage=stage, device=device, lr=1e-3,
-                            mini_batch_groups=2, micro_batch_size=1)
+        # Plain SGD at lr 1: the update is the clipped gradient (Adam would magnify rounding on near-zero ones).
+        cfg = LearnerConfig(backend=backend if device == "cuda" else "torch", zero_stage=stage, device=device, lr=1.0,
+                            optimizer="sgd", mini_batch_groups=2, micro_batch_size=1)
         lrn = Learner(path, cfg, group_size=2)
+        before = lrn.full_state_dict()
         results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.full_state_dict())
     assert results["cuda"][0]["loss"] == pytest.approx(results["cpu"][0]["loss"], rel=1e-3)
-    for k, w in results["cpu"][1].items():
-        assert torch.allclose(results["cuda"][1][k], w, atol=1e-4), k
+    # CUDA and CPU kernels differ more than two CPU paths do: 1e-3 of each tensor's update norm.
+    gaps = update_gap(before, results["cpu"][1], results["cuda"][1])
+    worst = max(gaps, key=gaps.get)
+    assert gaps[worst] <= 1e-3, (worst, gaps[worst])
