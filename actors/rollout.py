@@ -133,7 +133,7 @@ def run_group(
             progress=res.progress, tags=res.tags, labels=res.labels, error_type=res.error_type, outcome=res.outcome,
             num_tool_calls=res.num_tool_calls, num_steps=res.num_steps,
             timings={"generate_s": ep.generate_s, "env_s": res.env_seconds, "judge_s": res.judge_seconds, "total_s": total},
-            error=ep.error, start_version=start_version,
+            error=ep.error, start_version=start_version, num_parse_errors=res.num_parse_errors,
         )
         traj.validate()
         trajectories.append(traj)

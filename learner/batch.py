@@ -32,6 +32,7 @@ class Sample:
     scale: float
     num_tokens: int  # unmasked tokens
     group_id: str = ""  # samples of one group share a prompt (shared-prefix packing)
+    policy_versions: tuple[int, ...] = ()  # of its generated segments (mismatch metrics compare same-version ones)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, floa
             scale = trajectory_scale(tags, weights) if cfg.enabled else 1.0
             scales.append(scale)
             samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, factor * apply_scale(a, scale, cfg.apply_to), a, scale,
-                                  sum(t.loss_mask), t.group_id))
+                                  sum(t.loss_mask), t.group_id, tuple(t.policy_versions)))
     n = len(samples)
     stats = BatchStats(len(groups), n, zero_var, sum(scales) / n if n else 1.0,
                        sum(t.reward for g in groups for t in g) / n if n else 0.0)

@@ -5,7 +5,7 @@ scales, splits the batch into mini-batches (one optimizer step each) and
 mini-batches into micro-batches (gradient accumulation). The loss is the token
 mean over the whole mini-batch, whatever the micro-batch split, so every
 backend and split computes the same update. A frozen copy of the initial
-weights is the KL reference. Checkpoints hold model, optimizer, step and RNG
+weights is the KL reference (none when the KL coefficient is 0). Checkpoints hold model, optimizer, step and RNG
 states plus any extra state the caller passes (capability and interface).
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from learner.batch import APatchConfig, BatchStats, Sample, build_samples
-from learner.loss import LossConfig, policy_loss
+from learner.batch import APatchConfig, Sample, build_samples
+from learner.loss import LOSS_AGGS, LossConfig
 from replay.messages import Trajectory
 
 
@@ -35,7 +35,7 @@ class LearnerConfig:
     # Adam's division by sqrt(v), which magnifies rounding on near-zero ones.
     optimizer: str = "adamw"
     lr: float = 1e-6
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01  # AdamW's decoupled decay; the release's (verl's AdamW default)
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     mini_batch_groups: int = 8  # groups per optimizer step
@@ -48,6 +48,11 @@ class LearnerConfig:
     # sequence: their common prompt once (learner/packing.py). Only takes
     # effect when micro_batch_size >= 2, i.e. when rollouts of one group meet.
     shared_prefix: bool = False
+    # The PPO old policy: behaviour (vLLM's logprobs) | recompute (the learner's own at
+    # the start of the step: decoupled PPO, behaviour -> proximal -> current, with the
+    # loss's is_* settings correcting for the behaviour/proximal gap). The release's default.
+    old_logprobs: str = "recompute"
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (learner/loss.py)
     loss: LossConfig = field(default_factory=LossConfig)
     apatch: APatchConfig = field(default_factory=APatchConfig)
 
@@ -58,6 +63,10 @@ class LearnerConfig:
             raise ValueError(f"optimizer must be adamw or sgd, got {self.optimizer!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0..3, got {self.zero_stage}")
+        if self.old_logprobs not in ("behaviour", "recompute"):
+            raise ValueError(f"old_logprobs must be behaviour or recompute, got {self.old_logprobs!r}")
+        if self.loss_agg not in LOSS_AGGS:
+            raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)}; got {self.loss_agg!r}")
         if self.mini_batch_groups < 1 or self.micro_batch_size < 1:
             raise ValueError("mini_batch_groups and micro_batch_size must be >= 1")
 
@@ -113,13 +122,16 @@ class Learner:
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         unset_hf_deepspeed_config()
-        self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
-        for p in self.ref.parameters():
-            p.requires_grad_(False)
-        if cfg.shared_prefix:
-            from learner.packing import use_shared_prefix_attention
+        # The KL reference: none at all when the KL term is off (a full model copy for nothing).
+        self.ref = None
+        if cfg.loss.kl_coef:
+            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+            if cfg.shared_prefix:
+                from learner.packing import use_shared_prefix_attention
 
-            use_shared_prefix_attention(self.ref)
+                use_shared_prefix_attention(self.ref)
         if cfg.backend == "deepspeed":
             self._init_deepspeed(model_path)
         else:
@@ -177,6 +189,12 @@ class Learner:
             model.config.use_cache = False
 
     # --------------------------------------------------------------- training
+    def _entropy_mode(self, model) -> str:
+        """none (reference model) | grad (in the loss) | metric (logged only: no graph kept)."""
+        if model is not self.model:
+            return "none"
+        return "grad" if self.cfg.loss.entropy_coef else "metric"
+
     def _forward_logprobs(self, model, ids, attention, mask):
         """log p of each next token at the scored positions (mask 1; 0 elsewhere), and the entropy there.
 
@@ -196,11 +214,14 @@ class Learner:
         targets = ids[:, keep + 1]
         picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
         logp[:, keep] = picked.view(targets.shape)
-        entropy = None
-        if self.cfg.loss.entropy_coef:
-            ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-            entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
-            entropy[:, keep] = ent
+        mode = self._entropy_mode(model)
+        if mode == "none":
+            return logp, None
+        with torch.set_grad_enabled(mode == "grad" and torch.is_grad_enabled()):
+            source = logits if mode == "grad" else logits.detach()
+            ent = -(torch.softmax(source, -1) * torch.log_softmax(source, -1)).sum(-1)
+        entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
+        entropy[:, keep] = ent
         return logp, entropy
 
     def _forward_logprobs_packed(self, model, packed, ids, mask):
@@ -214,7 +235,21 @@ class Learner:
         if kept.numel() == 0:
             return torch.zeros(mask.shape, dtype=torch.float32, device=ids.device), None
         logits = forward(**packed.forward_kwargs(), logits_to_keep=kept).logits.float()  # [R, K, V]
-        return packed_token_logprobs(logits, kept, packed, ids[:, 1:], mask, with_entropy=bool(self.cfg.loss.entropy_coef))
+        mode = self._entropy_mode(model)
+        logp, entropy = packed_token_logprobs(logits, kept, packed, ids[:, 1:], mask, with_entropy=mode == "grad")
+        if mode == "metric":
+            with torch.no_grad():
+                _, entropy = packed_token_logprobs(logits.detach(), kept, packed, ids[:, 1:], mask, with_entropy=True)
+        return logp, entropy
+
+    def _logprobs(self, model, micro: Sequence[Sample], ids, attention, mask):
+        """(logp, entropy, tokens forwarded) for one micro-batch, packed when its samples share a group."""
+        packed = self._pack(micro)
+        if packed is not None:
+            logp, entropy = self._forward_logprobs_packed(model, packed, ids, mask)
+            return logp, entropy, packed.packed_tokens
+        logp, entropy = self._forward_logprobs(model, ids, attention, mask)
+        return logp, entropy, sum(len(s.token_ids) for s in micro)
 
     def _pack(self, samples: Sequence[Sample]):
         """Packed rows for a micro-batch, or None when no two of its samples share a group."""
@@ -244,66 +279,108 @@ class Learner:
             adv[i, 0] = s.advantage
         return ids.to(self.device), attention.to(self.device), mask.to(self.device), old.to(self.device), adv.to(self.device)
 
-    def train_batch(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
-                    group_weights: Mapping[str, float] | None = None) -> dict[str, Any]:
-        """One batch of complete groups: len(groups) / mini_batch_groups optimizer
-        steps. ``group_weights`` scales stale groups' advantages (replay queue)."""
+    def _plan(self, samples: Sequence[Sample], allow_partial: bool) -> list[list[list[Sample]]]:
+        """Mini-batches (one optimizer step each) of micro-batches. Every mini-batch holds
+        ``mini_batch_groups`` whole groups; with ``allow_partial`` the last may hold fewer."""
+        per_mini = self.cfg.mini_batch_groups * self.group_size
+        if (len(samples) % per_mini and not allow_partial) or not samples:
+            groups = len({s.group_id for s in samples})
+            raise ValueError(f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {groups} groups of {len(samples) // max(groups, 1)}")
+        mb = self.cfg.micro_batch_size
+        return [[samples[m + k : min(m + k + mb, m + per_mini, len(samples))] for k in range(0, min(per_mini, len(samples) - m), mb)]
+                for m in range(0, len(samples), per_mini)]
+
+    def _proximal_logprobs(self, plan) -> dict[int, Any]:
+        """pi_old for ``old_logprobs=recompute``: the policy's logprobs before this batch's first
+        optimizer step, per sample (by id). The first mini-batch needs no extra forward: its
+        training forward runs at exactly these weights, so its detached logprobs are pi_old."""
         import torch
+
+        out: dict[int, Any] = {}
+        if self.cfg.old_logprobs != "recompute":
+            return out
+        with torch.no_grad():
+            for mini in plan[1:]:
+                for micro in mini:
+                    ids, attention, mask, _, _ = self._collate(micro)
+                    logp, _, _ = self._logprobs(self.model, micro, ids, attention, mask)
+                    for row, s in enumerate(micro):
+                        out[id(s)] = logp[row].detach()
+        return out
+
+    def _micro_step(self, micro, mini_tokens: int, mini_sequences: int, proximal, stats, is_last: bool) -> int:
+        """Forward, loss and backward of one micro-batch; returns the tokens forwarded."""
+        import torch
+
+        from learner.loss import aggregation_weights, off_policy_weights, policy_loss
+
+        ids, attention, mask, behaviour, adv = self._collate(micro)
+        logp, entropy, forwarded = self._logprobs(self.model, micro, ids, attention, mask)
+        with torch.no_grad():
+            ref_logp = self._logprobs(self.ref, micro, ids, attention, mask)[0] if self.cfg.loss.kl_coef else None
+        # pi_old: vLLM's behaviour logprobs, or the learner's own at the start of the step.
+        if self.cfg.old_logprobs == "recompute":
+            if id(micro[0]) in proximal:
+                old = torch.stack([proximal[id(s)][: mask.shape[1]] for s in micro]) * mask
+            else:
+                old = logp.detach() * mask
+            is_w, cut = off_policy_weights(old, behaviour, mask, self.cfg.loss)
+        else:
+            old, is_w, cut = behaviour, None, None
+        weights = aggregation_weights(mask, self.cfg.loss_agg, mini_tokens, mini_sequences)
+        loss, m = policy_loss(logp, old, adv.expand_as(logp), mask, self.cfg.loss, ref_logp, entropy,
+                              token_normalizer=float(mini_tokens), token_weights=weights, is_weights=is_w)
+        stats.add_micro(m, micro, behaviour, logp.detach() * mask if old is behaviour else old, mask, is_w, cut)
+        if self.engine is not None:
+            # The caller owns the boundary: the last micro-batch of a mini-batch, however many it holds.
+            self.engine.set_gradient_accumulation_boundary(is_last)
+            self.engine.backward(loss, scale_wrt_gas=False)
+            self.engine.step()
+        else:
+            loss.backward()
+        return forwarded
+
+    def train_batch(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
+                    group_weights: Mapping[str, float] | None = None, policy_version: int | None = None,
+                    allow_partial: bool = False) -> dict[str, Any]:
+        """One batch of complete groups: one optimizer step per ``mini_batch_groups`` groups.
+        ``group_weights`` scales stale groups' advantages (replay queue); ``policy_version``
+        is the version the learner's weights are now (the logprob-mismatch metrics compare
+        only trajectories generated at it); ``allow_partial`` accepts a last, smaller mini-batch."""
+        import torch
+
+        from learner.step_stats import StepStats
 
         t0 = time.perf_counter()
         samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch, group_weights)
-        per_mini = self.cfg.mini_batch_groups * self.group_size
-        if stats.trajectories % per_mini or any(len(s.token_ids) < 2 for s in samples):
-            raise ValueError(f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {stats.groups} groups of {stats.trajectories // max(stats.groups, 1)}")
-        metrics: dict[str, list[float]] = {}
-        tokens = 0
-        forward_tokens = 0  # tokens through the model (packed: each shared prefix once)
-        for m0 in range(0, len(samples), per_mini):
-            mini = samples[m0 : m0 + per_mini]
-            mini_tokens = max(1, sum(s.num_tokens for s in mini))
-            for k in range(0, len(mini), self.cfg.micro_batch_size):
-                micro = mini[k : k + self.cfg.micro_batch_size]
-                ids, attention, mask, old, adv = self._collate(micro)
-                packed = self._pack(micro)
-                if packed is not None:
-                    logp, entropy = self._forward_logprobs_packed(self.model, packed, ids, mask)
-                    with torch.no_grad():
-                        ref_logp, _ = self._forward_logprobs_packed(self.ref, packed, ids, mask)
-                    forward_tokens += packed.packed_tokens
-                else:
-                    logp, entropy = self._forward_logprobs(self.model, ids, attention, mask)
-                    with torch.no_grad():
-                        ref_logp, _ = self._forward_logprobs(self.ref, ids, attention, mask)
-                    forward_tokens += sum(len(s.token_ids) for s in micro)
-                # Normalise by the mini-batch's token count: the sum over
-                # micro-batches is the mini-batch token mean.
-                loss, m = policy_loss(logp, old, adv.expand_as(logp), mask, self.cfg.loss, ref_logp, entropy,
-                                      token_normalizer=float(mini_tokens))
-                for key, value in m.items():
-                    metrics.setdefault(key, []).append(value)
-                if self.engine is not None:
-                    self.engine.backward(loss, scale_wrt_gas=False)
-                    self.engine.step()
-                else:
-                    loss.backward()
+        if any(len(s.token_ids) < 2 for s in samples):
+            raise ValueError("every trajectory needs at least 2 tokens")
+        plan = self._plan(samples, allow_partial)
+        proximal = self._proximal_logprobs(plan)
+        step_stats = StepStats(policy_version)
+        tokens = forward_tokens = 0
+        for mini in plan:
+            mini_samples = [s for micro in mini for s in micro]
+            mini_tokens = max(1, sum(s.num_tokens for s in mini_samples))
+            step_stats.start_mini()
+            for k, micro in enumerate(mini):
+                forward_tokens += self._micro_step(micro, mini_tokens, len(mini_samples), proximal, step_stats,
+                                                   is_last=k == len(mini) - 1)
             if self.engine is None:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-                metrics.setdefault("grad_norm", []).append(float(grad_norm))
+                step_stats.grad_norm(float(grad_norm))
             else:
-                metrics.setdefault("grad_norm", []).append(float(self.engine.get_global_grad_norm() or 0.0))
+                step_stats.grad_norm(float(self.engine.get_global_grad_norm() or 0.0))
             self.step += 1
             tokens += mini_tokens
         seconds = time.perf_counter() - t0
-        minis = len(samples) // per_mini
-        # Loss terms were normalised by mini-batch tokens: summing micro-batches
-        # gives each mini-batch's value; report their mean.
-        out: dict[str, Any] = {k: (sum(v) / len(v) if k == "grad_norm" else sum(v) / minis) for k, v in metrics.items()}
+        out = step_stats.result()
         out.update(step=self.step, seconds=seconds, samples_per_s=len(samples) / seconds, tokens_per_s=tokens / seconds,
                    sequence_tokens=sum(len(s.token_ids) for s in samples), forward_tokens=forward_tokens, scored_tokens=tokens,
                    groups=stats.groups, zero_variance_groups=stats.zero_variance_groups, mean_scale=stats.mean_scale,
-                   reward_mean=stats.reward_mean)
+                   reward_mean=stats.reward_mean, mini_batches=len(plan))
         return out
 
     # -------------------------------------------------------------- weights

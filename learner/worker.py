@@ -24,8 +24,10 @@ class LearnerWorker:
         self.broadcaster = None  # rank 0 of the weight group, when generators take weights by broadcast
 
     def train(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
-              group_weights: Mapping[str, float] | None = None) -> dict[str, Any]:
-        out = self.learner.train_batch(trajectories, tag_weights, group_weights)
+              group_weights: Mapping[str, float] | None = None, policy_version: int | None = None,
+              partial: bool = False) -> dict[str, Any]:
+        out = self.learner.train_batch(trajectories, tag_weights, group_weights, policy_version=policy_version,
+                                       allow_partial=partial)
         out["tag_weights"] = dict(tag_weights)
         return out
 

@@ -46,6 +46,7 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)  # generate_s, env_s, judge_s, total_s
     error: str | None = None  # a process error (the episode still ends with a record)
     start_version: int = 0  # the generator's policy version when the episode began
+    num_parse_errors: int = 0  # assistant steps whose tool calls did not parse
     schema_version: int = SCHEMA_VERSION
 
     @property

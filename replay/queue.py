@@ -11,6 +11,12 @@ delivery (same group id and rollout index) is ignored and counted. Incomplete
 groups older than ``reissue_after_s`` are handed back by ``expired()`` for the
 producer to re-issue (counted); their partial rollouts are discarded, so a
 group reaches the learner exactly once, whole.
+
+With ``filter_groups="zero_variance"`` (DAPO's dynamic sampling) a group whose
+rewards are all equal is set aside as it completes: its GRPO advantages are
+all zero, so it would cost a learner step's compute and teach nothing. It is
+handed to the producer by ``drain_filtered()`` (its slot is accounted for, its
+tags still reach the failure profile) and never reaches the learner.
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from typing import Callable
 
 from replay.messages import Trajectory
 
+FILTERS = ("none", "zero_variance")
+
 
 @dataclass
 class QueueStats:
@@ -30,6 +38,7 @@ class QueueStats:
     downweighted: int = 0  # groups
     reissued: int = 0  # groups
     abandoned: int = 0  # groups given up after a producer crash
+    filtered: int = 0  # groups set aside: all rewards equal (filter_groups=zero_variance)
     batches: int = 0
 
     def to_dict(self) -> dict[str, int]:
@@ -53,13 +62,17 @@ class Group:
 
 class ReplayQueue:
     def __init__(self, group_size: int, groups_per_batch: int, max_staleness: int = 1, stale_policy: str = "drop",
-                 reissue_after_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 reissue_after_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
+                 filter_groups: str = "none") -> None:
         if group_size < 1 or groups_per_batch < 1:
             raise ValueError("group_size and groups_per_batch must be >= 1")
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if stale_policy not in ("drop", "downweight"):
             raise ValueError(f"stale_policy must be drop or downweight, got {stale_policy!r}")
+        if filter_groups not in FILTERS:
+            raise ValueError(f"filter_groups must be one of {', '.join(FILTERS)}, got {filter_groups!r}")
+        self.filter_groups = filter_groups
         self.group_size = group_size
         self.groups_per_batch = groups_per_batch
         self.max_staleness = max_staleness
@@ -75,6 +88,7 @@ class ReplayQueue:
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._closed_cap = 100_000
         self._dropped_ids: list[str] = []  # stale groups dropped since the last drain_dropped()
+        self._filtered: list[Group] = []  # zero-variance groups since the last drain_filtered()
 
     def set_policy_version(self, version: int) -> None:
         if version < self.policy_version:
@@ -98,8 +112,18 @@ class ReplayQueue:
         if len(pending.rollouts) == self.group_size:
             del self._pending[gid]
             self._close(gid)
-            self._complete[gid] = [pending.rollouts[i] for i in range(self.group_size)]
+            trajs = [pending.rollouts[i] for i in range(self.group_size)]
+            if self.filter_groups == "zero_variance" and len({t.reward for t in trajs}) == 1:
+                self.stats.filtered += 1
+                self._filtered.append(Group(gid, trajs, self.policy_version - min(t.policy_version for t in trajs), 0.0))
+            else:
+                self._complete[gid] = trajs
         return True
+
+    def drain_filtered(self) -> list["Group"]:
+        """Groups set aside by the filter since the last call (for the producer's books and the failure profile)."""
+        out, self._filtered = self._filtered, []
+        return out
 
     def _close(self, gid: str) -> None:
         self._closed[gid] = None
@@ -138,8 +162,9 @@ class ReplayQueue:
     def ready(self) -> int:
         return len(self._complete)
 
-    def take_batch(self) -> list[Group] | None:
-        """The oldest ``groups_per_batch`` fresh-enough complete groups, or None."""
+    def take_batch(self, partial: bool = False) -> list[Group] | None:
+        """The oldest ``groups_per_batch`` fresh-enough complete groups, or None;
+        ``partial``: as many as there are (at least one) when fewer are ready."""
         fresh: list[Group] = []
         for gid in list(self._complete):
             trajs = self._complete[gid]
@@ -156,7 +181,7 @@ class ReplayQueue:
             fresh.append(Group(gid, trajs, staleness, weight))
             if len(fresh) == self.groups_per_batch:
                 break
-        if len(fresh) < self.groups_per_batch:
+        if len(fresh) < self.groups_per_batch and not (partial and fresh):
             return None
         for g in fresh:
             del self._complete[g.group_id]

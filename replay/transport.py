@@ -168,9 +168,13 @@ class ReplayServer:
                     log.warning("replay server rejected frame %d (%d rejected so far): %s", self.stats.frames, self.stats.rejected, exc)
 
     # ------------------------------------------------ queue access (locked)
-    def take_batch(self) -> list[Group] | None:
+    def take_batch(self, partial: bool = False) -> list[Group] | None:
         with self._lock:
-            return self.queue.take_batch()
+            return self.queue.take_batch(partial)
+
+    def drain_filtered(self) -> list[Group]:
+        with self._lock:
+            return self.queue.drain_filtered()
 
     def abandon(self, group_id: str) -> bool:
         with self._lock:

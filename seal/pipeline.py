@@ -45,9 +45,9 @@ class Pipeline:
         self.task_ids, self.skipped_overlong = select_tasks(cfg)
         self._owns_ray = not ray.is_initialized()  # tests share one Ray session across pipelines
         staleness = 0 if self.sync else int(t.max_staleness)
-        self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, staleness, cfg.seed)
+        self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, staleness, cfg.seed, oversample=int(t.oversample))
         queue = ReplayQueue(cfg.n, t.groups_per_step, max_staleness=staleness, stale_policy=t.stale_policy,
-                            reissue_after_s=t.reissue_after_s)
+                            reissue_after_s=t.reissue_after_s, filter_groups=t.filter_groups)
         self.replay: ReplayServer | None = None
         self.actors: ActorSet | None = None
         self.control: ControlServer | None = None
@@ -59,6 +59,7 @@ class Pipeline:
         self.generator_down = False
         self.publishing: dict[Any, tuple[int, float]] = {}  # publish ref -> (version, started)
         self.publish_s: float | None = None  # the latest completed publish: learner done -> generator loaded
+        self._skipped_row: dict[str, Any] | None = None  # a step skipped for want of groups with reward variance
         try:
             start_ray(self.cluster)
             check_reachable(self.cluster)
@@ -226,12 +227,41 @@ class Pipeline:
             self.acked = max(self.acked, version)
             self.window.generator_restores += 1
 
+    def _record_tags(self, trajs) -> None:
+        self.actors.coordinator.record.remote([TagSummary(t.task_id, t.category, t.tags, t.labels, t.reward, t.success,
+                                                          t.progress, t.interface_version) for t in trajs])
+
+    def _drain_filtered(self) -> None:
+        """Zero-variance groups: their slots are done and their tags still shape the
+        failure profile (the interface evolves from what the policy did, trained on or not)."""
+        filtered = self.replay.drain_filtered()
+        for g in filtered:
+            self.ledger.filtered(g.group_id)
+            self.window.add_filtered(g)
+        if filtered:
+            self._record_tags([t for g in filtered for t in g.trajectories])
+
     def _maybe_train(self) -> None:
         if self.learn is not None:
             return
+        trainer = self.cfg.trainer
         groups = self.replay.take_batch()
         for gid in self.replay.drain_dropped():
             self.ledger.dropped(gid)
+        self._drain_filtered()
+        partial = False
+        if groups is None and self.window.filtered_count >= trainer.max_filtered_per_step:
+            # The filter keeps emptying the batch (a policy that always or never succeeds here).
+            if trainer.unfilled == "partial":
+                groups = self.replay.take_batch(partial=True)
+                partial = groups is not None
+            if groups is None:
+                log.warning("step %d skipped: %d groups in a row had equal rewards (trainer.unfilled=%s)",
+                            self.step + 1, self.window.filtered_count, trainer.unfilled)
+                self._skipped_row = self._skip_step()
+                return
+            log.warning("step %d runs on %d of %d groups: %d had equal rewards (trainer.unfilled=partial)",
+                        self.step + 1, len(groups), trainer.groups_per_step, self.window.filtered_count)
         if groups is None:
             return
         trajs = [t for g in groups for t in g.trajectories]
@@ -239,16 +269,27 @@ class Pipeline:
             self.ledger.consumed(g.group_id)
         # Tags of what the learner trains on go to the coordinator first, then
         # its tag weights (an object ref: resolved by Ray, coordinator -> learner).
-        self.actors.coordinator.record.remote([TagSummary(t.task_id, t.category, t.tags, t.labels, t.reward, t.success,
-                                                          t.progress, t.interface_version) for t in trajs])
+        self._record_tags(trajs)
         weights_ref = self.actors.coordinator.step_weights.remote()
         group_weights = {g.group_id: g.weight for g in groups if g.weight < 1.0}
-        ref = self.actors.learner.train.remote(trajs, weights_ref, group_weights)
+        ref = self.actors.learner.train.remote(trajs, weights_ref, group_weights, self.version, partial)
         self.learn = (ref, groups, time.perf_counter())
+
+    def _skip_step(self) -> dict[str, Any]:
+        """A step without a learner update: no new policy version, nothing published; the
+        coordinator still closes the round (the failure profile grew by the filtered groups)."""
+        import ray
+
+        self.step += 1
+        interface = ray.get(self.actors.coordinator.end_round.remote(wait=self.sync))
+        return self.window.row(self, [], None, interface, 0.0)
 
     def _maybe_finish_step(self) -> dict[str, Any] | None:
         import ray
 
+        if self._skipped_row is not None:
+            row, self._skipped_row = self._skipped_row, None
+            return row
         if self.learn is None:
             return None
         ref, groups, started = self.learn
@@ -366,6 +407,12 @@ def check_trainer_config(cfg) -> None:
         raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
     if t.steps < 1 or t.groups_per_step < 1:
         raise ValueError("trainer.steps and trainer.groups_per_step must be >= 1")
+    if t.filter_groups not in ("none", "zero_variance"):
+        raise ValueError(f"trainer.filter_groups must be none or zero_variance, got {t.filter_groups!r}")
+    if t.unfilled not in ("skip", "partial"):
+        raise ValueError(f"trainer.unfilled must be skip or partial, got {t.unfilled!r}")
+    if t.max_filtered_per_step < 1 or t.oversample < 0:
+        raise ValueError("trainer.max_filtered_per_step must be >= 1 and trainer.oversample >= 0")
 
 
 def select_tasks(cfg) -> tuple[list[str], int]:

@@ -3,11 +3,13 @@
 Slot k is the k-th group the run asks for (task ``task_ids[k % len]``). A slot
 is dispatched as a GroupJob; if its producer dies, the job is re-issued under
 a new group id (same slot); it ends either consumed by the learner (exactly
-once, or an error is raised) or dropped as stale (counted). Admission bounds
-staleness at the source: with policy version v acknowledged by the generator,
-slots up to (v + max_staleness + 1) * groups_per_step (plus one for each slot
-lost to staleness) may start; in sync mode (max_staleness 0) that is exactly
-one batch ahead, so generation and learning alternate.
+once, or an error is raised), dropped as stale or filtered out for zero reward
+variance (both counted). Admission bounds staleness at the source: with policy
+version v acknowledged by the generator, slots up to
+(v + max_staleness + 1) * groups_per_step + oversample (plus one for each slot
+dropped or filtered: the refill) may start; in sync mode (max_staleness 0,
+oversample 0) that is exactly one batch ahead, so generation and learning
+alternate.
 
 Pure logic (no Ray, no sockets), so its exactly-once property is tested alone.
 """
@@ -26,13 +28,17 @@ class SlotCounters:
     reissued: int = 0
     consumed: int = 0
     dropped: int = 0
+    filtered: int = 0
 
 
 class SlotLedger:
     def __init__(self, task_ids: list[str], n: int, groups_per_step: int, max_staleness: int, seed: int,
-                 max_attempts: int = 5) -> None:
+                 max_attempts: int = 5, oversample: int = 0) -> None:
         if not task_ids:
             raise ValueError("no tasks")
+        if oversample < 0:
+            raise ValueError(f"oversample must be >= 0 groups, got {oversample}")
+        self.oversample = oversample  # extra groups admitted beyond the staleness bound
         self.task_ids = task_ids
         self.n = n
         self.groups_per_step = groups_per_step
@@ -53,7 +59,8 @@ class SlotLedger:
     # ------------------------------------------------------------ dispatch
     def admitted(self, acked_version: int) -> int:
         """Slots that may have started by now."""
-        return self.base + (acked_version - self.base_version + self.max_staleness + 1) * self.groups_per_step + self.counters.dropped
+        steps = acked_version - self.base_version + self.max_staleness + 1
+        return self.base + steps * self.groups_per_step + self.oversample + self.counters.dropped + self.counters.filtered
 
     def next_job(self, acked_version: int) -> GroupJob | None:
         """A re-issue first, else the next slot if admitted."""
@@ -112,6 +119,14 @@ class SlotLedger:
         job = self.in_flight.pop(group_id)
         self.lost.add(job.slot)
         self.counters.dropped += 1
+        self._advance()
+        return job.slot
+
+    def filtered(self, group_id: str) -> int:
+        """The group arrived whole with all rewards equal: set aside, never trained on; the slot is done."""
+        job = self.in_flight.pop(group_id)
+        self.lost.add(job.slot)
+        self.counters.filtered += 1
         self._advance()
         return job.slot
 

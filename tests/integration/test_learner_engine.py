@@ -60,7 +60,7 @@ def make_batch(seed: int, tiny_path: str, shared_prompt: bool = False) -> list[T
 def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False, shared_prefix=False, optimizer="adamw"):
     # Equivalence tests use plain SGD at lr 1: the update is then the clipped gradient itself.
     lr = 1.0 if optimizer == "sgd" else 1e-3
-    cfg = LearnerConfig(backend=backend, zero_stage=stage, lr=lr, optimizer=optimizer, mini_batch_groups=GROUPS,
+    cfg = LearnerConfig(backend=backend, zero_stage=stage, lr=lr, optimizer=optimizer, weight_decay=0.0, mini_batch_groups=GROUPS,
                         micro_batch_size=micro, loss=LossConfig(kl_coef=0.1), gradient_checkpointing=checkpointing,
                         shared_prefix=shared_prefix)
     return Learner(tiny_path, cfg, group_size=N)
