@@ -16,7 +16,7 @@ from env_pool.base import (
 from env_pool.bfcl.judge import judge
 from env_pool.bfcl.prompts import reveal_message, system_prompt
 from env_pool.bfcl.replay import ground_truth_turns
-from env_pool.bfcl.runtime import ExecCall, InstanceSet, error_text, is_error_result
+from env_pool.bfcl.runtime import ExecCall, InstanceSet, call_signatures, error_text, is_error_result
 from env_pool.bfcl.tasks import BfclTask, get_task, split_ids
 from env_pool.interface.feedback import parse_failure_hint, tool_error_hint, unknown_tool_hint
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
@@ -96,7 +96,7 @@ class BfclEnv(Environment):
             raise EpisodeStateError("step() needs an episode in progress: call reset() first")
         t0 = time.perf_counter()
         task, turn = self._task, self._turn
-        parsed = parse_step(assistant_text, self.tool_format)
+        parsed = parse_step(assistant_text, self.tool_format, call_signatures(task.involved_classes))
         self._turn_texts[turn].append(assistant_text)
         self._turn_parsed[turn].append(parsed)
         self._messages.append({"role": "assistant", "content": assistant_text})

@@ -31,6 +31,8 @@ TOOLS: tuple[dict[str, Any], ...] = (
     {"name": "get_weather", "description": "Current weather of a city.", "parameters": {"type": "dict", "properties": {"city": {"type": "string", "description": "City name."}}, "required": ["city"]}},
 )
 _EXAMPLE = ToolCall("add", {"a": 1, "b": 2})
+# The toy executor reads arguments by name; positional ones bind in schema order.
+SIGNATURES = {t["name"]: tuple(t["parameters"]["properties"]) for t in TOOLS}
 # Worked exchanges shown as earlier chat turns. Without them SmolLM2-135M never
 # emits a call (0 of 192 samples at temperature 1); with them it earns the
 # reward on about 21% of samples in the python format and 7% in json (96 each,
@@ -155,7 +157,7 @@ class ToyToolEnv(Environment):
         if self._task is None or self._done:
             raise EpisodeStateError("step() needs an episode in progress: call reset() first")
         t0 = time.perf_counter()
-        parsed = parse_step(assistant_text, self.tool_format)
+        parsed = parse_step(assistant_text, self.tool_format, SIGNATURES)
         self._texts.append(assistant_text)
         self._messages.append({"role": "assistant", "content": assistant_text})
         names = [t["name"] for t in TOOLS]
