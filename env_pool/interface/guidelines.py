@@ -3,6 +3,8 @@
 A tag qualifies when it is frequent (count >= 8, prevalence >= 0.10) and
 poorly rewarded (reward_mean < 0.6); the top 3 by pressure =
 prevalence * (1 - reward_mean) each add one guideline (DESIGN.md section 5).
+Prevalence is a tag's share of the failure tags only: passed, abstained and
+unknown turns are left out of the denominator, as in the released code.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ TAG_TO_GUIDELINE = {
     T.INSTANCE_MISMATCH: "scope",
     T.RESPONSE_MISMATCH: "format",
 }
-_NOT_FAILURES = frozenset({T.CHECKER_ERROR, T.GT_ERROR, T.PASS, T.CORRECT_ABSTENTION})
+# Left out of the prevalence denominator and never a guideline's cause.
+_NOT_FAILURES = frozenset({T.CHECKER_ERROR, T.GT_ERROR, T.PASS, T.CORRECT_ABSTENTION, T.UNKNOWN})
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class TagStat:
 
 
 def select_guidelines(profile: Mapping[str, TagStat], policy: GuidelinePolicy = GuidelinePolicy()) -> tuple[str, ...]:
-    total = sum(s.count for tag, s in profile.items() if tag not in T.EXCLUDED_TAGS)
+    total = sum(s.count for tag, s in profile.items() if tag not in _NOT_FAILURES)
     if total <= 0:
         return ()
     scored: list[tuple[float, str]] = []

@@ -83,7 +83,17 @@ def test_guidelines_need_frequency_prevalence_and_low_reward():
         T.CHECKER_ERROR: stat(500, 0.0),  # excluded, and not in N
     }
     assert select_guidelines(profile) == ("state_aware", "active_respond")
-    assert select_guidelines({T.PASS: stat(95, 1.0), T.STATE_MISMATCH: stat(9, 0.0)}) == ()  # prevalence 0.086
+    # N counts failure tags only: 9 of 100 is under 0.10 however few passes there are.
+    failures = {T.STATE_MISMATCH: stat(9, 0.0), T.RESPONSE_MISMATCH: stat(91, 0.0)}
+    assert select_guidelines(failures) == ("format",)
+
+
+def test_prevalence_leaves_out_passed_abstained_and_unknown_turns():
+    # The released denominator: 8 state mismatches among 8 failures is
+    # prevalence 1.0, not 8 / 1008 (counting passes would need 100+ of them).
+    profile = {T.PASS: stat(600, 1.0), T.CORRECT_ABSTENTION: stat(300, 1.0), T.UNKNOWN: stat(100, 0.5),
+               T.STATE_MISMATCH: stat(8, 0.0)}
+    assert select_guidelines(profile) == ("state_aware",)
 
 
 def test_top_three_by_pressure():
