@@ -27,9 +27,17 @@ DOC = {
 
 def test_observation_lite_annotates_a_copy():
     (out,) = annotate_tools([DOC], InterfaceState(schema_lite=True))
-    assert out["parameters"]["properties"]["mode"]["description"] == "The mode. [required] Allowed values: eco, sport."
+    assert out["parameters"]["properties"]["mode"]["description"] == "The mode. [required] Allowed values: eco, sport"
     assert out["parameters"]["properties"]["level"]["description"] == "Level."
     assert DOC["parameters"]["properties"]["mode"]["description"] == "The mode."  # original untouched
+
+
+def test_observation_lite_keeps_the_description_as_given():
+    doc = {"name": "f", "parameters": {"type": "dict", "required": ["x"], "properties": {
+        "x": {"type": "string", "description": "An x. \n"}, "y": {"type": "string", "enum": ["a", "b"]}}}}
+    (out,) = annotate_tools([doc], InterfaceState(schema_lite=True))
+    assert out["parameters"]["properties"]["x"]["description"] == "An x. \n [required]"
+    assert out["parameters"]["properties"]["y"]["description"] == "Allowed values: a, b"
 
 
 def test_observation_lite_options():
