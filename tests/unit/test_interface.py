@@ -53,6 +53,8 @@ def test_observation_lite_options():
         ("set_mode() missing 1 required positional argument: 'mode'", "required argument is missing"),
         ("set_mode() got an unexpected keyword argument 'speed'", "parameter names listed"),
         ("cat: 'x.txt': No such file or directory", "does not exist where you are"),
+        ("cd: temp: No such directory. You cannot use path to change directory.", "does not exist where you are"),
+        ("cd: ..: No such directory", "does not exist where you are"),
         ("cd: a/b: Unsupported path. Only one folder level at a time is supported.", "one directory level"),
         ("No user is currently logged in.", "authentication"),
         ("Token expired", "authentication"),
