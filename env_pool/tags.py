@@ -28,6 +28,22 @@ RELEASED_TAGS: tuple[str, ...] = (
     CHECKER_ERROR,
     PASS,
 )
+# When instance_mismatch fires (config diagnosis.instance_mismatch).
+# "release": never. The released code compares the sets of instantiated
+# classes, and bfcl-eval's executor instantiates every involved class for
+# both sides, so the sets are always equal: such turns fall through to the
+# next failing check (state_mismatch, then response_mismatch).
+# "classes": the turn failed and the model's calls acted on other API
+# classes than the ground truth's (e.g. posted instead of moving a file).
+INSTANCE_MISMATCH_RULES: tuple[str, ...] = ("release", "classes")
+
+
+def check_instance_mismatch_rule(rule: str) -> str:
+    if rule not in INSTANCE_MISMATCH_RULES:
+        raise ValueError(f"diagnosis.instance_mismatch must be one of {', '.join(INSTANCE_MISMATCH_RULES)}, got {rule!r}")
+    return rule
+
+
 # Tags that say nothing about the policy: excluded from weighting and profiles.
 EXCLUDED_TAGS: frozenset[str] = frozenset({GT_ERROR, CHECKER_ERROR})
 # Turns that count as passed for progress.

@@ -124,7 +124,7 @@ def score(args) -> int:
                 raise ValueError(f"{len(turns)} turns given, {task_id} has {task.num_turns}")
             signatures = call_signatures(task.involved_classes)  # binds positional python arguments
             parsed = [[parse_step(s, args.tool_format, signatures) for s in turn] for turn in turns]
-            diag = judge(task, parsed)
+            diag = judge(task, parsed, args.instance_mismatch)
             row.update(diag.to_dict())
             if official is not None:
                 valid, error_type = official(task, parsed)

@@ -66,3 +66,12 @@ def test_bad_overrides_are_clear_errors():
         instantiate(compose(["env.tool_format=xml"]).env)
     with pytest.raises(ValueError, match="temperature"):
         instantiate(compose(["sampling.temperature=-1"]).sampling)
+    for env in ("bfcl", "toy"):
+        with pytest.raises(ValueError, match="diagnosis.instance_mismatch must be one of release, classes, got 'scope'"):
+            instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=scope"]).env)
+
+
+@pytest.mark.parametrize("env", ["bfcl", "toy"])
+def test_instance_mismatch_rule_reaches_the_env(env):
+    assert instantiate(compose([f"env={env}"]).env).instance_mismatch == "release"
+    assert instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=classes"]).env).instance_mismatch == "classes"
