@@ -366,6 +366,7 @@ def check_trainer_config(cfg) -> None:
         raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
     if t.steps < 1 or t.groups_per_step < 1:
         raise ValueError("trainer.steps and trainer.groups_per_step must be >= 1")
+    instantiate(cfg.guideline_policy)  # built in the coordinator actor: fail here, before anything starts
 
 
 def select_tasks(cfg) -> tuple[list[str], int]:

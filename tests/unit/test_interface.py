@@ -110,6 +110,15 @@ def test_top_three_by_pressure():
     profile = {t: stat(10 + i, 0.0) for i, t in enumerate([T.SPURIOUS_TOOL_CALL, T.EMPTY_TURN, T.STATE_MISMATCH, T.INSTANCE_MISMATCH, T.RESPONSE_MISMATCH])}
     assert select_guidelines(profile) == ("format", "scope", "state_aware")
     assert select_guidelines(profile, GuidelinePolicy(top_k=1)) == ("format",)
+    assert select_guidelines(profile, GuidelinePolicy(top_k=0)) == ()  # 0 means none
+    assert select_guidelines(profile, GuidelinePolicy(min_count=14)) == ("format",)  # counts 10..14
+
+
+@pytest.mark.parametrize("field, value, fragment", [("min_count", -1, "min_count"), ("top_k", 1.5, "top_k"),
+                                                     ("min_prevalence", 1.1, "min_prevalence"), ("max_reward_mean", -0.1, "max_reward_mean")])
+def test_guideline_policy_rejects_bad_thresholds(field, value, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        GuidelinePolicy(**{field: value})
 
 
 def test_evolve_bumps_the_version_only_on_change():
