@@ -29,10 +29,10 @@ RELEASED_TAGS: tuple[str, ...] = (
     PASS,
 )
 # When instance_mismatch fires (config diagnosis.instance_mismatch).
-# "release": never. The released code compares the sets of instantiated
-# classes, and bfcl-eval's executor instantiates every involved class for
-# both sides, so the sets are always equal: such turns fall through to the
-# next failing check (state_mismatch, then response_mismatch).
+# "release": never. In the released code the tag never fires with
+# bfcl-eval's executor (which instantiates every involved class for the
+# model and the ground truth alike), so such turns fall through to the next
+# failing check (state_mismatch, then response_mismatch) and keep its weight.
 # "classes": the turn failed and the model's calls acted on other API
 # classes than the ground truth's (e.g. posted instead of moving a file).
 INSTANCE_MISMATCH_RULES: tuple[str, ...] = ("release", "classes")
