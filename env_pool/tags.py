@@ -28,6 +28,22 @@ RELEASED_TAGS: tuple[str, ...] = (
     CHECKER_ERROR,
     PASS,
 )
+# When instance_mismatch fires (config diagnosis.instance_mismatch).
+# "release": never. In the released code the tag never fires with
+# bfcl-eval's executor (which instantiates every involved class for the
+# model and the ground truth alike), so such turns fall through to the next
+# failing check (state_mismatch, then response_mismatch) and keep its weight.
+# "classes": the turn failed and the model's calls acted on other API
+# classes than the ground truth's (e.g. posted instead of moving a file).
+INSTANCE_MISMATCH_RULES: tuple[str, ...] = ("release", "classes")
+
+
+def check_instance_mismatch_rule(rule: str) -> str:
+    if rule not in INSTANCE_MISMATCH_RULES:
+        raise ValueError(f"diagnosis.instance_mismatch must be one of {', '.join(INSTANCE_MISMATCH_RULES)}, got {rule!r}")
+    return rule
+
+
 # Tags that say nothing about the policy: excluded from weighting and profiles.
 EXCLUDED_TAGS: frozenset[str] = frozenset({GT_ERROR, CHECKER_ERROR})
 # Turns that count as passed for progress.

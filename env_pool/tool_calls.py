@@ -8,8 +8,12 @@ Formats:
 - "json": Qwen/Hermes style, one JSON object per ``<tool_call>...</tool_call>``
   block: ``{"name": "cd", "arguments": {"folder": "docs"}}``. Text outside the
   blocks is allowed (it is the model's prose).
-- "python": BFCL's python-call list ``[cd(folder='docs'), ls(a=True)]``,
-  keyword arguments only.
+- "python": BFCL's python-call list ``[cd(folder='docs'), ls(a=True)]``.
+  Positional literals are accepted too (``cd('docs')``, as 160 ground-truth
+  calls are written): bfcl-eval's executor eval()s the call on the API
+  method, so Python binds them in the method's signature order. The parser
+  binds them the same way, from the caller's ``signatures`` (tool name ->
+  parameter names in that order), and every call leaves it in keyword form.
 """
 from __future__ import annotations
 
@@ -17,9 +21,11 @@ import ast
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Sequence
 
 ToolCallFormat = Literal["json", "python"]
+# Tool name -> its parameter names in positional order.
+Signatures = Mapping[str, Sequence[str]]
 FORMATS: tuple[str, ...] = ("json", "python")
 
 _TAG_OPEN = "<tool_call>"
@@ -60,8 +66,11 @@ class ParsedStep:
         return bool(self.calls)
 
 
-def parse_step(text: str, fmt: str) -> ParsedStep:
-    """Decode one assistant step; never raises for bad model output."""
+def parse_step(text: str, fmt: str, signatures: Signatures | None = None) -> ParsedStep:
+    """Decode one assistant step; never raises for bad model output.
+
+    ``signatures`` binds python-format positional arguments; without an entry
+    for the called tool, a positional argument is a parse error."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
     if not isinstance(text, str):
@@ -72,7 +81,7 @@ def parse_step(text: str, fmt: str) -> ParsedStep:
         else:
             if not looks_like_python_call(text):
                 return ParsedStep()
-            calls = parse_python_calls(text)
+            calls = parse_python_calls(text, signatures)
     except ToolCallParseError as exc:
         return ParsedStep(error=str(exc))
     return ParsedStep(calls=tuple(calls))
@@ -168,7 +177,7 @@ def _strip_fences(text: str) -> str:
     return stripped
 
 
-def parse_python_calls(text: str) -> list[ToolCall]:
+def parse_python_calls(text: str, signatures: Signatures | None = None) -> list[ToolCall]:
     if len(text) > _MAX_TEXT:
         raise ToolCallParseError(f"step is {len(text)} characters, over the {_MAX_TEXT} limit")
     src = _strip_fences(text)
@@ -183,27 +192,48 @@ def parse_python_calls(text: str) -> list[ToolCall]:
         nodes = list(body.elts)
     else:
         raise ToolCallParseError("expected [func(arg=value), ...] or func(arg=value)")
-    return [_python_call(node, i) for i, node in enumerate(nodes)]
+    return [_python_call(node, i, signatures or {}) for i, node in enumerate(nodes)]
 
 
-def _python_call(node: ast.AST, index: int) -> ToolCall:
+def _python_call(node: ast.AST, index: int, signatures: Signatures) -> ToolCall:
     where = f"call {index + 1}"
     if not isinstance(node, ast.Call):
         raise ToolCallParseError(f"{where} is not a function call")
     if not isinstance(node.func, ast.Name):
         raise ToolCallParseError(f"{where}: the function must be a plain tool name")
-    if node.args:
-        raise ToolCallParseError(
-            f"{where} ({node.func.id}) has positional arguments; use name=value for every argument"
-        )
-    args: dict[str, Any] = {}
+    name = node.func.id
+    positional = _positional(node, name, f"{where} ({name})", signatures)
+    args = dict(positional)
     for kw in node.keywords:
         if kw.arg is None:
-            raise ToolCallParseError(f"{where} ({node.func.id}) uses **kwargs; give each argument by name")
+            raise ToolCallParseError(f"{where} ({name}) uses **kwargs; give each argument by name")
+        if kw.arg in positional:
+            raise ToolCallParseError(f"{where} ({name}) gives argument {kw.arg!r} both by position and by name")
         if kw.arg in args:
-            raise ToolCallParseError(f"{where} ({node.func.id}) repeats argument {kw.arg!r}")
-        args[kw.arg] = _literal(kw.value, f"{where} ({node.func.id}) argument {kw.arg!r}", 0)
-    return ToolCall(node.func.id, args)
+            raise ToolCallParseError(f"{where} ({name}) repeats argument {kw.arg!r}")
+        args[kw.arg] = _literal(kw.value, f"{where} ({name}) argument {kw.arg!r}", 0)
+    return ToolCall(name, args)
+
+
+def _positional(node: ast.Call, name: str, where: str, signatures: Signatures) -> dict[str, Any]:
+    """Positional literals named by the tool's signature. (A positional after
+    a keyword never gets here: ast.parse rejects it as a SyntaxError.)"""
+    if not node.args:
+        return {}
+    if any(isinstance(a, ast.Starred) for a in node.args):
+        raise ToolCallParseError(f"{where} uses *args; give each argument as a literal")
+    params = signatures.get(name)
+    if params is None:
+        raise ToolCallParseError(
+            f"{where} has positional arguments but is not a known tool, so they cannot be bound; "
+            "use name=value for every argument"
+        )
+    if len(node.args) > len(params):
+        raise ToolCallParseError(
+            f"{where} takes at most {len(params)} positional argument(s) ({', '.join(params) or 'none'}), "
+            f"{len(node.args)} given"
+        )
+    return {p: _literal(a, f"{where} argument {p!r}", 0) for p, a in zip(params, node.args)}
 
 
 def _literal(node: ast.AST, where: str, depth: int) -> Any:

@@ -5,7 +5,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from learner.advantages import apply_scale, grpo_advantages, trajectory_scale
+from learner.advantages import SCALE_MAX, SCALE_MIN, apply_scale, grpo_advantages, trajectory_scale
 from replay.messages import Trajectory
 
 
@@ -14,8 +14,13 @@ class APatchConfig:
     enabled: bool = True  # diagnosis weighting on/off (the "without reweighting" ablation)
     apply_to: str = "all"  # all | positive | negative
     vocabulary: str = "released"  # released (tags) | paper (labels)
+    scale_min: float = SCALE_MIN  # w_j is clipped to [scale_min, scale_max] (release: [0.5, 2.0])
+    scale_max: float = SCALE_MAX
 
     def __post_init__(self) -> None:
+        # w_j > 0 is what keeps every advantage's sign (DESIGN.md section 3).
+        if not 0 < self.scale_min <= self.scale_max:
+            raise ValueError(f"A-Patch clip range needs 0 < scale_min <= scale_max, got [{self.scale_min}, {self.scale_max}]")
         if self.apply_to not in ("all", "positive", "negative"):
             raise ValueError(f"apply_to must be all, positive or negative, got {self.apply_to!r}")
         if self.vocabulary not in ("released", "paper"):
@@ -78,7 +83,7 @@ def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, floa
         factor = group_weights.get(group[0].group_id, 1.0)
         for t, a in zip(group, adv.advantages):
             tags = t.tags if cfg.vocabulary == "released" else t.labels
-            scale = trajectory_scale(tags, weights) if cfg.enabled else 1.0
+            scale = trajectory_scale(tags, weights, lo=cfg.scale_min, hi=cfg.scale_max) if cfg.enabled else 1.0
             scales.append(scale)
             samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, factor * apply_scale(a, scale, cfg.apply_to), a, scale,
                                   sum(t.loss_mask), t.group_id, tuple(t.policy_versions)))

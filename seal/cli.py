@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--format", choices=["json", "python"], default="json", dest="tool_format")
     score.add_argument("--json", action="store_true", help="one JSON object per input line")
     score.add_argument("--official", action="store_true", help="also run bfcl-eval's own checker and report any disagreement")
+    score.add_argument("--instance-mismatch", choices=["release", "classes"], default="release", dest="instance_mismatch",
+                       help="when the instance_mismatch tag fires (as diagnosis.instance_mismatch; tags only, never the verdict)")
     score.set_defaults(handler="seal.env_commands:score")
 
     show = env_sub.add_parser("show", help="print what the policy sees for a task")

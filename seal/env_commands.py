@@ -103,6 +103,7 @@ def _turns(obj: dict[str, Any]) -> list[list[str]]:
 
 def score(args) -> int:
     from env_pool.bfcl.judge import judge
+    from env_pool.bfcl.runtime import call_signatures
     from env_pool.bfcl.tasks import get_task
     from env_pool.tool_calls import parse_step
 
@@ -121,8 +122,9 @@ def score(args) -> int:
             task = get_task(task_id)
             if len(turns) > task.num_turns:
                 raise ValueError(f"{len(turns)} turns given, {task_id} has {task.num_turns}")
-            parsed = [[parse_step(s, args.tool_format) for s in turn] for turn in turns]
-            diag = judge(task, parsed)
+            signatures = call_signatures(task.involved_classes)  # binds positional python arguments
+            parsed = [[parse_step(s, args.tool_format, signatures) for s in turn] for turn in turns]
+            diag = judge(task, parsed, args.instance_mismatch)
             row.update(diag.to_dict())
             if official is not None:
                 valid, error_type = official(task, parsed)

@@ -413,6 +413,7 @@ def check_trainer_config(cfg) -> None:
         raise ValueError(f"trainer.unfilled must be skip or partial, got {t.unfilled!r}")
     if t.max_filtered_per_step < 1 or t.oversample < 0:
         raise ValueError("trainer.max_filtered_per_step must be >= 1 and trainer.oversample >= 0")
+    instantiate(cfg.guideline_policy)  # built in the coordinator actor: fail here, before anything starts
 
 
 def select_tasks(cfg) -> tuple[list[str], int]:

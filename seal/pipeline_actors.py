@@ -24,9 +24,11 @@ from seal.placement import ClusterConfig
 log = logging.getLogger(__name__)
 
 
-def make_coordinator(interface: dict, tag_weights: dict, closed_loop: bool, per_category: bool, vocabulary: str) -> Coordinator:
+def make_coordinator(interface: dict, tag_weights: dict, closed_loop: bool, per_category: bool, vocabulary: str,
+                     guideline_policy: dict) -> Coordinator:
     return Coordinator(instantiate_spec(interface), instantiate_spec(tag_weights), closed_loop=closed_loop,
-                       per_category_guidelines=per_category, vocabulary=vocabulary)
+                       per_category_guidelines=per_category, vocabulary=vocabulary,
+                       guideline_policy=instantiate_spec(guideline_policy))
 
 
 def _spec(node) -> dict:
@@ -80,7 +82,8 @@ class ActorSet:
 
         t = self.cfg.trainer
         factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), bool(t.closed_loop),
-                                    bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary))
+                                    bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary),
+                                    _spec(self.cfg.guideline_policy))
         self.coordinator = ray.remote(CoordinatorService).options(
             name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()}, **self.cluster.coordinator.ray_options(),
         ).remote(self.cluster.coordinator.pinned(factory), state)

@@ -16,10 +16,11 @@ from env_pool.base import (
 from env_pool.bfcl.judge import judge
 from env_pool.bfcl.prompts import reveal_message, system_prompt
 from env_pool.bfcl.replay import ground_truth_turns
-from env_pool.bfcl.runtime import ExecCall, InstanceSet, error_text, is_error_result
+from env_pool.bfcl.runtime import ExecCall, InstanceSet, call_signatures, error_text, is_error_result
 from env_pool.bfcl.tasks import BfclTask, get_task, split_ids
 from env_pool.interface.feedback import parse_failure_hint, tool_error_hint, unknown_tool_hint
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
+from env_pool.tags import check_instance_mismatch_rule
 from env_pool.tool_calls import FORMATS, ParsedStep, parse_step
 
 DEFAULT_STEP_LIMIT = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
@@ -35,10 +36,12 @@ class BfclEnv(Environment):
         tool_doc_indent: int | None = None,
         max_context_tokens: int | None = None,
         token_counter: TokenCounter | None = None,
+        instance_mismatch: str = "release",
     ) -> None:
         super().__init__()
         if tool_format not in FORMATS:
             raise ValueError(f"tool_format must be one of {FORMATS}, got {tool_format!r}")
+        self.instance_mismatch = check_instance_mismatch_rule(instance_mismatch)
         if step_limit < 1:
             raise ValueError(f"step_limit must be >= 1, got {step_limit}")
         if (max_context_tokens is None) != (token_counter is None):
@@ -96,7 +99,7 @@ class BfclEnv(Environment):
             raise EpisodeStateError("step() needs an episode in progress: call reset() first")
         t0 = time.perf_counter()
         task, turn = self._task, self._turn
-        parsed = parse_step(assistant_text, self.tool_format)
+        parsed = parse_step(assistant_text, self.tool_format, call_signatures(task.involved_classes))
         self._turn_texts[turn].append(assistant_text)
         self._turn_parsed[turn].append(parsed)
         self._messages.append({"role": "assistant", "content": assistant_text})
@@ -158,7 +161,7 @@ class BfclEnv(Environment):
             raise EpisodeStateError("result() is available once the episode is done")
         if self._result is None:
             t0 = time.perf_counter()
-            diag = judge(self._task, self._turn_parsed)
+            diag = judge(self._task, self._turn_parsed, self.instance_mismatch)
             self._result = EpisodeResult(
                 env=self.kind,
                 task_id=self._task.id,

@@ -73,13 +73,16 @@ class Diagnosis:
         }
 
 
-def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]]) -> Diagnosis:
+def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]], instance_mismatch: str = "release") -> Diagnosis:
     """Verdict, tags and labels for the parsed steps of each user turn.
 
     ``turns`` shorter than the task means the episode was cut off (step limit
     or context overflow): the official runner fails such an entry as
     force-terminated; the missing turns are diagnosed as empty.
+    ``instance_mismatch``: when that tag fires (tags.INSTANCE_MISMATCH_RULES);
+    it changes tags only, never the verdict.
     """
+    by_classes = T.check_instance_mismatch_rule(instance_mismatch) == "classes"
     state_checker, response_checker = _official_checkers()
     model = InstanceSet(task.initial_config, list(task.involved_classes), task.long_context)
     truth = InstanceSet(task.initial_config, list(task.involved_classes), task.long_context)
@@ -116,7 +119,7 @@ def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]]) -> Diagnosis:
                 elif not response_ok:
                     error_type = T.ERR_RESPONSE
 
-        tag = _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed)
+        tag = _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes)
         label = _paper_label(task, t, steps, calls, gt_calls, results, state_ok, response_ok, tag)
         diagnoses.append(
             TurnDiagnosis(
@@ -144,7 +147,7 @@ def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]]) -> Diagnosis:
     )
 
 
-def _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed) -> str:
+def _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes) -> str:
     if any(r.startswith("Error during execution") for r in gt_results):
         return T.GT_ERROR
     if not gt_calls:
@@ -155,9 +158,10 @@ def _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, 
         return T.CHECKER_ERROR
     if state_ok and response_ok:
         return T.PASS
-    # The API classes the turn acted on differ from those the ground truth
-    # acted on (e.g. posted instead of messaging): a scope error.
-    if {model.class_of(c.name) for c in calls} != {truth.class_of(c.name) for c in gt_calls}:
+    # "classes" rule: the API classes the turn acted on differ from those the
+    # ground truth acted on (e.g. posted instead of messaging): a scope error.
+    # The release never gets here (see tags.INSTANCE_MISMATCH_RULES).
+    if by_classes and {model.class_of(c.name) for c in calls} != {truth.class_of(c.name) for c in gt_calls}:
         return T.INSTANCE_MISMATCH
     return T.STATE_MISMATCH if not state_ok else T.RESPONSE_MISMATCH
 

@@ -20,7 +20,8 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 # Names bfcl-eval refuses to execute (execute_multi_turn_func_call).
 _BLOCKED = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
@@ -177,14 +178,32 @@ def parse_ground_truth_call(source: str) -> ExecCall:
     return ExecCall(node.func.id, args, kwargs)
 
 
+@lru_cache(maxsize=None)
+def method_parameters(class_name: str, name: str) -> tuple[str, ...]:
+    """The API method's parameter names in positional order (without self)."""
+    return tuple(p for p in inspect.signature(getattr(api_class(class_name), name)).parameters if p != "self")
+
+
 def keyword_form(call: ExecCall, class_name: str) -> dict[str, Any]:
     """Name every argument (positional ones by the method's signature)."""
     if not call.args:
         return dict(call.kwargs)
-    params = [p for p in inspect.signature(getattr(api_class(class_name), call.name)).parameters if p != "self"]
-    named = dict(zip(params, call.args))
+    named = dict(zip(method_parameters(class_name, call.name), call.args))
     named.update(call.kwargs)
     return named
+
+
+@lru_cache(maxsize=256)
+def call_signatures(involved_classes: tuple[str, ...]) -> Mapping[str, tuple[str, ...]]:
+    """Positional order of every callable name, for binding positional call
+    arguments as bfcl-eval's executor does: it eval()s the call on the API
+    method, so Python binds them by the method's signature, not by the tool
+    schema's property order (they differ, e.g. TravelAPI.purchase_insurance).
+    Covers every public method (withheld ones too: the executor runs them);
+    later classes win, as in the name resolution."""
+    return MappingProxyType({name: method_parameters(owner, name)
+                             for name in {n for c in involved_classes for n in public_methods(c)}
+                             if (owner := method_class(involved_classes, name)) is not None})
 
 
 def method_class(involved_classes: list[str] | tuple[str, ...], name: str) -> str | None:

@@ -25,7 +25,10 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
      "Use only the parameter names listed in the tool's schema."),
     (re.compile(r"only one folder level|unsupported path", re.I),
      "Paths with several components are not accepted here: move one directory level per call."),
-    (re.compile(r"no such file or directory|no such file", re.I),
+    # The path hint. bfcl-eval's cd says "No such directory" (older releases add
+    # "You cannot use path to change directory."): the same hint as a missing
+    # file, as in the released code, not the generic one.
+    (re.compile(r"no such (file|directory)", re.I),
      "That name does not exist where you are: check the current location and its contents before using a name."),
     (re.compile(r"log ?in|logged in|authenticat|access token|token expired", re.I),
      "This action needs authentication first: use the matching login or authentication tool."),

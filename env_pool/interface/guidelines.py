@@ -3,6 +3,8 @@
 A tag qualifies when it is frequent (count >= 8, prevalence >= 0.10) and
 poorly rewarded (reward_mean < 0.6); the top 3 by pressure =
 prevalence * (1 - reward_mean) each add one guideline (DESIGN.md section 5).
+Prevalence is a tag's share of the failure tags only: passed, abstained and
+unknown turns are left out of the denominator, as in the released code.
 """
 from __future__ import annotations
 
@@ -27,15 +29,28 @@ TAG_TO_GUIDELINE = {
     T.INSTANCE_MISMATCH: "scope",
     T.RESPONSE_MISMATCH: "format",
 }
-_NOT_FAILURES = frozenset({T.CHECKER_ERROR, T.GT_ERROR, T.PASS, T.CORRECT_ABSTENTION})
+# Left out of the prevalence denominator and never a guideline's cause.
+_NOT_FAILURES = frozenset({T.CHECKER_ERROR, T.GT_ERROR, T.PASS, T.CORRECT_ABSTENTION, T.UNKNOWN})
 
 
 @dataclass(frozen=True)
 class GuidelinePolicy:
-    min_count: int = 8
-    min_prevalence: float = 0.10
-    max_reward_mean: float = 0.6
-    top_k: int = 3
+    """The thresholds (config group guideline_policy; defaults the release's)."""
+
+    min_count: int = 8  # a tag needs count >= min_count
+    min_prevalence: float = 0.10  # and prevalence >= min_prevalence
+    max_reward_mean: float = 0.6  # and reward_mean < max_reward_mean
+    top_k: int = 3  # guidelines at most (0: none)
+
+    def __post_init__(self) -> None:
+        if type(self.min_count) is not int or self.min_count < 0:
+            raise ValueError(f"min_count must be an integer >= 0, got {self.min_count!r}")
+        if type(self.top_k) is not int or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        for name in ("min_prevalence", "max_reward_mean"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -51,7 +66,7 @@ class TagStat:
 
 
 def select_guidelines(profile: Mapping[str, TagStat], policy: GuidelinePolicy = GuidelinePolicy()) -> tuple[str, ...]:
-    total = sum(s.count for tag, s in profile.items() if tag not in T.EXCLUDED_TAGS)
+    total = sum(s.count for tag, s in profile.items() if tag not in _NOT_FAILURES)
     if total <= 0:
         return ()
     scored: list[tuple[float, str]] = []

@@ -37,8 +37,10 @@ def _annotate(doc: dict[str, Any], interface: InterfaceState) -> dict[str, Any]:
         if interface.schema_show_types and spec.get("type"):
             notes.append(f"[type: {spec['type']}]")
         if spec.get("enum"):
-            notes.append("Allowed values: " + ", ".join(str(v) for v in spec["enum"]) + ".")
+            notes.append("Allowed values: " + ", ".join(str(v) for v in spec["enum"]))
         if notes:
-            desc = (spec.get("description") or "").rstrip()
+            # As the released code writes it: the description as given
+            # (trailing whitespace kept), a space, the notes; no final period.
+            desc = spec.get("description") or ""
             spec["description"] = (desc + " " if desc else "") + " ".join(notes)
     return doc

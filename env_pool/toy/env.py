@@ -31,6 +31,8 @@ TOOLS: tuple[dict[str, Any], ...] = (
     {"name": "get_weather", "description": "Current weather of a city.", "parameters": {"type": "dict", "properties": {"city": {"type": "string", "description": "City name."}}, "required": ["city"]}},
 )
 _EXAMPLE = ToolCall("add", {"a": 1, "b": 2})
+# The toy executor reads arguments by name; positional ones bind in schema order.
+SIGNATURES = {t["name"]: tuple(t["parameters"]["properties"]) for t in TOOLS}
 # Worked exchanges shown as earlier chat turns. Without them SmolLM2-135M never
 # emits a call (0 of 192 samples at temperature 1); with them it earns the
 # reward on about 21% of samples in the python format and 7% in json (96 each,
@@ -92,8 +94,10 @@ def _matches(call: ToolCall, expected: ToolCall) -> bool:
 class ToyToolEnv(Environment):
     kind = "toy"
 
-    def __init__(self, tool_format: str = "python", step_limit: int = 4, few_shot: bool = True) -> None:
+    def __init__(self, tool_format: str = "python", step_limit: int = 4, few_shot: bool = True,
+                 instance_mismatch: str = "release") -> None:
         super().__init__()
+        self.instance_mismatch = T.check_instance_mismatch_rule(instance_mismatch)
         if tool_format not in FORMATS:
             raise ValueError(f"tool_format must be one of {FORMATS}, got {tool_format!r}")
         if step_limit < 1:
@@ -155,7 +159,7 @@ class ToyToolEnv(Environment):
         if self._task is None or self._done:
             raise EpisodeStateError("step() needs an episode in progress: call reset() first")
         t0 = time.perf_counter()
-        parsed = parse_step(assistant_text, self.tool_format)
+        parsed = parse_step(assistant_text, self.tool_format, SIGNATURES)
         self._texts.append(assistant_text)
         self._messages.append({"role": "assistant", "content": assistant_text})
         names = [t["name"] for t in TOOLS]
@@ -212,7 +216,10 @@ class ToyToolEnv(Environment):
             tag = T.EMPTY_TURN
             label = T.INVALID_TOOL_CALL if self._parse_errors else T.MISSING_TOOL_CALL
         elif wrong_tool:
-            tag = T.INSTANCE_MISMATCH
+            # The toy has no API instances or state: under the release rule the
+            # one check left, the response, is what fails ("classes": a call
+            # to a tool other than the expected one is the scope error).
+            tag = T.INSTANCE_MISMATCH if self.instance_mismatch == "classes" else T.RESPONSE_MISMATCH
             label = T.INVALID_TOOL_CALL if any(c.name not in {t["name"] for t in TOOLS} for c in self._calls) else T.RESPONSE_MISMATCH
         else:
             tag, label = T.RESPONSE_MISMATCH, T.ARGUMENT_MISMATCH

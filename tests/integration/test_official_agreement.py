@@ -7,11 +7,13 @@ from collections import Counter
 
 import pytest
 
+from env_pool import tags as T
 from env_pool.bfcl.judge import judge
 from env_pool.bfcl.official import official_verdict
 from env_pool.bfcl.replay import ground_truth_calls
+from env_pool.bfcl.runtime import call_signatures
 from env_pool.bfcl.tasks import get_task, split_ids
-from env_pool.tool_calls import ParsedStep, ToolCall
+from env_pool.tool_calls import ParsedStep, ToolCall, parse_step
 
 pytestmark = pytest.mark.integration
 KINDS = ("wrong_argument", "dropped_call", "extra_call", "reordered_calls", "call_in_abstention_turn", "empty_turn", "truncated", "untouched")
@@ -116,3 +118,52 @@ def test_strings_reach_bfcl_executor_unaltered():
         for key in [k for k in vars(multi_turn_utils) if k.startswith("seal_escape_test")]:
             del vars(multi_turn_utils)[key]
     assert json.loads(results[2])["file_content"] == content
+
+
+def test_ground_truth_in_its_own_python_style_scores_valid_on_every_task(tmp_path, capsys):
+    """`seal env score --format python --official` on each ground truth written
+    verbatim (160 calls in 96 tasks pass arguments by position)."""
+    import ast
+
+    from seal.cli import main
+
+    path = tmp_path / "gt.jsonl"
+    positional = 0
+    with path.open("w") as fh:
+        for task_id in split_ids("all"):
+            truth = get_task(task_id).ground_truth
+            positional += sum(bool(ast.parse(c, mode="eval").body.args) for turn in truth for c in turn)
+            fh.write(json.dumps({"task_id": task_id, "turns": [(["[" + ", ".join(t) + "]"] if t else []) + ["Done."] for t in truth]}) + "\n")
+    assert positional > 0
+    assert main(["env", "score", str(path), "--format", "python", "--json", "--official"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 800
+    assert [r["task_id"] for r in rows if (r["reward"], r["official"]["reward"]) != (1, 1)] == []
+    by_id = {r["task_id"]: r for r in rows}
+    assert T.EMPTY_TURN not in by_id["multi_turn_miss_func_85"]["tags"]  # get_zipcode_based_on_city('San Francisco')
+
+
+def test_positional_arguments_bind_as_bfcl_executor_binds_them():
+    """TravelAPI.purchase_insurance's signature order differs from its schema's
+    (booking_id before insurance_cost): the executor's eval binds by signature."""
+    from env_pool.bfcl.official import call_string
+    from env_pool.bfcl.runtime import prepare_import
+
+    prepare_import()
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    task = get_task("multi_turn_base_155")
+    setup = list(task.ground_truth[0])
+    positional = "purchase_insurance('abc123xyz', 'comprehensive', '3426812', 120.0, 'id15583')"
+    (step,) = [parse_step(f"[{positional}]", "python", call_signatures(task.involved_classes))]
+    assert step.calls[0].arguments["booking_id"] == "3426812" and step.calls[0].arguments["insurance_cost"] == 120.0
+    outcomes = []
+    for name, call in (("seal_bind_positional", positional), ("seal_bind_keyword", call_string(step.calls[0]))):
+        try:
+            results, instances = multi_turn_utils.execute_multi_turn_func_call(
+                setup + [call], task.initial_config, list(task.involved_classes), name, task.id)
+            outcomes.append((json.loads(results[-1])["insurance_status"], instances["TravelAPI"].credit_card_list["id15583"]["balance"]))
+        finally:
+            for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
+                del vars(multi_turn_utils)[key]
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] is True

@@ -12,13 +12,13 @@ from seal.config import compose, config_dir, instantiate
 
 GROUP_FILES = sorted(p for p in config_dir().glob("*/*.yaml"))
 # Constructors cheap enough to run here; the generator starts an engine.
-CHEAP = {"env", "interface", "sampling", "tag_weights", "cluster", "transport"}
+CHEAP = {"env", "interface", "sampling", "tag_weights", "cluster", "transport", "guideline_policy"}
 EXTRA = {("model", "local"): ["model.path=/models/some-model"]}
 
 
 def test_there_are_config_groups():
     assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling", "learner", "tag_weights",
-                                                     "cluster", "transport"}
+                                                     "cluster", "transport", "guideline_policy"}
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -42,6 +42,7 @@ def test_each_group_option_composes_and_fits_its_constructor(path: Path):
     if group == "learner":
         cfg_node = instantiate(cfg.learner.cfg)  # the config objects themselves are cheap
         assert cfg_node.loss.kl_coef == 0.001 and cfg_node.apatch.apply_to == "all"
+        assert (cfg_node.apatch.scale_min, cfg_node.apatch.scale_max) == (0.5, 2.0)  # the release's clip range
     if group in CHEAP:
         assert type(instantiate(cfg[group])).__name__ == ctor.__name__
 
@@ -66,3 +67,16 @@ def test_bad_overrides_are_clear_errors():
         instantiate(compose(["env.tool_format=xml"]).env)
     with pytest.raises(ValueError, match="temperature"):
         instantiate(compose(["sampling.temperature=-1"]).sampling)
+    with pytest.raises(ValueError, match=r"0 < scale_min <= scale_max, got \[2.5, 2.0\]"):
+        instantiate(compose(["learner.cfg.apatch.scale_min=2.5"]).learner.cfg)
+    with pytest.raises(ValueError, match="min_prevalence must be in"):
+        instantiate(compose(["guideline_policy.min_prevalence=10"]).guideline_policy)
+    for env in ("bfcl", "toy"):
+        with pytest.raises(ValueError, match="diagnosis.instance_mismatch must be one of release, classes, got 'scope'"):
+            instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=scope"]).env)
+
+
+@pytest.mark.parametrize("env", ["bfcl", "toy"])
+def test_instance_mismatch_rule_reaches_the_env(env):
+    assert instantiate(compose([f"env={env}"]).env).instance_mismatch == "release"
+    assert instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=classes"]).env).instance_mismatch == "classes"

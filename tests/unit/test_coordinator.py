@@ -60,3 +60,28 @@ def test_a_trajectory_that_generated_nothing_counts_from_its_start_version():
     assert t.policy_version == 5
     t.segments.append(Segment(1, 2, 4))
     assert t.policy_version == 4
+
+
+def _from_config(*overrides: str) -> Coordinator:
+    """Built as the pipeline builds it (seal.pipeline_actors), from the composed config."""
+    from omegaconf import OmegaConf
+
+    from seal.config import compose
+    from seal.pipeline_actors import make_coordinator
+
+    cfg = compose(list(overrides))
+    spec = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
+    return make_coordinator(spec(cfg.interface), spec(cfg.tag_weights), True, False, "released", spec(cfg.guideline_policy))
+
+
+def test_guideline_thresholds_come_from_the_config():
+    from env_pool.interface.guidelines import GuidelinePolicy
+
+    default, strict = _from_config(), _from_config("guideline_policy.min_count=11", "guideline_policy.top_k=0")
+    assert default.policy == GuidelinePolicy(min_count=8, min_prevalence=0.10, max_reward_mean=0.6, top_k=3)
+    assert (strict.policy.min_count, strict.policy.top_k) == (11, 0)
+    for c in (default, strict):
+        for _ in range(10):
+            c.record(summary([T.STATE_MISMATCH]))
+    assert default.end_round().active_guidelines == ("state_aware",)
+    assert strict.end_round().active_guidelines == ()

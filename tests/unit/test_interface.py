@@ -27,9 +27,17 @@ DOC = {
 
 def test_observation_lite_annotates_a_copy():
     (out,) = annotate_tools([DOC], InterfaceState(schema_lite=True))
-    assert out["parameters"]["properties"]["mode"]["description"] == "The mode. [required] Allowed values: eco, sport."
+    assert out["parameters"]["properties"]["mode"]["description"] == "The mode. [required] Allowed values: eco, sport"
     assert out["parameters"]["properties"]["level"]["description"] == "Level."
     assert DOC["parameters"]["properties"]["mode"]["description"] == "The mode."  # original untouched
+
+
+def test_observation_lite_keeps_the_description_as_given():
+    doc = {"name": "f", "parameters": {"type": "dict", "required": ["x"], "properties": {
+        "x": {"type": "string", "description": "An x. \n"}, "y": {"type": "string", "enum": ["a", "b"]}}}}
+    (out,) = annotate_tools([doc], InterfaceState(schema_lite=True))
+    assert out["parameters"]["properties"]["x"]["description"] == "An x. \n [required]"
+    assert out["parameters"]["properties"]["y"]["description"] == "Allowed values: a, b"
 
 
 def test_observation_lite_options():
@@ -45,6 +53,8 @@ def test_observation_lite_options():
         ("set_mode() missing 1 required positional argument: 'mode'", "required argument is missing"),
         ("set_mode() got an unexpected keyword argument 'speed'", "parameter names listed"),
         ("cat: 'x.txt': No such file or directory", "does not exist where you are"),
+        ("cd: temp: No such directory. You cannot use path to change directory.", "does not exist where you are"),
+        ("cd: ..: No such directory", "does not exist where you are"),
         ("cd: a/b: Unsupported path. Only one folder level at a time is supported.", "one directory level"),
         ("No user is currently logged in.", "authentication"),
         ("Token expired", "authentication"),
@@ -83,13 +93,32 @@ def test_guidelines_need_frequency_prevalence_and_low_reward():
         T.CHECKER_ERROR: stat(500, 0.0),  # excluded, and not in N
     }
     assert select_guidelines(profile) == ("state_aware", "active_respond")
-    assert select_guidelines({T.PASS: stat(95, 1.0), T.STATE_MISMATCH: stat(9, 0.0)}) == ()  # prevalence 0.086
+    # N counts failure tags only: 9 of 100 is under 0.10 however few passes there are.
+    failures = {T.STATE_MISMATCH: stat(9, 0.0), T.RESPONSE_MISMATCH: stat(91, 0.0)}
+    assert select_guidelines(failures) == ("format",)
+
+
+def test_prevalence_leaves_out_passed_abstained_and_unknown_turns():
+    # The released denominator: 8 state mismatches among 8 failures is
+    # prevalence 1.0, not 8 / 1008 (counting passes would need 100+ of them).
+    profile = {T.PASS: stat(600, 1.0), T.CORRECT_ABSTENTION: stat(300, 1.0), T.UNKNOWN: stat(100, 0.5),
+               T.STATE_MISMATCH: stat(8, 0.0)}
+    assert select_guidelines(profile) == ("state_aware",)
 
 
 def test_top_three_by_pressure():
     profile = {t: stat(10 + i, 0.0) for i, t in enumerate([T.SPURIOUS_TOOL_CALL, T.EMPTY_TURN, T.STATE_MISMATCH, T.INSTANCE_MISMATCH, T.RESPONSE_MISMATCH])}
     assert select_guidelines(profile) == ("format", "scope", "state_aware")
     assert select_guidelines(profile, GuidelinePolicy(top_k=1)) == ("format",)
+    assert select_guidelines(profile, GuidelinePolicy(top_k=0)) == ()  # 0 means none
+    assert select_guidelines(profile, GuidelinePolicy(min_count=14)) == ("format",)  # counts 10..14
+
+
+@pytest.mark.parametrize("field, value, fragment", [("min_count", -1, "min_count"), ("top_k", 1.5, "top_k"),
+                                                     ("min_prevalence", 1.1, "min_prevalence"), ("max_reward_mean", -0.1, "max_reward_mean")])
+def test_guideline_policy_rejects_bad_thresholds(field, value, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        GuidelinePolicy(**{field: value})
 
 
 def test_evolve_bumps_the_version_only_on_change():

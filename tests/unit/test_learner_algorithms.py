@@ -111,3 +111,25 @@ def test_base_weight_tables_by_name():
     assert TagWeights().to_dict()[T.CORRECT_ABSTENTION] == 1.8
     with pytest.raises(ValueError, match="released, paper"):
         TagWeights("mine")
+
+
+def _trajectory(index: int, reward: float, tags: list[str]):
+    from replay.messages import Trajectory
+
+    return Trajectory(task_id="t", category="base", env="bfcl", group_id="g", rollout_index=index, interface_version=0,
+                      token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, 0.0], prompt_length=1, segments=[], reward=reward,
+                      success=bool(reward), progress=reward, tags=tags, labels=[], error_type=None, outcome="completed",
+                      num_tool_calls=1, num_steps=1)
+
+
+def test_apatch_clip_range_is_config():
+    from learner.batch import APatchConfig, build_samples
+
+    group = [_trajectory(0, 1.0, [T.SPURIOUS_TOOL_CALL]), _trajectory(1, 0.0, [T.INSTANCE_MISMATCH])]
+    assert [s.scale for s in build_samples(group, BASE)[0]] == pytest.approx([2.0, 0.6])  # default [0.5, 2.0]
+    narrow, _ = build_samples(group, BASE, APatchConfig(scale_min=0.8, scale_max=1.2))
+    assert [s.scale for s in narrow] == pytest.approx([1.2, 0.8])
+    assert [s.advantage for s in narrow] == pytest.approx([1.2 * narrow[0].raw_advantage, 0.8 * narrow[1].raw_advantage])
+    for lo, hi in [(0.0, 1.0), (-1.0, 2.0), (2.0, 1.0)]:
+        with pytest.raises(ValueError, match="0 < scale_min <= scale_max"):
+            APatchConfig(scale_min=lo, scale_max=hi)

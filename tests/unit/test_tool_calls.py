@@ -117,6 +117,36 @@ def test_python_accepts_bfcl_forms():
     assert parse_python_calls("[f(x=-1.5, y=(1, 2), z={'k': [None]})]") == [ToolCall("f", {"x": -1.5, "y": (1, 2), "z": {"k": [None]}})]
 
 
+ZIP = {"get_zipcode_based_on_city": ("city",), "estimate_distance": ("cityA", "cityB")}
+
+
+def test_python_binds_positional_literals_by_the_given_signature():
+    # multi_turn_miss_func_85's ground truth is written this way.
+    assert parse_step("[get_zipcode_based_on_city('San Francisco')]", "python", ZIP).calls == (
+        ToolCall("get_zipcode_based_on_city", {"city": "San Francisco"}),)
+    assert parse_python_calls("[estimate_distance('83214', cityB='94016')]", ZIP) == [
+        ToolCall("estimate_distance", {"cityA": "83214", "cityB": "94016"})]
+    # Keyword form and positional form render the same call.
+    assert render_calls(parse_python_calls("estimate_distance('a', 'b')", ZIP), "python") == "[estimate_distance(cityA='a', cityB='b')]"
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("[estimate_distance('a', 'b', 'c')]", "takes at most 2 positional argument(s) (cityA, cityB), 3 given"),
+        ("[estimate_distance(cityA='a', 'b')]", "positional argument follows keyword argument"),
+        ("[estimate_distance('a', cityA='b')]", "'cityA' both by position and by name"),
+        ("[get_weather('Oslo')]", "not a known tool"),
+        ("[estimate_distance(*['a', 'b'])]", "*args"),
+        ("[get_zipcode_based_on_city(city_name)]", "only literal"),
+        ("[get_zipcode_based_on_city(open('x'))]", "only literal"),
+    ],
+)
+def test_python_positional_errors_are_precise(text, fragment):
+    parsed = parse_step(text, "python", ZIP)
+    assert parsed.error is not None and fragment in parsed.error, parsed.error
+
+
 def test_json_reads_several_calls_among_prose():
     text = 'Sure.\n<tool_call>\n{"name": "cd", "arguments": {"folder": "a"}}\n</tool_call>\n<tool_call>{"name": "ls"}</tool_call> ok'
     assert parse_step(text, "json").calls == (ToolCall("cd", {"folder": "a"}), ToolCall("ls", {}))

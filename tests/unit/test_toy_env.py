@@ -18,8 +18,8 @@ def test_reference_agent_solves_every_task(fmt):
     assert len(env.task_ids("train")) + len(env.task_ids("test")) == NUM_TASKS
 
 
-def _play(text: str, task_id: str = "toy_0", interface=None):
-    env = ToyToolEnv(tool_format="json")
+def _play(text: str, task_id: str = "toy_0", interface=None, instance_mismatch: str = "release"):
+    env = ToyToolEnv(tool_format="json", instance_mismatch=instance_mismatch)
     return play_scripted(env, task_id, [[text, "ok"]], interface), env
 
 
@@ -29,8 +29,11 @@ def test_verifier_outcomes_and_tags():
     assert _play(render_calls([ToolCall("add", {"a": b, "b": a})], "json"))[0].reward == 1  # commutative
     wrong = _play(render_calls([ToolCall("add", {"a": a + 1, "b": b})], "json"))[0]
     assert (wrong.reward, wrong.tags, wrong.labels) == (0, [T.RESPONSE_MISMATCH], [T.ARGUMENT_MISMATCH])
-    other = _play(render_calls([ToolCall("multiply", {"a": a, "b": b})], "json"))[0]
-    assert (other.reward, other.tags) == (0, [T.INSTANCE_MISMATCH])
+    other = render_calls([ToolCall("multiply", {"a": a, "b": b})], "json")  # the wrong tool
+    assert (_play(other)[0].reward, _play(other)[0].tags) == (0, [T.RESPONSE_MISMATCH])  # release: no such tag
+    assert _play(other, instance_mismatch="classes")[0].tags == [T.INSTANCE_MISMATCH]
+    with pytest.raises(ValueError, match="diagnosis.instance_mismatch"):
+        ToyToolEnv(instance_mismatch="nope")
     extra = _play(render_calls([task.expected, ToolCall("get_weather", {"city": "Oslo"})], "json"))[0]
     assert extra.reward == 0
     silent = _play("It is 42.")[0]
