@@ -16,7 +16,9 @@ from benchmarks._common import log
 
 # Applied before the user's overrides (which win): the toy env keeps steps
 # short enough to repeat; checkpoints and snapshots are not part of a step.
-BASE_OVERRIDES = ["env=toy", "trainer.checkpoint_every=0", "trainer.snapshot_every=0"]
+# Every group reaches the learner (no zero-variance filter): a benchmark measures the same
+# learner work each step, whatever rewards the model happens to earn.
+BASE_OVERRIDES = ["env=toy", "trainer.checkpoint_every=0", "trainer.snapshot_every=0", "trainer.filter_groups=none"]
 
 
 def compose_cfg(overrides: Sequence[str], defaults: Sequence[str] = ()):

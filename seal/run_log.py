@@ -9,7 +9,13 @@ from typing import Any, Mapping
 
 SCALARS = ("reward_mean", "staleness_mean", "staleness_max", "mean_scale", "interface_version", "gen_tokens_per_s",
            "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s", "publish_s", "dropped", "reissued",
-           "rejected", "abandoned", "loss", "kl", "env_actors", "step_s")
+           "rejected", "abandoned", "loss", "kl", "env_actors", "step_s",
+           # off-policy control and episodes (learner/step_stats.py, seal/step_metrics.py)
+           "filtered_groups", "filtered_total", "trained_groups", "trained_reward_mean", "mismatch_kl", "mismatch_kl_max",
+           "mismatch_abs_logprob_diff", "offpolicy_kl", "is_weight_mean", "is_weight_max", "is_truncated_frac", "ess",
+           "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "entropy", "grad_norm", "response_len_mean",
+           "response_len_max", "response_truncated_frac", "tool_calls_per_episode", "parse_failures_per_episode",
+           "token_staleness_mean", "token_staleness_max", "tokens_per_s_per_device")
 GROUPS = ("tag_weights", "tag_fractions", "success_by_category", "reward_by_category", "wait_s", "idle_ratio")
 
 

@@ -50,7 +50,7 @@ class SlotLedger:
         self.base_version = 0  # the policy version then
         self.done: set[int] = set()  # consumed slots >= low-water mark
         self.low = 0  # every slot below is consumed or dropped
-        self.lost: set[int] = set()  # dropped as stale (never consumed)
+        self.lost: set[int] = set()  # dropped as stale or filtered (never consumed)
         self.in_flight: dict[str, GroupJob] = {}  # group id -> job
         self.retry: deque[GroupJob] = deque()
         self.errors: dict[int, int] = {}  # slot -> failures not caused by a crash
@@ -116,17 +116,17 @@ class SlotLedger:
         return job.slot
 
     def dropped(self, group_id: str) -> int:
-        job = self.in_flight.pop(group_id)
-        self.lost.add(job.slot)
-        self.counters.dropped += 1
-        self._advance()
-        return job.slot
+        """Too stale when the learner would have taken it: lost, never trained on."""
+        return self._set_aside(group_id, "dropped")
 
     def filtered(self, group_id: str) -> int:
         """The group arrived whole with all rewards equal: set aside, never trained on; the slot is done."""
+        return self._set_aside(group_id, "filtered")
+
+    def _set_aside(self, group_id: str, counter: str) -> int:
         job = self.in_flight.pop(group_id)
         self.lost.add(job.slot)
-        self.counters.filtered += 1
+        setattr(self.counters, counter, getattr(self.counters, counter) + 1)
         self._advance()
         return job.slot
 

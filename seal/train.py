@@ -43,10 +43,13 @@ def run(args) -> int:
     last = history[-1]
     wall = sum(h["step_s"] for h in history)
     gen_rate = sum(h["gen_tokens_per_s"] * h["step_s"] for h in history) / wall
+    trained = [h for h in history if not h.get("skipped")]
+    learner = (f"{sum(h['learner_samples_per_s'] for h in trained) / len(trained):.2f} learner samples/s, "
+               f"staleness max {max(h['staleness_max'] for h in trained)}") if trained else "no learner update"
+    filtered = sum(h.get("filtered_groups", 0) for h in history)
     print(f"step {last['step']}: reward {last['reward_mean']:.3f}, policy v{last['policy_version']}, interface v{last['interface_version']} "
           f"(guidelines: {', '.join(last['active_guidelines']) or 'none'}); over the run: {gen_rate:.1f} generated tokens/s, "
-          f"{sum(h['learner_samples_per_s'] for h in history) / len(history):.2f} learner samples/s, "
-          f"staleness max {max(h['staleness_max'] for h in history)}")
+          f"{learner}; {filtered} groups filtered (equal rewards), {len(history) - len(trained)} of {len(history)} steps skipped")
     print("rewards by step: " + " ".join(f"{h['reward_mean']:.2f}" for h in history))
     print(f"snapshots: {run_dir}/snapshots; metrics: {run_dir}/metrics.jsonl; TensorBoard: .venv/bin/tensorboard --logdir {run_dir}/tensorboard")
     return 0

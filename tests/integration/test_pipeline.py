@@ -4,6 +4,7 @@ module. Fault tests kill actor processes with SIGKILL mid-group."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -16,9 +17,13 @@ from seal.config import compose
 from seal.control import send_control
 from seal.run_dir import create_run_dir
 
+# Off-policy and episode figures every trained step reports as finite numbers.
+FINITE_KEYS = ("is_weight_mean", "is_truncated_frac", "ess", "clip_frac", "entropy", "response_len_mean",
+               "tool_calls_per_episode", "parse_failures_per_episode", "offpolicy_kl")
 ROW_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "staleness_max", "mean_scale", "tag_weights",
             "tag_fractions", "interface_version", "active_guidelines", "gen_tokens_per_s", "learner_samples_per_s",
-            "dropped", "reissued", "rejected", "wait_s", "idle_ratio", "publish_s", "env_actors", "mode"}
+            "dropped", "reissued", "rejected", "wait_s", "idle_ratio", "publish_s", "env_actors", "mode",
+            "filtered_groups", "skipped", "token_staleness_mean", "tokens_per_s_per_device", *FINITE_KEYS}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,6 +73,9 @@ def test_async_end_to_end_rejects_bad_frames_and_resumes(tmp_path):
     rows = run(p, 3)
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["policy_version"] for r in rows] == [1, 2, 3]
     assert all(ROW_KEYS <= set(r) for r in rows)
+    assert all(math.isfinite(r[k]) for r in rows for k in FINITE_KEYS)
+    # The first step trains on what version 0 generated: vLLM and the learner at the same weights.
+    assert 0 <= rows[0]["mismatch_kl"] <= rows[0]["mismatch_kl_max"] < 1e-3
     assert all(r["mode"] == "async" and r["staleness_max"] <= 1 for r in rows)
     assert rows[-1]["rejected"] == 3 and rows[-1]["reissued"] == 0
     assert rows[-1]["interface_version"] == 1 and rows[-1]["active_guidelines"] == ["active_respond"]
@@ -192,3 +200,22 @@ def test_weights_by_broadcast_group(tmp_path):
     assert [r["policy_version"] for r in rows] == [1, 2] and p.weight_meta
     assert stats["updates"] >= 1 and stats["policy_version"] >= 1
     assert_exactly_once(p, 2)
+
+
+def test_zero_variance_groups_are_filtered_and_unfilled_steps_skipped(tmp_path):
+    """The tiny random model never earns the toy reward: every group has equal rewards, so
+    none reaches the learner; after max_filtered_per_step the step is skipped (no update,
+    no new version), and every slot handed out is accounted for exactly once."""
+    p = make_pipeline(tmp_path, "trainer.mode=async", "n=2", "trainer.filter_groups=zero_variance",
+                      "trainer.max_filtered_per_step=2", "trainer.unfilled=skip")
+    rows = run(p, 2)
+    assert [r["skipped"] for r in rows] == [True, True] and [r["policy_version"] for r in rows] == [0, 0]
+    assert all(r["trained_groups"] == 0 and r["filtered_groups"] >= 2 and r["loss"] is None for r in rows)
+    assert all(r["reward_mean"] == 0.0 and r["filtered_by_category"] for r in rows)  # the filtered groups' rewards
+    c = p.ledger.counters
+    assert c.consumed == 0 and c.filtered == rows[-1]["filtered_total"] == sum(r["filtered_groups"] for r in rows)
+    # Refill: with max_staleness 1 and one group a step, only 2 slots are admitted at version 0 without it.
+    assert p.ledger.next_slot >= 4
+    pending = {j.slot for j in p.ledger.in_flight.values()} | {j.slot for j in p.ledger.retry}
+    assert len(pending) + c.filtered + c.dropped == p.ledger.next_slot
+    assert (tmp_path / "metrics.jsonl").read_text().count('"skipped": true') == 2

@@ -80,3 +80,28 @@ def test_bad_overrides_are_clear_errors():
 def test_instance_mismatch_rule_reaches_the_env(env):
     assert instantiate(compose([f"env={env}"]).env).instance_mismatch == "release"
     assert instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=classes"]).env).instance_mismatch == "classes"
+
+
+def test_algo_recipes_set_what_they_say():
+    release = compose(["algo=seal_release"])
+    lc, iface = instantiate(release.learner.cfg), instantiate(release.interface)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines) == (True, False, False)
+    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.weight_decay) == ("recompute", "seq-mean-token-mean", "none", 0.01)
+    assert release.trainer.filter_groups == "none"
+    paper = compose(["algo=seal_paper"])
+    lc, iface = instantiate(paper.learner.cfg), instantiate(paper.interface)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines) == (True, True, True)
+    assert (lc.old_logprobs, lc.loss_agg) == ("behaviour", "token-mean")
+    # An ablation still applies on top of an algo (it comes later in the defaults list).
+    both = compose(["algo=seal_paper", "ablation=no_reweighting"])
+    assert both.algo.name == "seal_paper" and instantiate(both.learner.cfg).apatch.enabled is False
+
+
+def test_off_policy_and_sampling_defaults():
+    cfg = compose([])
+    lc = instantiate(cfg.learner.cfg)
+    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.loss.is_mode, lc.loss.is_threshold) == \
+        ("recompute", "token-mean", "token", "truncate", 2.0)
+    assert cfg.trainer.filter_groups == "zero_variance" and cfg.trainer.unfilled == "skip"
+    with pytest.raises(ValueError, match="old_logprobs"):
+        instantiate(compose(["learner.cfg.old_logprobs=vllm"]).learner.cfg)

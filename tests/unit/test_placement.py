@@ -48,10 +48,11 @@ build = ActorResources(cpus="{cpu}").pinned(lambda: "built")
 result = build()
 late = threading.Thread(target=stop.wait); late.start()
 allowed = set()
-for tid in os.listdir("/proc/self/task"):
+tids = os.listdir("/proc/self/task")  # counted while both threads still wait (after stop.set() they may be gone)
+for tid in tids:
     allowed.add(",".join(map(str, sorted(os.sched_getaffinity(int(tid))))))
 stop.set()
-print(json.dumps({{"result": result, "allowed": sorted(allowed), "threads": len(os.listdir("/proc/self/task"))}}))
+print(json.dumps({{"result": result, "allowed": sorted(allowed), "threads": len(tids)}}))
 """
 
 

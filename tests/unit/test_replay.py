@@ -127,3 +127,28 @@ def test_every_group_reaches_the_learner_exactly_once(seed, groups, n, dup_rate)
         while (batch := q.take_batch()) is not None:
             seen.extend(g.group_id for g in batch)
     assert sorted(seen) == sorted(f"g{g}" for g in range(groups))
+
+
+def test_zero_variance_groups_are_set_aside_and_never_batched():
+    q = ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="zero_variance")
+    for i in range(2):
+        q.add(traj("flat", i, reward=0.0))
+    assert q.take_batch() is None and q.stats.filtered == 1
+    (flat,) = q.drain_filtered()
+    assert flat.group_id == "flat" and [t.reward for t in flat.trajectories] == [0.0, 0.0] and q.drain_filtered() == []
+    q.add(traj("flat", 0, reward=1.0))  # a late duplicate of a filtered group is still a duplicate
+    assert q.stats.duplicates == 1
+    q.add(traj("mixed", 0, reward=1.0))
+    q.add(traj("mixed", 1, reward=0.0))
+    assert [g.group_id for g in q.take_batch()] == ["mixed"]
+
+
+def test_no_filter_keeps_every_group_and_partial_takes_what_is_ready():
+    q = ReplayQueue(group_size=2, groups_per_batch=2)
+    for i in range(2):
+        q.add(traj("flat", i, reward=0.0))
+    assert q.take_batch() is None and q.stats.filtered == 0
+    assert [g.group_id for g in q.take_batch(partial=True)] == ["flat"]
+    assert q.take_batch(partial=True) is None  # nothing ready: still None
+    with pytest.raises(ValueError, match="filter_groups"):
+        ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="dapo")

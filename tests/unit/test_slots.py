@@ -73,11 +73,12 @@ def test_resume_replays_in_flight_slots_and_skips_finished_ones():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["dispatch", "crash", "consume", "ack"]), st.integers(0, 5)), max_size=80),
-       st.integers(1, 3), st.integers(0, 2))
-def test_every_slot_reaches_the_learner_exactly_once(ops, groups_per_step, max_staleness):
-    ledger = SlotLedger(TASKS, n=2, groups_per_step=groups_per_step, max_staleness=max_staleness, seed=0)
-    version, consumed = 0, []
+@given(st.lists(st.tuples(st.sampled_from(["dispatch", "crash", "consume", "filter", "ack"]), st.integers(0, 5)), max_size=80),
+       st.integers(1, 3), st.integers(0, 2), st.integers(0, 2))
+def test_every_slot_reaches_the_learner_exactly_once(ops, groups_per_step, max_staleness, oversample):
+    ledger = SlotLedger(TASKS, n=2, groups_per_step=groups_per_step, max_staleness=max_staleness, seed=0,
+                        oversample=oversample)
+    version, consumed, filtered = 0, [], []
     for op, pick in ops:
         live = sorted(ledger.in_flight)
         if op == "dispatch":
@@ -88,10 +89,25 @@ def test_every_slot_reaches_the_learner_exactly_once(ops, groups_per_step, max_s
             gid = live[pick % len(live)]
             if op == "crash":
                 ledger.failed(gid, crash=True)
+            elif op == "filter":
+                filtered.append(ledger.filtered(gid))
             else:
                 consumed.append(ledger.consumed(gid))
-    assert len(consumed) == len(set(consumed))
-    assert ledger.counters.consumed == len(consumed) == ledger.low + len(ledger.done)
-    # Nothing vanished: every slot handed out is consumed, in flight or waiting for a re-issue.
+        # Admission never runs past the bound: staleness-derived, plus over-admission, plus one per filtered slot.
+        assert ledger.next_slot <= (version + max_staleness + 1) * groups_per_step + oversample + len(filtered)
+    assert len(consumed) == len(set(consumed)) and not set(consumed) & set(filtered)
+    assert ledger.counters.consumed == len(consumed) and ledger.counters.filtered == len(filtered)
+    # Nothing vanished: every slot handed out is consumed, filtered, in flight or waiting for a re-issue.
     pending = {j.slot for j in ledger.in_flight.values()} | {j.slot for j in ledger.retry}
-    assert set(consumed) | pending == set(range(ledger.next_slot))
+    assert set(consumed) | set(filtered) | pending == set(range(ledger.next_slot))
+
+
+def test_filtered_slots_are_refilled_and_oversample_admits_ahead():
+    ledger = SlotLedger(TASKS, n=2, groups_per_step=2, max_staleness=0, seed=0, oversample=1)
+    jobs = [ledger.next_job(0) for _ in range(3)]  # one batch of 2, plus 1 over-admitted
+    assert all(jobs) and ledger.next_job(0) is None
+    ledger.filtered(jobs[0].group_id)  # equal rewards: set aside, its place refilled
+    refill = ledger.next_job(0)
+    assert refill is not None and refill.slot == 3 and ledger.next_job(0) is None
+    with pytest.raises(ValueError, match="oversample"):
+        SlotLedger(TASKS, n=2, groups_per_step=1, max_staleness=0, seed=0, oversample=-1)
