@@ -88,14 +88,24 @@ def init_distributed(device: str) -> None:
         os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
         os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    import deepspeed
+
+    if "MASTER_PORT" in os.environ and "RANK" in os.environ:  # a launcher's rendezvous (torchrun, deepspeed)
+        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+        return
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    # Our own one-process rendezvous: its address lives in the environment only while
+    # the group forms. Left there, every process started later from this one (Ray's
+    # raylet and workers, a `seal train` subprocess) would inherit the port, which this
+    # process's store still holds, and fail with EADDRINUSE.
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    try:
+        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    finally:
+        os.environ.pop("MASTER_ADDR", None)
+        os.environ.pop("MASTER_PORT", None)
 
 
 class Learner:

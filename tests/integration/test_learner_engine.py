@@ -1,6 +1,7 @@
 """The learner engine on CPU: ZeRO-2/3 match plain torch; checkpoints resume exactly."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -252,3 +253,18 @@ def test_generator_weights_carry_a_tied_parameter_once(tiny_path, backend, stage
     assert "lm_head.weight" in full and "lm_head.weight" not in sent
     assert set(sent) == set(full) - {"lm_head.weight"}
     assert all(torch.equal(sent[k], full[k]) for k in sent)
+
+
+def test_the_one_process_group_leaves_no_rendezvous_port_to_children(tiny_path):
+    """A fresh process (nothing initialised torch.distributed before): after a DeepSpeed learner
+    starts, MASTER_PORT is gone again, so Ray workers or a `seal train` started from this
+    process do not try to bind the port the learner's store still holds."""
+    import subprocess
+    import sys
+
+    code = ("import os; from learner.engine import Learner, LearnerConfig; "
+            f"Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
+            "import torch.distributed as d; print(d.is_initialized(), 'MASTER_PORT' in os.environ)")
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=True)
+    assert out.stdout.split()[-2:] == ["True", "False"], out.stdout[-500:] + out.stderr[-2000:]

@@ -219,3 +219,20 @@ def test_zero_variance_groups_are_filtered_and_unfilled_steps_skipped(tmp_path):
     pending = {j.slot for j in p.ledger.in_flight.values()} | {j.slot for j in p.ledger.retry}
     assert len(pending) + c.filtered + c.dropped == p.ledger.next_slot
     assert (tmp_path / "metrics.jsonl").read_text().count('"skipped": true') == 2
+
+
+@pytest.mark.slow
+def test_filtered_groups_are_refilled_and_only_variance_is_trained_on(tmp_path):
+    """The embedded model earns the toy reward on about a third of samples: groups of 2 are
+    often all-fail (filtered) and sometimes mixed (trained). Every batch still fills, no
+    trained group has zero variance, and every slot is consumed, filtered or in flight."""
+    p = make_pipeline(tmp_path, "model=embedded", "n=2", "trainer.groups_per_step=2", "trainer.mode=async",
+                      "trainer.filter_groups=zero_variance", "trainer.max_filtered_per_step=64", "sampling.max_new_tokens=48")
+    rows = run(p, 2)
+    assert [r["skipped"] for r in rows] == [False, False] and [r["policy_version"] for r in rows] == [1, 2]
+    assert all(r["trained_groups"] == 2 and r["zero_variance_groups"] == 0 for r in rows)
+    assert all(r["trained_reward_mean"] == 0.5 for r in rows)  # a mixed group of 2 is one success, one failure
+    c = p.ledger.counters
+    assert c.consumed == 4 and c.filtered == rows[-1]["filtered_total"] >= 1
+    pending = {j.slot for j in p.ledger.in_flight.values()} | {j.slot for j in p.ledger.retry}
+    assert len(pending) + c.consumed + c.filtered + c.dropped == p.ledger.next_slot
