@@ -22,16 +22,18 @@ def build_parser() -> argparse.ArgumentParser:
     scale.set_defaults(handler="seal.train:scale")
 
     roll = sub.add_parser("rollout", help="write tagged training trajectories (JSONL)")
-    roll.add_argument("--tasks", type=int, default=4, help="first K tasks of the split")
+    roll.add_argument("--tasks", type=int, default=None, help="first K tasks of the split (default 4); overlong ones are skipped")
+    roll.add_argument("--task-ids", default=None, help="comma-separated task ids to play, refused if one cannot fit the context")
     roll.add_argument("--n", type=int, default=8, help="rollouts per task (a GRPO group)")
     roll.add_argument("--out", required=True, help="output JSONL file")
     roll.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny interface=raw env=toy")
     roll.set_defaults(handler="seal.rollout_commands:rollout")
 
     ev = sub.add_parser("eval", help="evaluate with the raw interface at temperature 0")
-    ev.add_argument("--split", choices=["train", "test", "all"], default="test")
-    ev.add_argument("--limit", type=int, default=None, help="first K tasks of the split")
-    ev.add_argument("--json", action="store_true", help='print {"overall", "by_category", "tasks"}')
+    ev.add_argument("--split", choices=["train", "test", "all"], default=None, help="default test")
+    ev.add_argument("--limit", type=int, default=None, help="first K tasks of the split; overlong ones are skipped")
+    ev.add_argument("--task-ids", default=None, help="comma-separated task ids to evaluate, refused if one cannot fit the context")
+    ev.add_argument("--json", action="store_true", help='print {"overall", "by_category", "tasks", "skipped"}')
     ev.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny")
     ev.set_defaults(handler="seal.rollout_commands:evaluate")
 
