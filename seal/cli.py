@@ -6,13 +6,18 @@ import os
 import sys
 
 from seal.errors import CliError
+from seal.train_help import TrainHelp
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seal", description="SEAL: asynchronous GRPO for tool-use agents with a co-evolving training interface.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    train = sub.add_parser("train", help="the main job (hydra overrides as key=value)")
+    # Its own --help lists the config groups and main settings (read from configs/ only when asked).
+    train = sub.add_parser("train", help="the main job (hydra overrides as key=value)", add_help=False,
+                           description="Train with the actor-learner pipeline; every config error is reported before anything starts.")
+    train.add_argument("-h", "--help", action=TrainHelp, help="show this help, the config groups and the main settings")
+    train.add_argument("--cfg", action="store_true", help="print the resolved configuration (YAML) and exit without running")
     train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
     train.set_defaults(handler="seal.train:run")
 

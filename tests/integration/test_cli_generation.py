@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -64,10 +67,16 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
 
 def test_train_runs_checkpoints_and_resumes(tmp_path):
     run = tmp_path / "run"
+    # Its own Ray temp root (short: Ray's socket paths have a length limit): the session it starts
+    # shows there, which is what tests/integration/test_cli_train.py relies on to see none started.
+    ray_root = Path(tempfile.mkdtemp(prefix="sr", dir="/tmp"))
     # trainer.filter_groups=none: the tiny model's groups all have equal rewards, and this test counts updates.
     proc = seal("train", "env=toy", "model=tiny", "n=4", "trainer.steps=2", "trainer.mode=sync", "trainer.filter_groups=none",
-                f"run_dir={run}")
+                f"run_dir={run}", env={"RAY_TMPDIR": str(ray_root)})
+    sessions = list((ray_root / "ray").glob("session_2*"))
+    shutil.rmtree(ray_root, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(sessions) == 1
     assert "seal scale" in proc.stdout and "tensorboard --logdir" in proc.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(METRIC_KEYS <= set(r) for r in rows)
