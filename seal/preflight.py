@@ -167,6 +167,9 @@ def check_model(path: str) -> None:
 def _check_resume(cfg) -> None:
     if cfg.resume and not (Path(cfg.resume) / "checkpoints" / "latest").is_dir():
         raise FileNotFoundError(f"nothing to resume: no checkpoint in {cfg.resume}/checkpoints/latest")
+    # A fresh run into an old run's directory would append steps 1.. to its metrics and snapshots.
+    if not cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "run.json").is_file():
+        raise FileExistsError(f"run_dir={cfg.run_dir} already holds a run: resume={cfg.run_dir} continues it, or choose another run_dir")
 
 
 def _check_cluster(cfg) -> None:

@@ -85,6 +85,16 @@ def test_the_default_run_dir_is_not_made_either(sandbox):
     assert_nothing_started(sandbox)
 
 
+def test_a_fresh_run_into_an_old_runs_directory_is_refused(sandbox, tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "run.json").write_text("{}")
+    proc = seal_train(sandbox, f"run_dir={old}")
+    assert proc.returncode == 2 and proc.stderr == f"seal: error: run_dir={old} already holds a run: resume={old} continues it, or choose another run_dir\n"
+    assert sorted(p.name for p in old.iterdir()) == ["run.json"]
+    assert_nothing_started(sandbox)
+
+
 def test_a_refused_config_imports_neither_ray_nor_torch():
     code = ("import sys; from seal.cli import main; rc = main(['train', 'n=0']); "
             "print(rc, sorted(m for m in ('ray', 'torch', 'vllm', 'transformers') if m in sys.modules))")
