@@ -6,8 +6,9 @@ and minutes of engine start: the composed config resolves, the cheap
 components build (their own checks run), the heavy ones (generator, learner)
 take the keys they are given, the batch splits, the model is there, the
 pinned cores and the GPUs exist for a local start, and the split has tasks.
-The checks that need the tokenizer (do the prompts fit the context?) stay
-with the pipeline: they take seconds to minutes and it repeats them.
+The check that needs the tokenizer (do the prompts fit the context?) stays
+with the pipeline: it takes about 10 s on BFCL, and the pipeline would
+repeat it (it selects its tasks itself).
 """
 from __future__ import annotations
 
