@@ -6,13 +6,18 @@ import os
 import sys
 
 from seal.errors import CliError
+from seal.train_help import TrainHelp
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seal", description="SEAL: asynchronous GRPO for tool-use agents with a co-evolving training interface.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    train = sub.add_parser("train", help="the main job (hydra overrides as key=value)")
+    # Its own --help lists the config groups and main settings (read from configs/ only when asked).
+    train = sub.add_parser("train", help="the main job (hydra overrides as key=value)", add_help=False,
+                           description="Train with the actor-learner pipeline; every config error is reported before anything starts.")
+    train.add_argument("-h", "--help", action=TrainHelp, help="show this help, the config groups and the main settings")
+    train.add_argument("--cfg", action="store_true", help="print the resolved configuration (YAML) and exit without running")
     train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
     train.set_defaults(handler="seal.train:run")
 
@@ -22,16 +27,18 @@ def build_parser() -> argparse.ArgumentParser:
     scale.set_defaults(handler="seal.train:scale")
 
     roll = sub.add_parser("rollout", help="write tagged training trajectories (JSONL)")
-    roll.add_argument("--tasks", type=int, default=4, help="first K tasks of the split")
+    roll.add_argument("--tasks", type=int, default=None, help="first K tasks of the split (default 4); overlong ones are skipped")
+    roll.add_argument("--task-ids", default=None, help="comma-separated task ids to play, refused if one cannot fit the context")
     roll.add_argument("--n", type=int, default=8, help="rollouts per task (a GRPO group)")
     roll.add_argument("--out", required=True, help="output JSONL file")
     roll.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny interface=raw env=toy")
     roll.set_defaults(handler="seal.rollout_commands:rollout")
 
     ev = sub.add_parser("eval", help="evaluate with the raw interface at temperature 0")
-    ev.add_argument("--split", choices=["train", "test", "all"], default="test")
-    ev.add_argument("--limit", type=int, default=None, help="first K tasks of the split")
-    ev.add_argument("--json", action="store_true", help='print {"overall", "by_category", "tasks"}')
+    ev.add_argument("--split", choices=["train", "test", "all"], default=None, help="default test")
+    ev.add_argument("--limit", type=int, default=None, help="first K tasks of the split; overlong ones are skipped")
+    ev.add_argument("--task-ids", default=None, help="comma-separated task ids to evaluate, refused if one cannot fit the context")
+    ev.add_argument("--json", action="store_true", help='print {"overall", "by_category", "tasks", "skipped"}')
     ev.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny")
     ev.set_defaults(handler="seal.rollout_commands:evaluate")
 

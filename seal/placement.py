@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
+ACTORS = ("env_actor", "generator", "learner", "coordinator")  # the ClusterConfig fields that are ActorResources
 _CPU_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
@@ -115,7 +116,7 @@ class ClusterConfig:
             raise ValueError(f"cluster.env_actors must be >= 1, got {self.env_actors}")
         if self.max_restarts < 0:
             raise ValueError(f"cluster.max_restarts must be >= 0, got {self.max_restarts}")
-        for name in ("env_actor", "generator", "learner", "coordinator"):
+        for name in ACTORS:
             value = getattr(self, name)
             if isinstance(value, dict):  # hydra passes nested plain dicts
                 object.__setattr__(self, name, ActorResources(**value))
@@ -123,16 +124,51 @@ class ClusterConfig:
     def check_local_cpus(self) -> None:
         """Pinned cores must exist here (a local start: every actor runs on this machine)."""
         allowed = os.sched_getaffinity(0)
-        for name in ("env_actor", "generator", "learner", "coordinator"):
+        for name in ACTORS:
             missing = getattr(self, name).cpu_set() - allowed
             if missing:
                 raise ValueError(f"cluster.{name}.cpus={getattr(self, name).cpus!r} names CPUs {sorted(missing)} "
                                  f"this machine does not offer (it has {sorted(allowed)})")
 
+    def check_local_resources(self, gpus: Callable[[], int | None] | None = None) -> None:
+        """A local Ray has this machine's GPUs and no custom resources: an actor
+        asking for more would wait for them forever instead of failing."""
+        for name in ACTORS:
+            custom = [k for k in getattr(self, name).resources if not k.startswith(("node:", "accelerator_type:"))]
+            if custom:
+                raise ValueError(f"cluster.{name}.resources asks for {', '.join(custom)}, which a local Ray start does not have "
+                                 "(custom resources come from `ray start --resources` on a cluster: set cluster.address)")
+        counts = {"env_actor": self.env_actors}
+        asks = {name: getattr(self, name).num_gpus * counts.get(name, 1) for name in ACTORS}
+        need = round(sum(asks.values()), 6)
+        if need <= 0:
+            return
+        have = (gpus or local_gpu_count)()
+        if have is not None and need > have:
+            parts = ", ".join(f"cluster.{n}.num_gpus={getattr(self, n).num_gpus:g}" + (f" x {self.env_actors} env actors" if n == "env_actor" else "")
+                              for n, v in asks.items() if v)
+            raise ValueError(f"the actors ask for {need:g} GPUs ({parts}) but a local Ray start here has {have}")
+
     def local_cpus(self) -> int:
         """Logical CPUs for a local Ray: all configured actors must fit, even on 2 cores."""
         need = self.env_actors * self.env_actor.num_cpus + self.generator.num_cpus + self.learner.num_cpus + self.coordinator.num_cpus
         return max(os.cpu_count() or 1, int(need + 0.999) + 2)  # room to scale env actors up
+
+
+def local_gpu_count() -> int | None:
+    """GPUs a local Ray start would register, by Ray's own detection (CUDA_VISIBLE_DEVICES
+    included); None when this Ray version does not expose it (then nothing is refused)."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        manager = get_accelerator_manager_for_resource("GPU")
+        if manager is None:
+            return 0
+        count = int(manager.get_current_node_num_accelerators())
+        visible = manager.get_current_process_visible_accelerator_ids()
+    except (ImportError, AttributeError):
+        return None
+    return min(count, len(visible)) if visible is not None else count
 
 
 def check_reachable(cfg: ClusterConfig) -> None:
@@ -164,6 +200,7 @@ def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
         # address="local": a new instance here, never a cluster someone else
         # started on this machine (`ray start`, a test's cluster).
         cfg.check_local_cpus()
+        cfg.check_local_resources()
         ray.init(address="local", num_cpus=cfg.local_cpus(), include_dashboard=False, log_to_driver=cfg.actor_logs,
                  object_store_memory=int(cfg.object_store_gb * 2**30))
     return ray.cluster_resources()

@@ -18,6 +18,37 @@ def _setup(overrides: list[str], extra: list[str]):
     return cfg, make_env, probe, instantiate
 
 
+def choose_tasks(cfg, env, interface, default_ids: list[str], named: str | None) -> tuple[list[str], int, str]:
+    """The tasks to play, how many were skipped and the line that says so ("" if none).
+
+    As `seal train` does (seal/task_fit.py), tasks whose opening prompt cannot fit the
+    model's context are skipped: they would end at once as context overflows with no
+    generated token. Tasks the user named (--task-ids) are not skipped but refused.
+    Only the tokenizer is loaded here, so a refusal comes before the engine starts."""
+    from seal.errors import CliError
+    from seal.task_fit import chat_tokenizer, fit_tasks, prompt_room, room_text
+
+    ids = default_ids
+    if named is not None:
+        ids = [t.strip() for t in named.split(",")]
+        if not all(ids):
+            raise CliError(f"--task-ids takes comma-separated task ids, e.g. {','.join(env.task_ids('all')[:2])}; got {named!r}")
+        known = set(env.task_ids("all"))
+        if unknown := [t for t in ids if t not in known]:
+            raise CliError(f"unknown task id{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for env {type(env).__name__}")
+    if not ids:
+        raise CliError("no tasks to play (check --split and the task count)")
+    fit = fit_tasks(chat_tokenizer(cfg), env, interface, ids, prompt_room(cfg))
+    if named is not None and fit.overlong:
+        (task, length), more = fit.overlong[0], len(fit.overlong) - 1
+        raise CliError(f"task {task}: its opening prompt is {length} tokens, longer than {room_text(cfg)}"
+                       + (f"; {more} more named task(s) do not fit either" if more else ""))
+    note = fit.note(room_text(cfg))
+    if not fit.keep:
+        raise CliError(f"no task left to play: {note}")
+    return fit.keep, len(fit.overlong), note
+
+
 def _generator(cfg, instantiate):
     from actors.chat import ChatTokenizer
 
@@ -32,12 +63,17 @@ def rollout(args) -> int:
     from actors.rollout import GroupStats, run_group
     from seal.errors import CliError
 
-    if args.tasks < 1 or args.n < 1:
+    if args.task_ids is not None and args.tasks is not None:
+        raise CliError("--tasks and --task-ids do not go together: --task-ids names the tasks")
+    tasks = 4 if args.tasks is None else args.tasks
+    if tasks < 1 or args.n < 1:
         raise CliError("--tasks and --n must be >= 1")
     cfg, make_env, probe, instantiate = _setup(args.overrides, [f"n={args.n}"])
     interface = instantiate(cfg.interface)
     sampling = instantiate(cfg.sampling)
-    ids = probe.task_ids(cfg.split)[: args.tasks]
+    ids, _, note = choose_tasks(cfg, probe, interface, probe.task_ids(cfg.split)[:tasks], args.task_ids)
+    if note:
+        print(note, flush=True)
     generator, chat = _generator(cfg, instantiate)
     stats = GroupStats()
     tags: Counter = Counter()
@@ -67,11 +103,21 @@ def evaluate(args) -> int:
     from actors.rollout import run_group
     from env_pool.interface.state import RAW_INTERFACE
 
+    from seal.errors import CliError
+
+    if args.task_ids is not None and (args.split is not None or args.limit is not None):
+        raise CliError("--task-ids does not go with --split or --limit: it names the tasks")
+    if args.limit is not None and args.limit < 1:
+        raise CliError(f"--limit must be >= 1, got {args.limit}")
+    split = args.split or "test"
     cfg, make_env, probe, instantiate = _setup(args.overrides, ["sampling=eval", "n=1"])
     sampling = instantiate(cfg.sampling)
-    ids = probe.task_ids(args.split)
+    ids = probe.task_ids(split)
     if args.limit is not None:
         ids = ids[: args.limit]
+    ids, skipped, note = choose_tasks(cfg, probe, RAW_INTERFACE, ids, args.task_ids)
+    if note:  # stderr under --json: stdout stays one JSON object
+        print(note, file=sys.stderr if args.json else sys.stdout, flush=True)
     generator, chat = _generator(cfg, instantiate)
     by_cat: dict[str, list[float]] = defaultdict(list)
     outcomes: Counter = Counter()
@@ -82,9 +128,10 @@ def evaluate(args) -> int:
     per_cat = {c: sum(v) / len(v) for c, v in sorted(by_cat.items())}
     overall = sum(per_cat.values()) / len(per_cat) if per_cat else 0.0  # macro average
     if args.json:
-        print(json.dumps({"overall": overall, "by_category": per_cat, "tasks": len(ids)}))
+        print(json.dumps({"overall": overall, "by_category": per_cat, "tasks": len(ids), "skipped": skipped}))
     else:
-        print(f"evaluation: split={args.split}, {len(ids)} tasks, raw interface, greedy")
+        where = f"split={split}" if args.task_ids is None else "named tasks"
+        print(f"evaluation: {where}, {len(ids)} tasks ({skipped} skipped), raw interface, greedy")
         for c, v in per_cat.items():
             print(f"  {c:<14}{100 * v:6.2f}%  ({len(by_cat[c])} tasks)")
         print(f"  {'overall':<14}{100 * overall:6.2f}%  (macro average)")

@@ -10,17 +10,21 @@ from pathlib import Path
 
 
 def run(args) -> int:
+    from seal.preflight import preflight
+
+    # Every config error is one line here, before a run directory or Ray exists.
+    cfg = preflight(args.overrides)
+    if getattr(args, "cfg", False):
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+        return 0
     from tqdm import tqdm
 
-    from seal.config import compose
-    from seal.pipeline import Pipeline, check_trainer_config
+    from seal.pipeline import Pipeline
     from seal.run_dir import create_run_dir
 
-    cfg = compose(args.overrides)
-    check_trainer_config(cfg)
     resume = Path(cfg.resume) if cfg.resume else None
-    if resume is not None and not (resume / "checkpoints" / "latest").is_dir():
-        raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume}/checkpoints/latest")
     run_dir = create_run_dir(str(resume) if resume else cfg.run_dir, cfg, list(args.overrides))
     learner = f"ZeRO-{cfg.learner.cfg.zero_stage}" if cfg.learner.cfg.backend == "deepspeed" else "torch"
     print(f"run dir: {run_dir}")

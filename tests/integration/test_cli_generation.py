@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -12,26 +17,46 @@ KEYS = {"task_id", "category", "group_id", "rollout_index", "reward", "progress"
         "interface_version", "token_ids", "loss_mask", "logprobs", "num_tool_calls", "timings"}
 
 
-def seal(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.cli", *args], capture_output=True, text=True, timeout=600)
+def seal(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "seal.cli", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
 
 
-def test_rollout_writes_tagged_groups(tmp_path):
+def test_rollout_writes_tagged_groups_and_skips_what_cannot_fit(tmp_path):
     out = tmp_path / "r.jsonl"
-    proc = seal("rollout", "--tasks", "2", "--n", "3", "--out", str(out), "model=tiny", "sampling.max_new_tokens=16")
+    # BFCL's first training tasks include opening prompts longer than the tiny model's 8K context less 16.
+    proc = seal("rollout", "--tasks", "4", "--n", "3", "--out", str(out), "model=tiny", "sampling.max_new_tokens=16")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    (note,) = [line for line in proc.stdout.splitlines() if line.startswith("skipped ")]
+    m = re.fullmatch(r"skipped (\d) of 4 tasks \(([^)]*)\): opening prompt longer than 8176 tokens "
+                     r"\(model context 8192 minus sampling.max_new_tokens 16\)", note)
+    assert m and int(m[1]) == len(m[2].split(", ")) >= 1, note
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 6 and all(KEYS <= set(r) for r in rows)
-    assert len({r["group_id"] for r in rows}) == 2 and {r["rollout_index"] for r in rows} == {0, 1, 2}
+    kept = 4 - int(m[1])
+    assert len(rows) == 3 * kept and all(KEYS <= set(r) for r in rows)
+    assert not {r["task_id"] for r in rows} & set(m[2].split(", ")) and all(r["outcome"] != "context_overflow" for r in rows)
+    assert len({r["group_id"] for r in rows}) == kept and {r["rollout_index"] for r in rows} == {0, 1, 2}
     assert all(r["interface_version"] == 0 and len(r["tags"]) == len(r["labels"]) > 0 for r in rows)
     assert "mean reward" in proc.stdout and "prefix-cache hit rate" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_named_tasks_that_cannot_fit_are_refused_before_the_engine(tmp_path, command):
+    out = tmp_path / "r.jsonl"
+    args = ["--out", str(out)] if command == "rollout" else []
+    # multi_turn_base_77: about 8.3K tokens with either interface, over 8192 - 128.
+    proc = seal(command, "--task-ids", "multi_turn_base_0,multi_turn_base_77", *args, "model=tiny")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert re.fullmatch(r"seal: error: task multi_turn_base_77: its opening prompt is \d+ tokens, longer than 8064 tokens "
+                        r"\(model context 8192 minus sampling.max_new_tokens 128\)\n", proc.stderr), proc.stderr
+    assert "starting generator" not in proc.stderr and not out.exists()
 
 
 def test_eval_reports_macro_average(tmp_path):
     proc = seal("eval", "--split", "test", "--limit", "3", "--json", "model=tiny", "env=toy")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["tasks"] == 3 and set(out["by_category"]) <= {"add", "multiply", "get_weather"}
+    assert out["tasks"] == 3 and out["skipped"] == 0 and set(out["by_category"]) <= {"add", "multiply", "get_weather"}
     assert out["overall"] == pytest.approx(sum(out["by_category"].values()) / len(out["by_category"]))
 
 
@@ -42,10 +67,16 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
 
 def test_train_runs_checkpoints_and_resumes(tmp_path):
     run = tmp_path / "run"
+    # Its own Ray temp root (short: Ray's socket paths have a length limit): the session it starts
+    # shows there, which is what tests/integration/test_cli_train.py relies on to see none started.
+    ray_root = Path(tempfile.mkdtemp(prefix="sr", dir="/tmp"))
     # trainer.filter_groups=none: the tiny model's groups all have equal rewards, and this test counts updates.
     proc = seal("train", "env=toy", "model=tiny", "n=4", "trainer.steps=2", "trainer.mode=sync", "trainer.filter_groups=none",
-                f"run_dir={run}")
+                f"run_dir={run}", env={"RAY_TMPDIR": str(ray_root)})
+    sessions = list((ray_root / "ray").glob("session_2*"))
+    shutil.rmtree(ray_root, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(sessions) == 1
     assert "seal scale" in proc.stdout and "tensorboard --logdir" in proc.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(METRIC_KEYS <= set(r) for r in rows)

@@ -71,3 +71,18 @@ def test_cores_this_machine_lacks_are_refused_early_and_in_the_actor():
         cfg.check_local_cpus()
     with pytest.raises(ValueError, match="not available on this node"):
         ActorResources(cpus=str(missing)).pinned(dict)()
+
+
+def test_a_local_start_refuses_gpus_and_custom_resources_it_does_not_have():
+    cfg = ClusterConfig(env_actors=3, env_actor={"num_gpus": 0.5}, learner={"num_gpus": 1})
+    with pytest.raises(ValueError, match=r"ask for 2.5 GPUs \(cluster.env_actor.num_gpus=0.5 x 3 env actors, "
+                                         r"cluster.learner.num_gpus=1\) but a local Ray start here has 2"):
+        cfg.check_local_resources(gpus=lambda: 2)
+    cfg.check_local_resources(gpus=lambda: 3)
+    cfg.check_local_resources(gpus=lambda: None)  # a Ray that does not say: nothing refused
+    asked = []
+    ClusterConfig().check_local_resources(gpus=lambda: asked.append(1) or 0)
+    assert asked == []  # no GPU asked for: no detection (it imports Ray)
+    with pytest.raises(ValueError, match="cluster.generator.resources asks for big_node, which a local Ray start does not have"):
+        ClusterConfig(generator={"resources": {"big_node": 1}}).check_local_resources(gpus=lambda: 0)
+    ClusterConfig(generator={"resources": {"node:__internal_head__": 0.1}}).check_local_resources(gpus=lambda: 0)
