@@ -84,7 +84,7 @@ def _views(cfg, eval_cfg, records, names):
 
     @cache
     def pool() -> tuple[str, ...]:
-        from seal.pipeline import select_tasks  # the exact pool the run's task stream cycled over
+        from seal.task_fit import select_tasks  # the exact pool the run's task stream cycled over
 
         return tuple(select_tasks(cfg)[0])
 

@@ -30,6 +30,7 @@ from seal.run_log import RunLog
 from seal.slots import SlotLedger
 from seal.snapshots import next_name, snapshot_root, write_snapshot
 from seal.step_metrics import StepWindow
+from seal.task_fit import select_tasks
 
 log = logging.getLogger(__name__)
 
@@ -414,31 +415,3 @@ def check_trainer_config(cfg) -> None:
     if t.max_filtered_per_step < 1 or t.oversample < 0:
         raise ValueError("trainer.max_filtered_per_step must be >= 1 and trainer.oversample >= 0")
     instantiate(cfg.guideline_policy)  # built in the coordinator actor: fail here, before anything starts
-
-
-def select_tasks(cfg) -> tuple[list[str], int]:
-    """The split's tasks, less those whose opening prompt cannot fit the model's
-    context (they would only produce context-overflow groups: zero gradient)."""
-    from actors.chat import ChatTokenizer
-    from actors.model_assets import load_tokenizer
-
-    from evaluation.views import training_task_ids
-
-    env = instantiate(cfg.env)
-    # The update-validation view's tasks never serve as update evidence.
-    task_ids = training_task_ids(env.task_ids(cfg.split), cfg.evaluation.validation_size, cfg.evaluation.heldout_categories,
-                                 env.task_ids("train"))
-    if cfg.limit is not None:
-        task_ids = task_ids[: int(cfg.limit)]
-    if not task_ids:
-        raise ValueError("no tasks to train on (check split and limit)")
-    if not cfg.trainer.skip_overlong:
-        return task_ids, 0
-    chat = ChatTokenizer(load_tokenizer(cfg.model.path))
-    interface = instantiate(cfg.interface)
-    room = cfg.generator.max_model_len - cfg.sampling.max_new_tokens
-    keep = [t for t in task_ids if len(chat.prompt_ids(env.reset(t, interface))) <= room]
-    if not keep:
-        raise ValueError(f"no task's opening prompt fits {room} tokens (model context {cfg.generator.max_model_len} minus max_new_tokens)")
-    return keep, len(task_ids) - len(keep)
-
