@@ -251,7 +251,7 @@ class Pipeline:
             self.ledger.dropped(gid)
         self._drain_filtered()
         partial = False
-        if groups is None and self.window.filtered_count >= trainer.max_filtered_per_step:
+        if groups is None and self.window.filtered_count >= trainer.fill_patience * trainer.groups_per_step:
             # The filter keeps emptying the batch (a policy that always or never succeeds here).
             if trainer.unfilled == "partial":
                 groups = self.replay.take_batch(partial=True)
@@ -412,6 +412,6 @@ def check_trainer_config(cfg) -> None:
         raise ValueError(f"trainer.filter_groups must be none or zero_variance, got {t.filter_groups!r}")
     if t.unfilled not in ("skip", "partial"):
         raise ValueError(f"trainer.unfilled must be skip or partial, got {t.unfilled!r}")
-    if t.max_filtered_per_step < 1 or t.oversample < 0:
-        raise ValueError("trainer.max_filtered_per_step must be >= 1 and trainer.oversample >= 0")
+    if t.fill_patience < 1 or t.oversample < 0:
+        raise ValueError("trainer.fill_patience must be >= 1 (batches of filtered groups) and trainer.oversample >= 0")
     instantiate(cfg.guideline_policy)  # built in the coordinator actor: fail here, before anything starts

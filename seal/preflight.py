@@ -18,7 +18,7 @@ from seal.errors import CliError
 
 # Settings compared with numbers downstream: a string there would surface as a TypeError deep inside.
 INTEGERS = ("n", "seed", "trainer.steps", "trainer.groups_per_step", "trainer.max_staleness", "trainer.oversample",
-            "trainer.max_filtered_per_step", "trainer.checkpoint_every", "trainer.snapshot_every", "cluster.env_actors",
+            "trainer.fill_patience", "trainer.checkpoint_every", "trainer.snapshot_every", "cluster.env_actors",
             "learner.cfg.mini_batch_groups", "learner.cfg.micro_batch_size", "sampling.max_new_tokens", "generator.max_model_len")
 CHEAP = ("env", "interface", "sampling", "tag_weights", "guideline_policy", "transport", "evaluation")  # plain objects
 HEAVY = ("generator", "learner")  # their constructors load models: only their keys are checked

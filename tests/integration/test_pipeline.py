@@ -204,10 +204,10 @@ def test_weights_by_broadcast_group(tmp_path):
 
 def test_zero_variance_groups_are_filtered_and_unfilled_steps_skipped(tmp_path):
     """The tiny random model never earns the toy reward: every group has equal rewards, so
-    none reaches the learner; after max_filtered_per_step the step is skipped (no update,
+    none reaches the learner; after fill_patience batches of them the step is skipped (no update,
     no new version), and every slot handed out is accounted for exactly once."""
     p = make_pipeline(tmp_path, "trainer.mode=async", "n=2", "trainer.filter_groups=zero_variance",
-                      "trainer.max_filtered_per_step=2", "trainer.unfilled=skip")
+                      "trainer.fill_patience=2", "trainer.unfilled=skip")
     rows = run(p, 2)
     assert [r["skipped"] for r in rows] == [True, True] and [r["policy_version"] for r in rows] == [0, 0]
     assert all(r["trained_groups"] == 0 and r["filtered_groups"] >= 2 and r["loss"] is None for r in rows)
@@ -227,7 +227,7 @@ def test_filtered_groups_are_refilled_and_only_variance_is_trained_on(tmp_path):
     often all-fail (filtered) and sometimes mixed (trained). Every batch still fills, no
     trained group has zero variance, and every slot is consumed, filtered or in flight."""
     p = make_pipeline(tmp_path, "model=embedded", "n=2", "trainer.groups_per_step=2", "trainer.mode=async",
-                      "trainer.filter_groups=zero_variance", "trainer.max_filtered_per_step=64", "sampling.max_new_tokens=48")
+                      "trainer.filter_groups=zero_variance", "trainer.fill_patience=32", "sampling.max_new_tokens=48")
     rows = run(p, 2)
     assert [r["skipped"] for r in rows] == [False, False] and [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["trained_groups"] == 2 and r["zero_variance_groups"] == 0 for r in rows)
