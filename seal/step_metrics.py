@@ -83,7 +83,7 @@ class StepWindow:
             "trained_reward_mean": sum(t.reward for t in trained) / len(trained) if trained else None,
             "filtered_groups": len(self.filtered),
             "filtered_by_category": dict(sorted(Counter(g.trajectories[0].category for g in self.filtered).items())),
-            "filtered_total": counters["filtered"],
+            "filtered_total": pipeline.ledger.counters.filtered,  # drained ones: the rows' filtered_groups add up to it
             "staleness_mean": sum(g.staleness for g in groups) / len(groups) if groups else None,
             "staleness_max": max(g.staleness for g in groups) if groups else None,
             **token_staleness(trained, pipeline.version - (1 if groups else 0)),
