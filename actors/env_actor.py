@@ -76,6 +76,7 @@ class EnvActor:
             env_s=sum(t.timings.get("env_s", 0.0) + t.timings.get("judge_s", 0.0) for t in trajectories),
             send_s=send_s, wall_s=time.perf_counter() - t0,
             env_steps=sum(t.num_steps for t in trajectories), tool_calls=sum(t.num_tool_calls for t in trajectories),
+            rewards=tuple(float(t.reward) for t in trajectories),
         )
 
     def close(self) -> int:

@@ -178,3 +178,4 @@ class GroupReport:
     wall_s: float
     env_steps: int
     tool_calls: int
+    rewards: tuple[float, ...] = ()  # per rollout, in rollout order: the driver's progress line shows them

@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Train with the actor-learner pipeline; every config error is reported before anything starts.")
     train.add_argument("-h", "--help", action=TrainHelp, help="show this help, the config groups and the main settings")
     train.add_argument("--cfg", action="store_true", help="print the resolved configuration (YAML) and exit without running")
+    train.add_argument("--quiet", action="store_true", help="print only errors and the final one-line result (for scripts)")
     train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
     train.set_defaults(handler="seal.train:run")
 

@@ -26,6 +26,7 @@ from seal.config import instantiate
 from seal.control import ControlServer
 from seal.pipeline_actors import ActorSet
 from seal.placement import check_reachable, start_ray
+from seal.progress import Progress, engines_text, learner_work
 from seal.run_log import RunLog
 from seal.slots import SlotLedger
 from seal.snapshots import next_name, snapshot_root, write_snapshot
@@ -36,14 +37,17 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline:
-    def __init__(self, cfg, run_dir: Path, resume: Path | None = None) -> None:
+    def __init__(self, cfg, run_dir: Path, resume: Path | None = None, progress: Progress | None = None,
+                 tasks: tuple[list[str], int] | None = None) -> None:
+        """``tasks``: (task ids, overlong ones skipped) from ``select_tasks``, when the caller already chose them."""
         import ray
 
         t = cfg.trainer
         check_trainer_config(cfg)
         self.cfg, self.run_dir, self.sync = cfg, run_dir, t.mode == "sync"
+        self.progress = progress or Progress(quiet=True)
         self.cluster = instantiate(cfg.cluster)
-        self.task_ids, self.skipped_overlong = select_tasks(cfg)
+        self.task_ids, self.skipped_overlong = tasks or select_tasks(cfg)
         self._owns_ray = not ray.is_initialized()  # tests share one Ray session across pipelines
         staleness = 0 if self.sync else int(t.max_staleness)
         self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, staleness, cfg.seed, oversample=int(t.oversample))
@@ -62,10 +66,12 @@ class Pipeline:
         self.publish_s: float | None = None  # the latest completed publish: learner done -> generator loaded
         self._skipped_row: dict[str, Any] | None = None  # a step skipped for want of groups with reward variance
         try:
-            start_ray(self.cluster)
+            with self.progress.timed("ray", f"starting Ray ({self.cluster.address or 'local'})", "Ray up"):
+                start_ray(self.cluster)
             check_reachable(self.cluster)
             self.replay = ReplayServer(queue, instantiate(cfg.transport))
-            self.actors = ActorSet(cfg, self.cluster, self.replay.address)
+            with self.progress.timed("engine", f"starting {engines_text(cfg)}", "generator and learner ready"):
+                self.actors = ActorSet(cfg, self.cluster, self.replay.address)
             self._start(resume)
         except BaseException:
             self.close()  # no actor, socket or Ray session outlives a failed start
@@ -98,13 +104,20 @@ class Pipeline:
             self._form_weight_group()
         if extra is None and not (snapshot_root(self.run_dir) / "index.jsonl").exists():
             self.snapshot(initial=True)
-        self.actors.scale_env(self.cluster.env_actors)
+        with self.progress.timed("env", f"starting {self.cluster.env_actors} env actors", "env actors ready"):
+            self.actors.scale_env(self.cluster.env_actors)
         self.control = ControlServer(self.run_dir, self.cluster.bind_host)
 
     # ------------------------------------------------------------ main loop
-    def run(self, steps: int, progress=None) -> list[dict[str, Any]]:
+    def run(self, steps: int) -> list[dict[str, Any]]:
         runlog, history = RunLog(self.run_dir), []
         target = self.step + steps
+        guidelines = None  # the step lines show guideline changes against the interface the run starts with
+        if not self.progress.quiet:
+            import ray
+
+            guidelines = ray.get(self.actors.coordinator.interface.remote()).state.get("active_guidelines", [])
+        self.progress.run_started(target, int(self.cfg.trainer.groups_per_step), guidelines)
         try:
             while self.step < target:
                 self.control.poll(self._on_control)
@@ -116,15 +129,12 @@ class Pipeline:
                 if row is not None:
                     history.append(row)
                     runlog.write(row, row.pop("_interface"))
+                    self.progress.step_done(row)
                     if self.cfg.trainer.checkpoint_every and self.step % self.cfg.trainer.checkpoint_every == 0:
                         self.checkpoint()
                     every = self.cfg.trainer.snapshot_every
                     if (every and self.step % every == 0) or self.step == target:
                         self.snapshot(metrics=row)
-                    if progress is not None:
-                        progress.update(1)
-                        progress.set_postfix(reward=f"{row['reward_mean']:.2f}", v=row["policy_version"],
-                                             stale=row["staleness_max"], env=row["env_actors"])
         finally:
             runlog.close()
         return history
@@ -143,6 +153,7 @@ class Pipeline:
                 self.actors.coordinator.end_epoch.remote()
             name, handle = actor
             self.jobs[handle.run_group.remote(job)] = (job, name)
+            self.progress.group_started(job, name, self.acked)
 
     def _wait_some(self) -> None:
         import ray
@@ -188,6 +199,8 @@ class Pipeline:
             return
         if job.group_id in self.ledger.in_flight:
             self.window.add_report(report)
+            equal = self.cfg.trainer.filter_groups == "zero_variance" and len(set(report.rewards)) == 1
+            self.progress.group_done(report, filtered=equal, in_flight=len(self.jobs))
 
     def _check_generator(self, force: bool = False) -> None:
         """A restarted generator comes back with the base weights and holds its
@@ -275,6 +288,8 @@ class Pipeline:
         group_weights = {g.group_id: g.weight for g in groups if g.weight < 1.0}
         ref = self.actors.learner.train.remote(trajs, weights_ref, group_weights, self.version, partial)
         self.learn = (ref, groups, time.perf_counter())
+        lc = self.cfg.learner.cfg
+        self.progress.learner_train(self.step + 1, learner_work(len(groups), len(trajs), lc.mini_batch_groups, lc.old_logprobs))
 
     def _skip_step(self) -> dict[str, Any]:
         """A step without a learner update: no new policy version, nothing published; the
@@ -303,6 +318,7 @@ class Pipeline:
         self.version += 1
         self.step += 1
         self.replay.set_policy_version(self.version)
+        self.progress.learner_phase(f"publish policy v{self.version} to the generator")
         publish = self._publish()
         self.publishing[publish] = (self.version, time.perf_counter())
         round_ref = self.actors.coordinator.end_round.remote(wait=self.sync)
@@ -365,6 +381,7 @@ class Pipeline:
         import ray
 
         path = self.run_dir / "checkpoints" / "latest"
+        self.progress.learner_phase(f"checkpoint step {self.step} to {path}")
         totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
         extra = {"coordinator": ray.get(self.actors.coordinator.state_dict.remote()), "step": self.step,
                  "policy_version": self.version, "slots": self.ledger.state(), "totals": totals}
@@ -381,6 +398,7 @@ class Pipeline:
         name = next_name(self.run_dir)
         weights = str(self.cfg.model.path)
         if not initial:
+            self.progress.learner_phase(f"snapshot {name} (step {self.step}, policy v{self.version})")
             out = snapshot_root(self.run_dir) / name
             path, _ = ray.get(self.actors.learner.publish.remote(str(out), self.version))
             load_tokenizer(str(self.cfg.model.path)).save_pretrained(path)  # vLLM loads the directory alone

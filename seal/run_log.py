@@ -1,13 +1,14 @@
 """What a training run writes as it goes: metrics.jsonl (one object per learner
 step), rounds.jsonl (per-round failure profile and interface state) and
-TensorBoard scalars and text."""
+TensorBoard scalars and text. The README's "TensorBoard scalars" list names
+every tag written here (tests/integration/test_cli_generation.py reads both)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any, Mapping
 
-SCALARS = ("reward_mean", "staleness_mean", "staleness_max", "mean_scale", "interface_version", "gen_tokens_per_s",
+SCALARS = ("reward_mean", "policy_version", "prefix_cache_hit_rate", "env_tool_calls", "staleness_mean", "staleness_max", "mean_scale", "interface_version", "gen_tokens_per_s",
            "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s", "publish_s", "dropped", "reissued",
            "rejected", "abandoned", "loss", "kl", "env_actors", "step_s",
            # off-policy control and episodes (learner/step_stats.py, seal/step_metrics.py)

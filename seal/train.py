@@ -2,15 +2,23 @@
 
 Writes a run directory: config.yaml (resolved), run.json (overrides, seed,
 code version), metrics.jsonl, rounds.jsonl (per-round failure profile and
-interface state), tensorboard/, checkpoints/latest, control.json while it runs.
+interface state), tensorboard/, checkpoints/latest, control.json while it runs,
+and at the end summary.txt (the closing note it prints) and training_curves.png.
+Progress is one line per event (seal/progress.py); --quiet prints only errors
+and the closing note's first line.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 
 def run(args) -> int:
     from seal.preflight import preflight
+    from seal.progress import Progress
+
+    quiet = bool(getattr(args, "quiet", False))
+    progress = Progress(quiet=quiet)  # its clock starts with the command
 
     # Every config error is one line here, before a run directory or Ray exists.
     cfg = preflight(args.overrides)
@@ -19,7 +27,13 @@ def run(args) -> int:
 
         print(OmegaConf.to_yaml(cfg, resolve=True), end="")
         return 0
-    from tqdm import tqdm
+    if quiet:
+        _quiet_logs()
+    progress.emit("tasks", "checking which tasks' opening prompts fit the model's context (the tokenizer: a few seconds)")
+    tasks = _select_tasks(cfg)  # "no task fits" is one line, still before any side effect
+    progress.emit("tasks", f"{len(tasks[0])} tasks" + (
+        f"; skipping {tasks[1]} whose opening prompt does not fit the model's context ({cfg.generator.max_model_len} tokens "
+        f"with {cfg.sampling.max_new_tokens} to answer; trainer.skip_overlong=false keeps them)" if tasks[1] else ""))
 
     from seal.pipeline import Pipeline
     from seal.run_dir import create_run_dir
@@ -27,36 +41,64 @@ def run(args) -> int:
     resume = Path(cfg.resume) if cfg.resume else None
     run_dir = create_run_dir(str(resume) if resume else cfg.run_dir, cfg, list(args.overrides))
     learner = f"ZeRO-{cfg.learner.cfg.zero_stage}" if cfg.learner.cfg.backend == "deepspeed" else "torch"
-    print(f"run dir: {run_dir}")
-    print(f"starting Ray ({cfg.cluster.address or 'local'}): mode={cfg.trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} "
-          f"model={cfg.model.path} learner={learner} env_actors={cfg.cluster.env_actors}; "
-          f"{cfg.trainer.steps} steps x {cfg.trainer.groups_per_step} groups x {cfg.n} rollouts", flush=True)
-    pipeline = Pipeline(cfg, run_dir, resume)
+    progress.emit("run", f"{run_dir}: mode={cfg.trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} "
+                         f"learner={learner} env_actors={cfg.cluster.env_actors}; {cfg.trainer.steps} steps x "
+                         f"{cfg.trainer.groups_per_step} groups/step x {cfg.n} rollouts")
+    pipeline = Pipeline(cfg, run_dir, resume, progress=progress, tasks=tasks)
     try:
-        if pipeline.skipped_overlong:
-            print(f"skipping {pipeline.skipped_overlong} tasks whose opening prompt does not fit the model's context "
-                  f"({cfg.generator.max_model_len} tokens with {cfg.sampling.max_new_tokens} to answer); "
-                  f"{len(pipeline.task_ids)} remain (trainer.skip_overlong=false keeps them)")
         if resume is not None:
-            print(f"resumed at step {pipeline.step}, policy version {pipeline.version}")
-        print(f"scale env actors while it runs: .venv/bin/seal scale {run_dir} env=N", flush=True)
-        with tqdm(total=cfg.trainer.steps, desc="learner steps", unit="step") as bar:
-            history = pipeline.run(cfg.trainer.steps, progress=bar)
+            progress.emit("run", f"resumed at step {pipeline.step}, policy version {pipeline.version}")
+        progress.emit("run", f"scale env actors while it runs: .venv/bin/seal scale {run_dir} env=N")
+        history = pipeline.run(cfg.trainer.steps)
     finally:
         pipeline.close()
-    last = history[-1]
-    wall = sum(h["step_s"] for h in history)
-    gen_rate = sum(h["gen_tokens_per_s"] * h["step_s"] for h in history) / wall
-    trained = [h for h in history if not h.get("skipped")]
-    learner = (f"{sum(h['learner_samples_per_s'] for h in trained) / len(trained):.2f} learner samples/s, "
-               f"staleness max {max(h['staleness_max'] for h in trained)}") if trained else "no learner update"
-    filtered = sum(h.get("filtered_groups", 0) for h in history)
-    print(f"step {last['step']}: reward {last['reward_mean']:.3f}, policy v{last['policy_version']}, interface v{last['interface_version']} "
-          f"(guidelines: {', '.join(last['active_guidelines']) or 'none'}); over the run: {gen_rate:.1f} generated tokens/s, "
-          f"{learner}; {filtered} groups filtered (equal rewards), {len(history) - len(trained)} of {len(history)} steps skipped")
-    print("rewards by step: " + " ".join(f"{h['reward_mean']:.2f}" for h in history))
-    print(f"snapshots: {run_dir}/snapshots; metrics: {run_dir}/metrics.jsonl; TensorBoard: .venv/bin/tensorboard --logdir {run_dir}/tensorboard")
+    text = close_run(run_dir, time.monotonic() - progress.started, len(history), bool(cfg.trainer.checkpoint_every))
+    print(text.splitlines()[0] if quiet else "\n" + text, end="\n" if quiet else "", flush=True)
     return 0
+
+
+def _quiet_logs() -> None:
+    """--quiet: errors only. Ray reads its driver log level when first imported (not yet, here)."""
+    import logging
+    import os
+
+    os.environ.setdefault("RAY_LOGGER_LEVEL", "error")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger().setLevel(logging.ERROR)
+
+
+def _select_tasks(cfg) -> tuple[list[str], int]:
+    from seal.errors import CliError
+    from seal.preflight import one_line
+    from seal.task_fit import select_tasks
+
+    try:
+        return select_tasks(cfg)
+    except ValueError as exc:
+        raise CliError(one_line(exc)) from None
+
+
+def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) -> str:
+    """The closing note (seal/summary.py) over every step in metrics.jsonl, written to
+    RUN_DIR/summary.txt beside the training curves' PNG."""
+    import json
+    import logging
+
+    from seal.snapshots import read_snapshots
+    from seal.summary import CURVES_FILE, SUMMARY_FILE, summary_text
+    from seal.training_plot import plot_training
+
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    curves = True
+    try:
+        plot_training(rows, run_dir / CURVES_FILE)
+    except Exception as exc:  # noqa: BLE001 - a plot must not turn a finished run into a failed one
+        logging.getLogger(__name__).error("could not draw %s: %s", CURVES_FILE, exc)
+        curves = False
+    snapshots = [r["name"] for r in read_snapshots(run_dir)]
+    text = summary_text(rows, run_dir, wall_s, snapshots, checkpoint=checkpoint, curves=curves, steps_now=steps_now)
+    (run_dir / SUMMARY_FILE).write_text(text)
+    return text
 
 
 def scale(args) -> int:

@@ -65,19 +65,29 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
                "dropped", "reissued", "rejected"}
 
 
-def test_train_runs_checkpoints_and_resumes(tmp_path):
-    run = tmp_path / "run"
+TRAIN = ("train", "env=toy", "model=tiny", "n=4", "trainer.mode=sync", "trainer.filter_groups=none")
+LINE = re.compile(r"\[\d+:\d\d:\d\d\] (\w+) +(.+)")  # seal/progress.py: [elapsed] kind message
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """One short `seal train` (2 sync steps, tiny model, toy env) that several tests read; none writes into it."""
+    run = tmp_path_factory.mktemp("train") / "run"
     # Its own Ray temp root (short: Ray's socket paths have a length limit): the session it starts
     # shows there, which is what tests/integration/test_cli_train.py relies on to see none started.
     ray_root = Path(tempfile.mkdtemp(prefix="sr", dir="/tmp"))
-    # trainer.filter_groups=none: the tiny model's groups all have equal rewards, and this test counts updates.
-    proc = seal("train", "env=toy", "model=tiny", "n=4", "trainer.steps=2", "trainer.mode=sync", "trainer.filter_groups=none",
-                f"run_dir={run}", env={"RAY_TMPDIR": str(ray_root)})
+    # trainer.filter_groups=none: the tiny model's groups all have equal rewards, and these tests count updates.
+    proc = seal(*TRAIN, "trainer.steps=2", f"run_dir={run}", env={"RAY_TMPDIR": str(ray_root)})
     sessions = list((ray_root / "ray").glob("session_2*"))
     shutil.rmtree(ray_root, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(sessions) == 1
-    assert "seal scale" in proc.stdout and "tensorboard --logdir" in proc.stdout
+    return run, proc
+
+
+def test_train_writes_metrics_and_checkpoints(first_run):
+    run, _ = first_run
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(METRIC_KEYS <= set(r) for r in rows)
     assert [r["policy_version"] for r in rows] == [1, 2] and rows[-1]["staleness_max"] == 0
@@ -89,14 +99,102 @@ def test_train_runs_checkpoints_and_resumes(tmp_path):
     assert (run / "checkpoints" / "latest" / "learner.json").is_file() and list((run / "tensorboard").iterdir())
     assert len((run / "rounds.jsonl").read_text().splitlines()) == 2
 
-    proc = seal("train", "env=toy", "model=tiny", "n=4", "trainer.steps=1", "trainer.mode=sync", "trainer.filter_groups=none",
-                f"resume={run}")
+
+def test_train_shows_progress_then_a_closing_summary(first_run):
+    from seal.cli import build_parser
+
+    run, proc = first_run
+    progress, _, closing = proc.stdout.partition("\n\n")
+    events = [LINE.fullmatch(x) for x in progress.splitlines()]
+    assert all(events), progress  # every progress line has the one format
+    said = [(m[1], m[2]) for m in events]
+
+    def first(kind: str, start: str) -> int:
+        return next(i for i, (k, text) in enumerate(said) if k == kind and text.startswith(start))
+
+    # From the first seconds, in the order things happen.
+    order = [first("tasks", "checking"), first("tasks", "160 tasks"), first("run", f"{run}: mode=sync"),
+             first("ray", "starting Ray (local)"), first("ray", "Ray up in "),
+             first("engine", "starting the generator (VllmGenerator, model tiny) and the learner (ZeRO-2)"),
+             first("engine", "generator and learner ready in "), first("env", "env actors ready in "),
+             first("group", "g0000000a0 started on env-"), first("group", "g0000000a0 done on env-"),
+             first("learner", "step 1/2: train on 1 group (4 trajectories)"), first("learner", "publish policy v1"),
+             first("step", "1/2: reward 0.00, loss "), first("learner", "checkpoint step 1"),
+             first("step", "2/2: "), first("learner", "snapshot A_1 (step 2, policy v2)")]
+    assert order == sorted(order), said
+    assert "seal scale" in progress and "tensorboard --logdir" in closing
+    done = [text for k, text in said if k == "group" and " done on " in text]
+    assert len(done) == 2 and all(re.search(r"rewards 0 0 0 0 \(mean 0.00\), \d+ tokens \([\d.]+ tok/s\), policy v\d, "
+                                            r"interface v\d$", t) for t in done), done
+    steps = [text for k, text in said if k == "step"]
+    assert len(steps) == 2 and re.search(r"; about .+ left$", steps[0]) and steps[1].endswith("; done")
+    assert "policy v2, interface v1 (+active_respond)" in steps[1]  # the guideline turned on in round 2
+
+    # The closing note: printed, and the same text in the run dir, beside the curves.
+    assert closing == (run / "summary.txt").read_text()
+    lines = closing.splitlines()
+    assert re.fullmatch(rf"done: 2 steps in .+; reward 0.00 -> 0.00; policy v2, interface v1; run dir {run}", lines[0])
+    assert lines[1] == "reward by step   ▁▁  0.00 -> 0.00 (range 0.00 to 0.00)"
+    assert lines[2:4] == ["failure profile  step 1: empty_turn_model_response 1.00", " " * 17 + "step 2: empty_turn_model_response 1.00"]
+    assert "interface        v0 -> v1; guidelines turned on: active_respond (step 2)" in lines
+    assert f"snapshots        {run}/snapshots (A_0, A_1)" in lines and f"checkpoint       {run}/checkpoints/latest" in lines
+    (evaluate,) = [x for x in lines if x.startswith("evaluate ")]
+    commands = evaluate.split(None, 1)[1].split(" && ")
+    assert commands == [f".venv/bin/seal evaluate {run}", f".venv/bin/seal report {run}"]
+    for command in commands:  # real `seal` commands with this run as their argument
+        args = build_parser().parse_args(command.split()[1:])
+        assert args.command in ("evaluate", "report") and args.run_dir == str(run)
+    png = run / "training_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"curves {png}" in closing
+
+
+def readme_scalars() -> list[str]:
+    """The tags the README lists under "TensorBoard scalars" (its first code block after that line)."""
+    text = README.read_text()
+    block = text[text.index("TensorBoard scalars"):].split("```")[1]
+    return [tok for tok in block.split() if "/" in tok]
+
+
+def test_tensorboard_has_every_scalar_the_readme_lists(first_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from seal.run_log import GROUPS, SCALARS
+
+    run, _ = first_run
+    listed = readme_scalars()
+    # The README and seal/run_log.py name the same scalars.
+    assert sorted(t for t in listed if t.startswith("train/")) == sorted(f"train/{k}" for k in SCALARS)
+    assert sorted(t.split("/")[0] for t in listed if t.endswith(">")) == sorted(GROUPS)
+    (events,) = (run / "tensorboard").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars, tensors = acc.Tags()["scalars"], acc.Tags()["tensors"]
+    for tag in listed:
+        if tag.endswith(">"):  # tag_weights/<tag>: one scalar per tag, category or stage
+            assert any(s.startswith(tag.split("<")[0]) for s in scalars), tag
+        elif tag == "interface/active_guidelines":
+            assert any(t.startswith(tag) for t in tensors), tensors  # text
+        else:
+            assert tag in scalars, tag
+            assert [e.step for e in acc.Scalars(tag)] == [1, 2], tag
+    assert [e.value for e in acc.Scalars("train/interface_version")] == [0, 1]
+    assert acc.Scalars("tag_weights/empty_turn_model_response")[-1].value > 1.5
+
+
+def test_train_resumes_quietly(first_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(first_run[0], run)  # the other tests read the first run as it was
+    proc = seal(*TRAIN, "trainer.steps=1", f"resume={run}", "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed at step 2, policy version 2" in proc.stdout
+    # --quiet: the closing note's first line alone, nothing on stderr.
+    assert re.fullmatch(rf"done: 3 steps \(1 this time\) in .+; reward 0.00 -> 0.00; policy v3, interface v1; "
+                        rf"run dir {run}\n", proc.stdout), proc.stdout
+    assert proc.stderr == ""
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["interface_version"] == 1
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["policy_version"] == 3
     assert len(json.loads((run / "run.json").read_text())["resumed"]) == 1
+    assert (run / "summary.txt").read_text().startswith(proc.stdout)  # over the whole run, resumes included
 
 
 def test_train_refuses_what_it_cannot_do(tmp_path):

@@ -1,0 +1,205 @@
+"""What `seal train` prints while it runs: one line per event, from the first second.
+
+    [0:00:04] ray      up in 2.9 s (local, 2 CPUs)
+    [0:03:11] group    g0000000a0 done on env-0 in 41 s: rewards 0 1 (mean 0.50), 212 tokens (5.2 tok/s), policy v0, interface v0
+    [0:03:12] learner  step 1/2: train on 1 group (2 trajectories)
+    [0:03:20] step     1/2: reward 0.50, loss 0.012, kl 0.000, grad norm 0.41; policy v1, interface v0; ...; about 4 min left
+
+Every line is ``[elapsed] kind message``, the kind padded to one width, so
+the eye runs down the column. The text functions are pure (tested alone);
+``Progress`` only adds the clock and the stream. The learner's phase is what
+the driver is waiting on (the remote call it made), so it costs no call to
+the learner. ``Progress(quiet=True)`` prints nothing (``seal train --quiet``,
+and pipelines built in tests or benchmarks).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from typing import Any, Iterator, Mapping, Sequence, TextIO
+
+KIND_WIDTH = 8
+# Above this many groups per step, group lines would flood: one line per batch's worth of groups instead.
+GROUP_LINES_MAX = 8
+
+
+# ------------------------------------------------------------------ pure text
+def clock(seconds: float) -> str:
+    """Elapsed time as h:mm:ss."""
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def duration(seconds: float) -> str:
+    """A span a person reads at a glance: 0.4 s, 41 s, 3 min 05 s, 1 h 02 min."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def line(elapsed: float, kind: str, message: str) -> str:
+    return f"[{clock(elapsed)}] {kind:<{KIND_WIDTH}} {message}"
+
+
+def number(x: float) -> str:
+    """A reward as short as it is exact enough: 0, 1, 0.5, 0.33."""
+    return f"{x:.2f}".rstrip("0").rstrip(".") if x == x else "nan"
+
+
+def rewards_text(rewards: Sequence[float], shown: int = 8) -> str:
+    if not rewards:
+        return "rewards unknown"
+    head = " ".join(number(r) for r in rewards[:shown]) + (" ..." if len(rewards) > shown else "")
+    return f"rewards {head} (mean {sum(rewards) / len(rewards):.2f})"
+
+
+def eta_s(durations: Sequence[float], remaining: int) -> float | None:
+    """Time left from the step durations so far. The first step also filled the
+    pipeline (the first groups, the first publish), so once there are later
+    ones it is left out of the average."""
+    if remaining <= 0:
+        return 0.0
+    if not durations:
+        return None
+    steady = durations[1:] if len(durations) > 1 else durations
+    return remaining * sum(steady) / len(steady)
+
+
+def learner_work(groups: int, trajectories: int, mini_batch_groups: int, old_logprobs: str) -> str:
+    """What ``learner.train`` does for a batch: the old-logprob pass is an extra
+    forward over every mini-batch but the first (whose training forward runs at
+    the old weights), so it happens only with ``old_logprobs=recompute`` and more
+    than one mini-batch."""
+    minis = max(1, math.ceil(groups / max(1, mini_batch_groups)))
+    what = f"train on {groups} group{'s' * (groups != 1)} ({trajectories} trajectories"
+    what += f", {minis} mini-batches)" if minis > 1 else ")"
+    if old_logprobs == "recompute" and minis > 1:
+        what = "old-logprob pass, then " + what
+    return what
+
+
+def engines_text(cfg) -> str:
+    """``the generator (VLLMGenerator, model tiny) and the learner (ZeRO-2)`` from the resolved config."""
+    lc = cfg.learner.cfg
+    learner = f"ZeRO-{lc.zero_stage}" if lc.backend == "deepspeed" else str(lc.backend)
+    return f"the generator ({str(cfg.generator._target_).rsplit('.', 1)[-1]}, model {cfg.model.path}) and the learner ({learner})"
+
+
+def guideline_change(before: Sequence[str] | None, after: Sequence[str]) -> str:
+    """``+state_aware -format`` (empty when nothing changed or nothing came before)."""
+    if before is None:
+        return ""
+    on = [g for g in after if g not in before]
+    off = [g for g in before if g not in after]
+    return " ".join([*(f"+{g}" for g in on), *(f"-{g}" for g in off)])
+
+
+def group_done_text(report, filtered: bool) -> str:
+    rate = report.generated_tokens / report.wall_s if report.wall_s > 0 else 0.0
+    note = "; equal rewards: filtered" if filtered else ""
+    return (f"{report.group_id} done on {report.actor} in {duration(report.wall_s)}: {rewards_text(report.rewards)}{note}, "
+            f"{report.generated_tokens} tokens ({rate:.1f} tok/s), policy v{report.start_version}, "
+            f"interface v{report.interface_version}")
+
+
+def groups_batch_text(done: int, rewards: Sequence[float], tokens: int, seconds: float, in_flight: int) -> str:
+    """The line that stands for a batch's worth of groups when there are too many for a line each."""
+    mean = f"mean reward {sum(rewards) / len(rewards):.2f}" if rewards else "no rewards"
+    rate = tokens / seconds if seconds > 0 else 0.0
+    return f"{done} groups done ({mean}), {tokens} tokens ({rate:.1f} tok/s), {in_flight} in flight"
+
+
+def _figure(name: str, value: Any, fmt: str = ".3f") -> str | None:
+    return None if value is None else f"{name} {value:{fmt}}"
+
+
+def step_text(row: Mapping[str, Any], target: int, guidelines_before: Sequence[str] | None, seconds: float,
+              eta: float | None) -> str:
+    """The line that closes a learner step (a row of metrics.jsonl); ``seconds`` since the previous
+    step ended (the row's step_s of a first step also counts the engines' start)."""
+    head = f"{row['step']}/{target}"
+    if row.get("skipped"):
+        head += f" skipped ({row.get('filtered_groups', 0)} groups with equal rewards, no update)"
+    figures = [f"reward {row['reward_mean']:.2f}"]
+    figures += [f for f in (_figure("loss", row.get("loss")), _figure("kl", row.get("kl")),
+                            _figure("grad norm", row.get("grad_norm"), ".2f")) if f]
+    change = guideline_change(guidelines_before, row.get("active_guidelines") or [])
+    versions = f"policy v{row['policy_version']}, interface v{row['interface_version']}" + (f" ({change})" if change else "")
+    rate = f"{row.get('gen_tokens_per_s', 0.0):.1f} generated tok/s"
+    left = "" if eta is None else ("; done" if row["step"] >= target else f"; about {duration(eta)} left")
+    return f"{head}: {', '.join(figures)}; {versions}; {rate}; step {duration(seconds)}{left}"
+
+
+# ------------------------------------------------------------------ the printer
+class Progress:
+    def __init__(self, quiet: bool = False, stream: TextIO | None = None) -> None:
+        self.quiet = quiet
+        self.stream = stream
+        self.started = time.monotonic()
+        self.group_lines, self.groups_per_step = True, 1
+        self.target = 0
+        self._step_ends: list[float] = []  # seconds each step of this run took
+        self._last_end: float | None = None
+        self._guidelines: list[str] | None = None
+        self._batch: list[Any] = []  # reports since the last groups line (many groups per step)
+        self._batch_started = self.started
+
+    def emit(self, kind: str, message: str) -> None:
+        if self.quiet:
+            return
+        print(line(time.monotonic() - self.started, kind, message), file=self.stream or sys.stdout, flush=True)
+
+    @contextlib.contextmanager
+    def timed(self, kind: str, starting: str, done: str) -> Iterator[None]:
+        """A start line now (the wait may be minutes) and ``done in N s`` after."""
+        self.emit(kind, starting)
+        t0 = time.monotonic()
+        yield
+        self.emit(kind, f"{done} in {duration(time.monotonic() - t0)}")
+
+    # --------------------------------------------------------- the loop's events
+    def run_started(self, target: int, groups_per_step: int, guidelines: Sequence[str] | None = None) -> None:
+        """``target``: the step the run stops at; ``guidelines``: those active as it starts (None: unknown)."""
+        self.target = target
+        self.group_lines, self.groups_per_step = groups_per_step <= GROUP_LINES_MAX, groups_per_step
+        self._last_end = time.monotonic()
+        self._step_ends.clear()
+        self._guidelines = list(guidelines) if guidelines is not None else None
+
+    def group_started(self, job, actor: str, acked_version: int) -> None:
+        if self.group_lines:
+            self.emit("group", f"{job.group_id} started on {actor}: task {job.task_id} (slot {job.slot}, policy v{acked_version})")
+
+    def group_done(self, report, filtered: bool, in_flight: int) -> None:
+        if self.group_lines:
+            self.emit("group", group_done_text(report, filtered))
+            return
+        self._batch.append(report)
+        if len(self._batch) >= self.groups_per_step:
+            now = time.monotonic()
+            rewards = [r for rep in self._batch for r in rep.rewards]
+            self.emit("groups", groups_batch_text(len(self._batch), rewards, sum(r.generated_tokens for r in self._batch),
+                                                  now - self._batch_started, in_flight))
+            self._batch, self._batch_started = [], now
+
+    def learner_train(self, step: int, work: str) -> None:
+        self.emit("learner", f"step {step}/{self.target}: {work}")
+
+    def learner_phase(self, phase: str) -> None:
+        self.emit("learner", phase)
+
+    def step_done(self, row: Mapping[str, Any]) -> None:
+        now = time.monotonic()
+        seconds = now - (self._last_end if self._last_end is not None else self.started)
+        self._step_ends.append(seconds)
+        self._last_end = now
+        eta = eta_s(self._step_ends, self.target - int(row["step"]))
+        self.emit("step", step_text(row, self.target, self._guidelines, seconds, eta))
+        self._guidelines = list(row.get("active_guidelines") or [])

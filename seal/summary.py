@@ -1,0 +1,131 @@
+"""The note a `seal train` run ends with, readable in ten seconds, also written to
+RUN_DIR/summary.txt:
+
+    done: 2 steps in 4 min 12 s; reward 0.00 -> 0.50; policy v2, interface v1; run dir runs/x
+    reward by step   ▁█  0.00 -> 0.50 (range 0.00 to 0.50)
+    failure profile  step 1: empty_turn_model_response 0.75, pass 0.25
+                     step 2: pass 0.50, empty_turn_model_response 0.50
+    interface        v0 -> v1; guidelines turned on: active_respond (step 2)
+    ...
+    evaluate         .venv/bin/seal evaluate runs/x && .venv/bin/seal report runs/x
+
+Pure text from the rows of metrics.jsonl (all of the run's steps, resumes
+included) and the paths; `seal/train.py` prints it and writes the file.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from seal.progress import duration
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+LABEL_WIDTH = 16
+SUMMARY_FILE, CURVES_FILE = "summary.txt", "training_curves.png"
+SEAL = ".venv/bin/seal"  # the README's entry point
+
+
+def sparkline(values: Sequence[float | None], width: int = 60, lo: float | None = None, hi: float | None = None) -> str:
+    """One block per value (a gap for a missing one); more values than ``width``
+    are averaged in equal runs. ``lo``/``hi`` fix the scale (rewards: 0 to 1),
+    so a flat line at 0 reads as low, not as the middle."""
+    if len(values) > width:
+        size = len(values) / width
+        runs = [values[int(i * size): int((i + 1) * size)] for i in range(width)]
+        values = [_mean([v for v in run if v is not None]) for run in runs]
+    present = [v for v in values if v is not None]
+    if not present:
+        return " " * len(values)
+    low = min(present) if lo is None else min(lo, min(present))
+    high = max(present) if hi is None else max(hi, max(present))
+    span = high - low
+    out = []
+    for v in values:
+        if v is None:
+            out.append(" ")
+        else:
+            k = 0 if span == 0 else int(round((v - low) / span * (len(BLOCKS) - 1)))
+            out.append(BLOCKS[k])
+    return "".join(out)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def top_tags(fractions: Mapping[str, float] | None, k: int = 3) -> str:
+    """``state_mismatch 0.50, pass 0.25, +2 more``: the largest tag fractions of a step."""
+    if not fractions:
+        return "no tags"
+    ranked = sorted(fractions.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{tag} {frac:.2f}" for tag, frac in ranked[:k])
+    return text + (f", +{len(ranked) - k} more" if len(ranked) > k else "")
+
+
+def guidelines_turned_on(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """(guideline, the first step whose interface had it), in order of appearance."""
+    seen: dict[str, int] = {}
+    for row in rows:
+        for g in row.get("active_guidelines") or []:
+            seen.setdefault(g, int(row["step"]))
+    return list(seen.items())
+
+
+def interface_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    versions = [int(r["interface_version"]) for r in rows]
+    head = f"v{versions[0]} -> v{versions[-1]}" if versions[-1] != versions[0] else f"v{versions[0]} throughout"
+    on = guidelines_turned_on(rows)
+    turned = ", ".join(f"{g} (step {s})" for g, s in on) if on else "none"
+    return f"{head}; guidelines turned on: {turned}"
+
+
+def result_line(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, steps_now: int | None = None) -> str:
+    """The one line `seal train --quiet` prints: what a script needs to know."""
+    first, last = rows[0], rows[-1]
+    steps = f"{len(rows)} steps" + (f" ({steps_now} this time)" if steps_now is not None and steps_now != len(rows) else "")
+    return (f"done: {steps} in {duration(wall_s)}; reward {first['reward_mean']:.2f} -> {last['reward_mean']:.2f}; "
+            f"policy v{last['policy_version']}, interface v{last['interface_version']}; run dir {run_dir}")
+
+
+def _row(label: str, text: str) -> str:
+    return f"{label:<{LABEL_WIDTH}} {text}"
+
+
+def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, snapshots: Sequence[str],
+                 checkpoint: bool, curves: bool, steps_now: int | None = None) -> str:
+    """The closing note; ``rows`` are metrics.jsonl's, oldest first."""
+    if not rows:
+        raise ValueError("a summary needs at least one learner step")
+    run = shlex.quote(str(run_dir))
+    rewards = [float(r["reward_mean"]) for r in rows]
+    first, last = rows[0], rows[-1]
+    trained = [r for r in rows if not r.get("skipped")]
+    gen = sum(r.get("gen_tokens_per_s", 0.0) * r.get("step_s", 0.0) for r in rows)
+    gen_s = sum(r.get("step_s", 0.0) for r in rows)
+    learner = (f"{_mean([r['learner_samples_per_s'] for r in trained]):.2f} learner samples/s"
+               if trained and all(r.get("learner_samples_per_s") is not None for r in trained) else "no learner update")
+    filtered = sum(int(r.get("filtered_groups") or 0) for r in rows)
+    start_version = int(first["policy_version"]) - (0 if first.get("skipped") else 1)  # before the first step's update
+    lines = [
+        result_line(rows, run_dir, wall_s, steps_now),
+        _row("reward by step", f"{sparkline(rewards, lo=0.0, hi=1.0)}  {rewards[0]:.2f} -> {rewards[-1]:.2f} "
+                               f"(range {min(rewards):.2f} to {max(rewards):.2f})"),
+        _row("failure profile", f"step {first['step']}: {top_tags(first.get('tag_fractions'))}"),
+    ]
+    if len(rows) > 1:
+        lines.append(_row("", f"step {last['step']}: {top_tags(last.get('tag_fractions'))}"))
+    lines += [
+        _row("interface", interface_text(rows)),
+        _row("policy", f"v{start_version} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
+                       f"steps skipped, {filtered} groups filtered (equal rewards)"),
+        _row("throughput", f"{gen / gen_s if gen_s else 0.0:.1f} generated tokens/s, {learner}"),
+        _row("TensorBoard", f".venv/bin/tensorboard --logdir {shlex.quote(str(Path(run_dir) / 'tensorboard'))}"),
+        _row("snapshots", f"{shlex.quote(str(Path(run_dir) / 'snapshots'))} ({', '.join(snapshots) or 'none'})"),
+        _row("checkpoint", shlex.quote(str(Path(run_dir) / "checkpoints" / "latest")) if checkpoint
+             else "none (trainer.checkpoint_every=0)"),
+        _row("metrics", shlex.quote(str(Path(run_dir) / "metrics.jsonl"))
+             + (f", curves {shlex.quote(str(Path(run_dir) / CURVES_FILE))}" if curves else "")),
+        _row("evaluate", f"{SEAL} evaluate {run} && {SEAL} report {run}"),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,86 @@
+"""The closing note of `seal train` (seal/summary.py) and its training curves (seal/training_plot.py)."""
+from __future__ import annotations
+
+import pytest
+
+from seal.summary import (BLOCKS, guidelines_turned_on, interface_text, result_line, sparkline, summary_text, top_tags)
+
+
+def rows():
+    return [
+        {"step": 1, "reward_mean": 0.0, "trained_reward_mean": None, "policy_version": 0, "interface_version": 0,
+         "active_guidelines": [], "skipped": True, "filtered_groups": 2, "loss": None, "kl": None, "grad_norm": None,
+         "tag_fractions": {"empty_turn_model_response": 0.75, "state_mismatch": 0.25}, "tag_weights": None,
+         "gen_tokens_per_s": 4.0, "step_s": 100.0, "learner_samples_per_s": None},
+        {"step": 2, "reward_mean": 0.5, "trained_reward_mean": 0.5, "policy_version": 1, "interface_version": 1,
+         "active_guidelines": ["active_respond"], "skipped": False, "filtered_groups": 1, "loss": 0.01, "kl": 0.001,
+         "grad_norm": 0.3, "tag_fractions": {"pass": 0.5, "state_mismatch": 0.3, "empty_turn_model_response": 0.1, "format": 0.1},
+         "tag_weights": {"pass": 1.0, "state_mismatch": 1.2}, "gen_tokens_per_s": 8.0, "step_s": 100.0,
+         "learner_samples_per_s": 0.5},
+        {"step": 3, "reward_mean": 1.0, "trained_reward_mean": 1.0, "policy_version": 2, "interface_version": 2,
+         "active_guidelines": ["active_respond", "state_aware"], "skipped": False, "filtered_groups": 0, "loss": 0.02,
+         "kl": 0.002, "grad_norm": 0.2, "tag_fractions": {"pass": 1.0}, "tag_weights": {"pass": 1.0, "state_mismatch": 1.3},
+         "gen_tokens_per_s": 6.0, "step_s": 200.0, "learner_samples_per_s": 0.7},
+    ]
+
+
+def test_sparkline_scales_and_compresses():
+    assert sparkline([0.0, 0.5, 1.0]) == BLOCKS[0] + BLOCKS[4] + BLOCKS[-1]
+    assert sparkline([0.0, 0.0], lo=0.0, hi=1.0) == BLOCKS[0] * 2  # a flat line at 0 reads low
+    assert sparkline([1.0, 1.0], lo=0.0, hi=1.0) == BLOCKS[-1] * 2
+    assert sparkline([0.2, 0.2]) == BLOCKS[0] * 2  # no range: lowest block, not a division by zero
+    assert sparkline([0.0, None, 1.0]) == BLOCKS[0] + " " + BLOCKS[-1]
+    assert sparkline([0.0] * 50 + [1.0] * 50, width=10) == BLOCKS[0] * 5 + BLOCKS[-1] * 5
+    assert sparkline([]) == ""
+
+
+def test_top_tags_with_fractions():
+    assert top_tags({"a": 0.25, "b": 0.5, "c": 0.125, "d": 0.125}) == "b 0.50, a 0.25, c 0.12, +1 more"
+    assert top_tags({}) == "no tags" and top_tags(None) == "no tags"
+
+
+def test_interface_versions_and_guidelines_that_turned_on():
+    assert guidelines_turned_on(rows()) == [("active_respond", 2), ("state_aware", 3)]
+    assert interface_text(rows()) == "v0 -> v2; guidelines turned on: active_respond (step 2), state_aware (step 3)"
+    assert interface_text(rows()[:1]) == "v0 throughout; guidelines turned on: none"
+
+
+def test_result_line_is_one_line_for_scripts():
+    assert result_line(rows(), "runs/x", 412.0) == ("done: 3 steps in 6 min 52 s; reward 0.00 -> 1.00; policy v2, interface v2; "
+                                                    "run dir runs/x")
+    assert result_line(rows(), "runs/x", 60.0, steps_now=1).startswith("done: 3 steps (1 this time) in 1 min 00 s;")
+
+
+def test_summary_has_every_part_a_person_looks_for():
+    text = summary_text(rows(), "runs/my run", 412.0, ["A_0", "A_1"], checkpoint=True, curves=True)
+    lines = text.splitlines()
+    assert lines[0] == result_line(rows(), "runs/my run", 412.0)
+    assert lines[1] == "reward by step   " + BLOCKS[0] + BLOCKS[4] + BLOCKS[-1] + "  0.00 -> 1.00 (range 0.00 to 1.00)"
+    assert lines[2] == "failure profile  step 1: empty_turn_model_response 0.75, state_mismatch 0.25"
+    assert lines[3] == "                 step 3: pass 1.00"
+    assert lines[4] == "interface        v0 -> v2; guidelines turned on: active_respond (step 2), state_aware (step 3)"
+    assert lines[5] == "policy           v0 -> v2; 1 of 3 steps skipped, 3 groups filtered (equal rewards)"
+    # (4 x 100 + 8 x 100 + 6 x 200) / 400 generated tokens per second; learner rate over trained steps only.
+    assert lines[6] == "throughput       6.0 generated tokens/s, 0.60 learner samples/s"
+    assert lines[7] == "TensorBoard      .venv/bin/tensorboard --logdir 'runs/my run/tensorboard'"
+    assert lines[8] == "snapshots        'runs/my run/snapshots' (A_0, A_1)"
+    assert lines[9] == "checkpoint       'runs/my run/checkpoints/latest'"
+    assert lines[10] == "metrics          'runs/my run/metrics.jsonl', curves 'runs/my run/training_curves.png'"
+    assert lines[11] == "evaluate         .venv/bin/seal evaluate 'runs/my run' && .venv/bin/seal report 'runs/my run'"
+    assert len(lines) == 12
+    # A first step that trained started from the version before its update.
+    assert "\npolicy           v0 -> v2; 0 of 2 steps skipped" in summary_text(rows()[1:], "r", 1.0, [], checkpoint=True, curves=True)
+    one = summary_text(rows()[:1], "r", 10.0, ["A_0"], checkpoint=False, curves=False).splitlines()
+    assert "step 1:" in one[2] and one[3].startswith("interface") and "no learner update" in one[5]
+    assert "none (trainer.checkpoint_every=0)" in one[8] and one[9] == "metrics          r/metrics.jsonl"
+    with pytest.raises(ValueError, match="at least one learner step"):
+        summary_text([], "r", 1.0, [], checkpoint=True, curves=True)
+
+
+def test_training_curves_png(tmp_path):
+    from seal.training_plot import plot_training
+
+    path = plot_training(rows(), tmp_path / "curves" / "training_curves.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
+    with pytest.raises(ValueError, match="no learner steps"):
+        plot_training([], tmp_path / "x.png")
