@@ -41,6 +41,8 @@ def plot_training(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         for tag, ys in _by_tag(rows, group, missing).items():
             ax.plot(steps, ys, marker=".", label=tag)
         ax.set(title=title)
+        if group == "tag_fractions":
+            ax.set_ylim(-0.03, 1.03)
         if ax.lines:
             ax.legend(fontsize=7)
     for ax in axes[1]:
