@@ -72,9 +72,10 @@ def guidelines_turned_on(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, i
     return list(seen.items())
 
 
-def interface_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    versions = [int(r["interface_version"]) for r in rows]
-    head = f"v{versions[0]} -> v{versions[-1]}" if versions[-1] != versions[0] else f"v{versions[0]} throughout"
+def interface_text(rows: Sequence[Mapping[str, Any]], start: int) -> str:
+    """``start``: the interface version the run began with (a row has the version its round ended with)."""
+    end = int(rows[-1]["interface_version"])
+    head = f"v{start} -> v{end}" if end != start else f"v{start} throughout"
     on = guidelines_turned_on(rows)
     turned = ", ".join(f"{g} (step {s})" for g, s in on) if on else "none"
     return f"{head}; guidelines turned on: {turned}"
@@ -92,9 +93,10 @@ def _row(label: str, text: str) -> str:
     return f"{label:<{LABEL_WIDTH}} {text}"
 
 
-def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, snapshots: Sequence[str],
+def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, snapshots: Sequence[Mapping[str, Any]],
                  checkpoint: bool, curves: bool, steps_now: int | None = None) -> str:
-    """The closing note; ``rows`` are metrics.jsonl's, oldest first."""
+    """The closing note; ``rows`` are metrics.jsonl's, oldest first; ``snapshots`` the records of
+    snapshots/index.jsonl, whose first (A_0) has the versions the run started from."""
     if not rows:
         raise ValueError("a summary needs at least one learner step")
     run = shlex.quote(str(run_dir))
@@ -106,7 +108,11 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
     learner = (f"{_mean([r['learner_samples_per_s'] for r in trained]):.2f} learner samples/s"
                if trained and all(r.get("learner_samples_per_s") is not None for r in trained) else "no learner update")
     filtered = sum(int(r.get("filtered_groups") or 0) for r in rows)
-    start_version = int(first["policy_version"]) - (0 if first.get("skipped") else 1)  # before the first step's update
+    if snapshots:
+        start_policy, start_interface = int(snapshots[0]["policy_version"]), int(snapshots[0]["interface_version"])
+    else:  # the version before the first step's update; its interface is not recorded anywhere else
+        start_policy = int(first["policy_version"]) - (0 if first.get("skipped") else 1)
+        start_interface = int(first["interface_version"])
     lines = [
         result_line(rows, run_dir, wall_s, steps_now),
         _row("reward by step", f"{sparkline(rewards, lo=0.0, hi=1.0)}  {rewards[0]:.2f} -> {rewards[-1]:.2f} "
@@ -116,12 +122,12 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
     if len(rows) > 1:
         lines.append(_row("", f"step {last['step']}: {top_tags(last.get('tag_fractions'))}"))
     lines += [
-        _row("interface", interface_text(rows)),
-        _row("policy", f"v{start_version} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
+        _row("interface", interface_text(rows, start_interface)),
+        _row("policy", f"v{start_policy} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
                        f"steps skipped, {filtered} groups filtered (equal rewards)"),
         _row("throughput", f"{gen / gen_s if gen_s else 0.0:.1f} generated tokens/s, {learner}"),
         _row("TensorBoard", f".venv/bin/tensorboard --logdir {shlex.quote(str(Path(run_dir) / 'tensorboard'))}"),
-        _row("snapshots", f"{shlex.quote(str(Path(run_dir) / 'snapshots'))} ({', '.join(snapshots) or 'none'})"),
+        _row("snapshots", f"{shlex.quote(str(Path(run_dir) / 'snapshots'))} ({', '.join(r['name'] for r in snapshots) or 'none'})"),
         _row("checkpoint", shlex.quote(str(Path(run_dir) / "checkpoints" / "latest")) if checkpoint
              else "none (trainer.checkpoint_every=0)"),
         _row("metrics", shlex.quote(str(Path(run_dir) / "metrics.jsonl"))

@@ -95,8 +95,7 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
     except Exception as exc:  # noqa: BLE001 - a plot must not turn a finished run into a failed one
         logging.getLogger(__name__).error("could not draw %s: %s", CURVES_FILE, exc)
         curves = False
-    snapshots = [r["name"] for r in read_snapshots(run_dir)]
-    text = summary_text(rows, run_dir, wall_s, snapshots, checkpoint=checkpoint, curves=curves, steps_now=steps_now)
+    text = summary_text(rows, run_dir, wall_s, read_snapshots(run_dir), checkpoint=checkpoint, curves=curves, steps_now=steps_now)
     (run_dir / SUMMARY_FILE).write_text(text)
     return text
 

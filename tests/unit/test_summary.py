@@ -6,6 +6,10 @@ import pytest
 from seal.summary import (BLOCKS, guidelines_turned_on, interface_text, result_line, sparkline, summary_text, top_tags)
 
 
+SNAPSHOTS = [{"name": "A_0", "step": 0, "policy_version": 0, "interface_version": 0},
+             {"name": "A_1", "step": 3, "policy_version": 2, "interface_version": 2}]
+
+
 def rows():
     return [
         {"step": 1, "reward_mean": 0.0, "trained_reward_mean": None, "policy_version": 0, "interface_version": 0,
@@ -41,8 +45,10 @@ def test_top_tags_with_fractions():
 
 def test_interface_versions_and_guidelines_that_turned_on():
     assert guidelines_turned_on(rows()) == [("active_respond", 2), ("state_aware", 3)]
-    assert interface_text(rows()) == "v0 -> v2; guidelines turned on: active_respond (step 2), state_aware (step 3)"
-    assert interface_text(rows()[:1]) == "v0 throughout; guidelines turned on: none"
+    assert interface_text(rows(), 0) == "v0 -> v2; guidelines turned on: active_respond (step 2), state_aware (step 3)"
+    assert interface_text(rows()[:1], 0) == "v0 throughout; guidelines turned on: none"
+    # A first round that already evolved the interface still counts from the version the run began with.
+    assert interface_text(rows()[1:2], 0) == "v0 -> v1; guidelines turned on: active_respond (step 2)"
 
 
 def test_result_line_is_one_line_for_scripts():
@@ -52,7 +58,7 @@ def test_result_line_is_one_line_for_scripts():
 
 
 def test_summary_has_every_part_a_person_looks_for():
-    text = summary_text(rows(), "runs/my run", 412.0, ["A_0", "A_1"], checkpoint=True, curves=True)
+    text = summary_text(rows(), "runs/my run", 412.0, SNAPSHOTS, checkpoint=True, curves=True)
     lines = text.splitlines()
     assert lines[0] == result_line(rows(), "runs/my run", 412.0)
     assert lines[1] == "reward by step   " + BLOCKS[0] + BLOCKS[4] + BLOCKS[-1] + "  0.00 -> 1.00 (range 0.00 to 1.00)"
@@ -68,9 +74,9 @@ def test_summary_has_every_part_a_person_looks_for():
     assert lines[10] == "metrics          'runs/my run/metrics.jsonl', curves 'runs/my run/training_curves.png'"
     assert lines[11] == "evaluate         .venv/bin/seal evaluate 'runs/my run' && .venv/bin/seal report 'runs/my run'"
     assert len(lines) == 12
-    # A first step that trained started from the version before its update.
+    # Without snapshots: a first step that trained started from the version before its update.
     assert "\npolicy           v0 -> v2; 0 of 2 steps skipped" in summary_text(rows()[1:], "r", 1.0, [], checkpoint=True, curves=True)
-    one = summary_text(rows()[:1], "r", 10.0, ["A_0"], checkpoint=False, curves=False).splitlines()
+    one = summary_text(rows()[:1], "r", 10.0, SNAPSHOTS[:1], checkpoint=False, curves=False).splitlines()
     assert "step 1:" in one[2] and one[3].startswith("interface") and "no learner update" in one[5]
     assert "none (trainer.checkpoint_every=0)" in one[8] and one[9] == "metrics          r/metrics.jsonl"
     with pytest.raises(ValueError, match="at least one learner step"):
