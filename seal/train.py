@@ -53,7 +53,10 @@ def run(args) -> int:
     finally:
         pipeline.close()
     text = close_run(run_dir, time.monotonic() - progress.started, len(history), bool(cfg.trainer.checkpoint_every))
-    print(text.splitlines()[0] if quiet else "\n" + text, end="\n" if quiet else "", flush=True)
+    if quiet:  # the one line a script needs
+        print(text.splitlines()[0], flush=True)
+    else:
+        print("\n" + text, end="", flush=True)
     return 0
 
 
