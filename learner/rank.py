@@ -88,3 +88,26 @@ class LearnerRank(LearnerWorker):
         ref = self.learner.ref
         ref_held, ref_total = count(getattr(ref, "module", ref)) if ref is not None else (0, 0)
         return {"held": held, "total": total, "ref_held": ref_held, "ref_total": ref_total}
+
+    # ------------------------------------------------------------ profiling (seal bench learner-scale)
+    def comm_profile(self, enabled: bool) -> None:
+        """DeepSpeed's comms logger on or off, its records cleared (it times each collective call)."""
+        import deepspeed.comm as dscomm
+        from deepspeed.comm.comm import comms_logger
+
+        dscomm.configure(enabled=enabled, prof_all=enabled)
+        comms_logger.comms_dict = {}
+
+    def comm_seconds(self) -> float:
+        from deepspeed.comm.comm import comms_logger
+
+        return sum(sum(rec[1]) for sizes in comms_logger.comms_dict.values() for rec in sizes.values()) / 1000.0
+
+    def peak_memory_gb(self) -> float:
+        """Peak device memory under CUDA, else this process's peak resident set (VmHWM)."""
+        import torch
+
+        if torch.cuda.is_available() and self.learner is not None and self.learner.cfg.device == "cuda":
+            return torch.cuda.max_memory_allocated() / 2**30
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 2**20

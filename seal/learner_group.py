@@ -229,6 +229,15 @@ class LearnerGroup:
     def pids(self) -> list[int]:
         return self._all(lambda a: a.pid.remote(), "pid")
 
+    def comm_profile(self, enabled: bool) -> None:
+        self._all(lambda a: a.comm_profile.remote(enabled), "comm profile")
+
+    def comm_seconds(self) -> list[float]:
+        return self._all(lambda a: a.comm_seconds.remote(), "comm profile")
+
+    def peak_memory_gb(self) -> list[float]:
+        return self._all(lambda a: a.peak_memory_gb.remote(), "memory probe")
+
     def param_shares(self) -> list[dict[str, int]]:
         return self._all(lambda a: a.param_share.remote(), "parameter count")
 

@@ -104,6 +104,29 @@ def test_zero3_ranks_each_hold_half_of_policy_and_reference(zero3_group):
     print("zero3 params per rank:", [(s["held"], s["ref_held"]) for s in shares], "of", total)
 
 
+def test_broadcast_from_two_ranks_sends_the_gathered_weights_bucket_by_bucket(zero3_group):
+    """This process is the generator's end of the weight group (rank 1); the 2-rank ZeRO-3 group
+    gathers 0.5 MB buckets (the tiny model: several) and rank 0 sends them."""
+    import ray
+
+    from actors.weight_sync import WeightGroup, WeightMeta
+
+    host, port = zero3_group.weight_group_address()
+    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
+    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
+    try:
+        meta = [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
+        zero3_group.broadcast_weights()
+        got = {}
+        for m in meta:
+            got[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
+            receiver.broadcast(got[m.name])
+    finally:
+        receiver.close()
+    expected = group_weights(zero3_group)  # the object-store path (equal to the 1-rank learner's above)
+    assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
 def test_no_reference_without_kl(tiny_path):
     g = group(tiny_path, config(3, kl_coef=0.0), world_size=1)
     try:

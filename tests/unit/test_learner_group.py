@@ -90,3 +90,14 @@ def test_offload_switches_reach_deepspeed_and_are_checked():
         LearnerConfig(zero_stage=2, offload_param=True)
     with pytest.raises(ValueError, match="weight_bucket_mb"):
         LearnerConfig(weight_bucket_mb=0)
+
+
+def test_weight_buckets_hold_consecutive_parameters_up_to_the_size():
+    import torch
+
+    from learner.weight_broadcast import weight_buckets
+
+    params = [(f"p{i}", torch.nn.Parameter(torch.zeros(n))) for i, n in enumerate([100, 100, 300, 50, 10, 400])]
+    buckets = weight_buckets(params, bucket_bytes=200 * 4)
+    assert [[n for n, _ in b] for b in buckets] == [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5"]]  # p2, p5: over the size, alone
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in params]
