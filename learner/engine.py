@@ -507,58 +507,14 @@ class Learner:
         return model_metadata(self.model, dtype)
 
     # ----------------------------------------------------------- checkpoints
-    def _rng_file(self, path: Path) -> Path:
-        return path / ("rng.pt" if self.rank == 0 else f"rng_rank{self.rank}.pt")  # each rank's own streams
-
     def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None, keep: int = 0) -> Path:
-        """Every rank calls this (DeepSpeed writes each rank's ZeRO shard); rank 0 writes the metadata.
-        ``keep`` > 0: only the newest ``keep`` DeepSpeed tags stay (older ones pruned by rank 0)."""
-        import numpy as np
-        import torch
+        """Model, optimizer, step, RNG and the caller's ``extra`` (learner/checkpoints.py); every rank calls it."""
+        from learner.checkpoints import save_learner
 
-        path = Path(ckpt_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-        meta = {"step": self.step, "backend": self.cfg.backend, "zero_stage": self.cfg.zero_stage, "extra": dict(extra or {})}
-        if self.engine is not None:
-            self.engine.save_checkpoint(str(path), tag=f"step{self.step:07d}", client_state={"seal": meta})
-        else:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path / "torch_state.pt")
-        torch.save(rng, self._rng_file(path))
-        meta["world_size"] = self.world_size
-        if self.rank == 0:
-            (path / "learner.json").write_text(json.dumps(meta, indent=2))
-            if keep and self.engine is not None:
-                from learner.checkpoints import prune_tags
-
-                prune_tags(path, keep)
-        return path
+        return save_learner(self, Path(ckpt_dir), extra, keep)
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> dict[str, Any]:
         """Restore model, optimizer, step and RNG; returns the caller's extra state."""
-        import numpy as np
-        import torch
+        from learner.checkpoints import load_learner
 
-        path = Path(ckpt_dir)
-        meta_file = path / "learner.json"
-        if not meta_file.is_file():
-            raise FileNotFoundError(f"no learner checkpoint in {path}")
-        meta = json.loads(meta_file.read_text())
-        if (meta["backend"], meta["zero_stage"]) != (self.cfg.backend, self.cfg.zero_stage):
-            raise ValueError(f"checkpoint was written by {meta['backend']} stage {meta['zero_stage']}, this learner is {self.cfg.backend} stage {self.cfg.zero_stage}")
-        if meta.get("world_size", 1) != self.world_size:
-            raise ValueError(f"checkpoint {path} was written by {meta.get('world_size', 1)} learner ranks, this group has {self.world_size}")
-        if self.engine is not None:
-            loaded, _ = self.engine.load_checkpoint(str(path))  # the tag DeepSpeed recorded as latest
-            if loaded is None:
-                raise FileNotFoundError(f"DeepSpeed found no checkpoint in {path}")
-        else:
-            state = torch.load(path / "torch_state.pt", weights_only=False)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        rng = torch.load(self._rng_file(path), weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        self.step = int(meta["step"])
-        return meta["extra"]
+        return load_learner(self, Path(ckpt_dir))

@@ -72,7 +72,8 @@ def zero3_group(tiny_path):
     g.close()
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+# ZeRO-2 starts a group of its own (about a minute here): slow; ZeRO-3 reuses the module's group.
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage):
     one = Learner(tiny_path, config(stage), group_size=N)
     before = one.generator_weights()
