@@ -71,6 +71,12 @@ class LearnerRank(LearnerWorker):
         got = self.learner.bucketed_weights()
         return None if got is None else {k: v.numpy() for k, v in got.items()}
 
+    def broadcast_weights(self) -> float:
+        """Rank 0 sends over the weight group; the other ranks only join the ZeRO-3 bucket gathers."""
+        if self.rank == 0 and self.broadcaster is None:
+            raise RuntimeError("broadcast_weights before join_weight_group")
+        return self.learner.broadcast_weights(self.broadcaster if self.rank == 0 else None)
+
     def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
         return str(self.learner.save_checkpoint(path, extra, keep))
 

@@ -127,22 +127,25 @@ class LearnerGroup:
                                f"{cause[-1] if cause else exc.__class__.__name__}")
         return True
 
-    def _first_death(self, call: GroupCall, rank: int, exc: Exception, grace_s: float = 5.0) -> tuple[int, Exception]:
+    def _first_death(self, call: GroupCall, rank: int, exc: Exception, grace_s: float = 15.0) -> tuple[int, Exception]:
         """The rank to blame: when one rank dies its peers' collectives fail at once (connection reset),
         often before Ray has noticed the death; a dead rank found within ``grace_s`` is the cause."""
         import ray
 
         if isinstance(exc, ray.exceptions.RayActorError):
             return rank, exc
-        others = [ref for r, ref in enumerate(call.refs) if r != rank and r not in call.results]
+        # The peers' own calls, and a ping each (actors serve two calls at once): a dead one raises.
+        probes = {ref: r for r, ref in enumerate(call.refs) if r != rank and r not in call.results}
+        probes.update({a.pid.remote(): r for r, a in enumerate(self.actors) if r != rank})
         deadline = time.monotonic() + grace_s
-        while others and time.monotonic() < deadline:
-            ready, others = ray.wait(others, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        while probes and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(probes), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             for ref in ready:
+                r = probes.pop(ref)
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayActorError as death:
-                    return call.refs.index(ref), death
+                    return r, death
                 except ray.exceptions.RayError:
                     pass
         return rank, exc
