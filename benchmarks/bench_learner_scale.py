@@ -81,7 +81,8 @@ def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> di
                 group.comm_profile(False)
                 steps.append((result["seconds"], len(batch) / result["seconds"], wall))
                 shares.append(sum(c / result["seconds"] for c in comm) / len(comm))
-            out[shape] = {"step_s": summary([s[0] for s in steps]), "samples_per_s": summary([s[1] for s in steps]),
+            step_s = summary([s[0] for s in steps])
+            out[shape] = {"step_s": step_s, "samples_per_s": {**summary([s[1] for s in steps]), "median": len(batch) / step_s["median"]},
                           "driver_wall_s": summary([s[2] for s in steps]), "comm_share": summary(shares)}
         out["peak_gb"] = group.peak_memory_gb()
     finally:
@@ -120,8 +121,9 @@ def run(args) -> dict[str, Any]:
                        "tokens_per_trajectory": shape_tokens[s][0]} for s in shapes},
         "global_batch": {"groups": args.groups, "n": args.n},
         "learner": f"{cfg.learner.cfg.backend} stage {cfg.learner.cfg.zero_stage}, model {cfg.model.path}",
-        "notes": ["samples_per_s: trajectories of the global batch over the slowest rank's step seconds (median of repeats)",
-                  "comm_share: mean over ranks of seconds inside DeepSpeed collectives (comms logger) / step seconds",
+        "notes": ["samples_per_s: trajectories of the global batch over the median step seconds (the slowest rank's)",
+                  "comm_share: mean over ranks of seconds inside DeepSpeed collectives (comms logger) / step seconds; "
+                  "a blocking collective also counts the wait for the slower peer",
                   "peak_gb_per_rank: the largest rank's peak (CUDA: max_memory_allocated; CPU: process VmHWM, which "
                   "includes the Python runtime and libraries)"],
     }
