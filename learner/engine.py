@@ -53,6 +53,10 @@ class LearnerConfig:
     # loss's is_* settings correcting for the behaviour/proximal gap). The release's default.
     old_logprobs: str = "recompute"
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (learner/loss.py)
+    # DeepSpeed offload to host memory: optimizer state (ZeRO-2/3), parameters (ZeRO-3 only).
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    weight_bucket_mb: float = 256.0  # weights leave a ZeRO-3 group gathered this many MB at a time
     loss: LossConfig = field(default_factory=LossConfig)
     apatch: APatchConfig = field(default_factory=APatchConfig)
 
@@ -69,6 +73,12 @@ class LearnerConfig:
             raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)}; got {self.loss_agg!r}")
         if self.mini_batch_groups < 1 or self.micro_batch_size < 1:
             raise ValueError("mini_batch_groups and micro_batch_size must be >= 1")
+        if self.offload_param and (self.backend != "deepspeed" or self.zero_stage != 3):
+            raise ValueError("offload_param needs backend=deepspeed and zero_stage=3 (parameters are whole on every rank below it)")
+        if self.offload_optimizer and (self.backend != "deepspeed" or self.zero_stage < 1):
+            raise ValueError("offload_optimizer needs backend=deepspeed with zero_stage >= 1")
+        if self.weight_bucket_mb <= 0:
+            raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
 
 
 def _free_port() -> int:
@@ -109,15 +119,26 @@ def init_distributed(device: str) -> None:
 
 
 class Learner:
-    def __init__(self, model_path: str, cfg: LearnerConfig = LearnerConfig(), group_size: int = 8) -> None:
+    """``world_size`` ranks train together (learner/group.py forms their group before this is built);
+    ``timeout_s`` bounds every collective and every call the driver makes to a rank."""
+
+    def __init__(self, model_path: str, cfg: LearnerConfig = LearnerConfig(), group_size: int = 8,
+                 world_size: int = 1, timeout_s: float = 600.0, step_timeout_s: float = 3600.0) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         from actors.model_assets import resolve_model
 
         model_path = str(resolve_model(model_path))
+        self._hf_ds_config = None
         self.cfg = cfg
         self.group_size = group_size
+        if world_size < 1 or timeout_s <= 0 or step_timeout_s <= 0:
+            raise ValueError(f"world_size must be >= 1 and timeouts > 0, got {world_size}, {timeout_s}, {step_timeout_s}")
+        if world_size > 1 and cfg.backend != "deepspeed":
+            raise ValueError(f"world_size={world_size} needs backend=deepspeed (learner=zero2 or zero3); the torch backend is one process")
+        self.world_size, self.rank = world_size, 0
+        self.timeout_s, self.step_timeout_s = timeout_s, step_timeout_s
         self.model_path = model_path
         self.step = 0  # optimizer steps taken
         self.device = torch.device(cfg.device)
@@ -132,16 +153,6 @@ class Learner:
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         unset_hf_deepspeed_config()
-        # The KL reference: none at all when the KL term is off (a full model copy for nothing).
-        self.ref = None
-        if cfg.loss.kl_coef:
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
-            for p in self.ref.parameters():
-                p.requires_grad_(False)
-            if cfg.shared_prefix:
-                from learner.packing import use_shared_prefix_attention
-
-                use_shared_prefix_attention(self.ref)
         if cfg.backend == "deepspeed":
             self._init_deepspeed(model_path)
         else:
@@ -149,6 +160,32 @@ class Learner:
             self._prepare_policy_model(self.model)
             self.optimizer = self._make_optimizer(self.model.parameters())
             self.engine = None
+        # The KL reference: none at all when the KL term is off (a full model copy for nothing).
+        self.ref = self._build_reference(model_path) if cfg.loss.kl_coef else None
+
+    def _build_reference(self, model_path: str):
+        """The frozen initial weights. Under ZeRO-3 partitioned like the policy (loaded while the
+        policy's HfDeepSpeedConfig is alive, then a DeepSpeed engine without optimizer, as OpenRLHF
+        does): no rank holds a full copy. Otherwise a plain module."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        if self.cfg.shared_prefix:
+            from learner.packing import use_shared_prefix_attention
+
+            use_shared_prefix_attention(ref)
+        if self._hf_ds_config is None:
+            return ref.to(self.device).eval()
+        import deepspeed
+
+        from learner.ds_config import reference_config
+
+        engine, *_ = deepspeed.initialize(model=ref, config=reference_config(self.cfg))
+        engine.module.eval()
+        return engine
 
     def _make_optimizer(self, params):
         import torch
@@ -160,22 +197,16 @@ class Learner:
     def _init_deepspeed(self, model_path: str) -> None:
         import deepspeed
         import torch
+        import torch.distributed as dist
         from transformers import AutoModelForCausalLM
 
+        from learner.ds_config import deepspeed_config
+
         init_distributed(self.cfg.device)
-        ds_config = {
-            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
-            "gradient_accumulation_steps": self.grad_accum,
-            "gradient_clipping": self.cfg.grad_clip,
-            "zero_optimization": {"stage": self.cfg.zero_stage},
-            "bf16": {"enabled": False},
-            "fp16": {"enabled": False},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-            # ZeRO lists torch's Adam/AdamW as tested; plain SGD works the same way through it.
-            "zero_allow_untested_optimizer": self.cfg.optimizer == "sgd",
-        }
-        self._hf_ds_config = None
+        if dist.get_world_size() != self.world_size:
+            raise ValueError(f"learner world_size={self.world_size} but the process group has {dist.get_world_size()} ranks")
+        self.rank = dist.get_rank()
+        ds_config = deepspeed_config(self.cfg, self.grad_accum)
         if self.cfg.zero_stage == 3:
             # Must exist (and stay alive) before the model is built, so
             # from_pretrained partitions parameters as it loads them.
@@ -318,8 +349,10 @@ class Learner:
                         out[id(s)] = logp[row].detach()
         return out
 
-    def _micro_step(self, micro, mini_tokens: int, mini_sequences: int, proximal, stats, is_last: bool) -> int:
-        """Forward, loss and backward of one micro-batch; returns the tokens forwarded."""
+    def _micro_step(self, micro, mini_tokens: int, mini_sequences: int, proximal, stats, is_last: bool,
+                    loss_scale: float = 1.0) -> int:
+        """Forward, loss and backward of one micro-batch; returns the tokens forwarded. ``loss_scale``:
+        the world size (DeepSpeed averages gradients over ranks), 0 for a padding micro-batch."""
         import torch
 
         from learner.loss import aggregation_weights, off_policy_weights, policy_loss
@@ -340,7 +373,11 @@ class Learner:
         weights = aggregation_weights(mask, self.cfg.loss_agg, mini_tokens, mini_sequences)
         loss, m = policy_loss(logp, old, adv.expand_as(logp), mask, self.cfg.loss, ref_logp, entropy,
                               token_normalizer=float(mini_tokens), token_weights=weights, is_weights=is_w)
-        stats.add_micro(m, micro, behaviour, logp.detach() * mask if old is behaviour else old, mask, is_w, cut)
+        if not loss_scale:  # padding (learner/group.py): the same calls as the other ranks, no gradient
+            loss, forwarded = loss * 0.0, 0
+        else:
+            loss = loss * loss_scale if loss_scale != 1.0 else loss
+            stats.add_micro(m, micro, behaviour, logp.detach() * mask if old is behaviour else old, mask, is_w, cut)
         if self.engine is not None:
             # The caller owns the boundary: the last micro-batch of a mini-batch, however many it holds.
             self.engine.set_gradient_accumulation_boundary(is_last)
@@ -352,11 +389,12 @@ class Learner:
 
     def train_batch(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
                     group_weights: Mapping[str, float] | None = None, policy_version: int | None = None,
-                    allow_partial: bool = False) -> dict[str, Any]:
+                    allow_partial: bool = False, mini_groups: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
         """One batch of complete groups: one optimizer step per ``mini_batch_groups`` groups.
         ``group_weights`` scales stale groups' advantages (replay queue); ``policy_version``
         is the version the learner's weights are now (the logprob-mismatch metrics compare
-        only trajectories generated at it); ``allow_partial`` accepts a last, smaller mini-batch."""
+        only trajectories generated at it); ``allow_partial`` accepts a last, smaller mini-batch.
+        In a group (world_size > 1) ``mini_groups`` is this rank's share of each mini-batch (learner/group.py)."""
         import torch
 
         from learner.step_stats import StepStats
@@ -365,17 +403,26 @@ class Learner:
         samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch, group_weights)
         if any(len(s.token_ids) < 2 for s in samples):
             raise ValueError("every trajectory needs at least 2 tokens")
-        plan = self._plan(samples, allow_partial)
+        from learner.group import agree_on_plan, assigned_plan, is_padding
+
+        if mini_groups is None:
+            if self.world_size > 1:
+                raise ValueError("a learner group rank trains on its shard: pass mini_groups (learner/group.py shard_batch)")
+            plan = self._plan(samples, allow_partial)
+        else:
+            plan = assigned_plan(samples, mini_groups, self.cfg.micro_batch_size)
+        # Global scored-token and sequence counts per mini-batch; padding so every rank makes the same calls.
+        plan, mini_token_counts, mini_seq_counts = agree_on_plan(plan, self.world_size)
         proximal = self._proximal_logprobs(plan)
         step_stats = StepStats(policy_version)
         tokens = forward_tokens = 0
-        for mini in plan:
-            mini_samples = [s for micro in mini for s in micro]
-            mini_tokens = max(1, sum(s.num_tokens for s in mini_samples))
+        for mini, mini_tokens, mini_sequences in zip(plan, mini_token_counts, mini_seq_counts):
+            mini_tokens = max(1, mini_tokens)
             step_stats.start_mini()
             for k, micro in enumerate(mini):
-                forward_tokens += self._micro_step(micro, mini_tokens, len(mini_samples), proximal, step_stats,
-                                                   is_last=k == len(mini) - 1)
+                scale = 0.0 if is_padding(micro) else float(self.world_size)
+                forward_tokens += self._micro_step(micro, mini_tokens, mini_sequences, proximal, step_stats,
+                                                   is_last=k == len(mini) - 1, loss_scale=scale)
             if self.engine is None:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
                 self.optimizer.step()
@@ -384,10 +431,10 @@ class Learner:
             else:
                 step_stats.grad_norm(float(self.engine.get_global_grad_norm() or 0.0))
             self.step += 1
-            tokens += mini_tokens
+            tokens += sum(s.num_tokens for micro in mini for s in micro if not is_padding(micro))
         seconds = time.perf_counter() - t0
         out = step_stats.result()
-        out.update(step=self.step, seconds=seconds, samples_per_s=len(samples) / seconds, tokens_per_s=tokens / seconds,
+        out.update(step=self.step, seconds=seconds, learner_world_size=self.world_size, samples_per_s=len(samples) / seconds, tokens_per_s=tokens / seconds,
                    sequence_tokens=sum(len(s.token_ids) for s in samples), forward_tokens=forward_tokens, scored_tokens=tokens,
                    groups=stats.groups, zero_variance_groups=stats.zero_variance_groups, mean_scale=stats.mean_scale,
                    reward_mean=stats.reward_mean, mini_batches=len(plan))
@@ -403,6 +450,22 @@ class Learner:
             with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
                 return {k: v.detach().cpu().clone() for k, v in named_tensors()}
         return {k: v.detach().cpu().clone() for k, v in named_tensors()}
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.cfg.weight_bucket_mb * 2**20)
+
+    def bucketed_weights(self) -> dict[str, Any] | None:
+        """``generator_weights`` gathered bucket by bucket (``weight_bucket_mb``): every rank
+        calls it in step; rank 0 gets the host copy, the others None."""
+        from learner.weight_broadcast import model_weights
+
+        zero3 = self.engine is not None and self.cfg.zero_stage == 3
+        out = {}
+        for name, tensor in model_weights(self.model, zero3, self.bucket_bytes):
+            if self.rank == 0:
+                out[name] = tensor.detach().cpu().clone()
+        return out if self.rank == 0 else None
 
     def full_state_dict(self) -> dict[str, Any]:
         """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""
@@ -420,8 +483,11 @@ class Learner:
         t0 = time.perf_counter()
         out = Path(out_dir) / f"v{version:06d}"
         tmp = out.with_name(out.name + ".tmp")
+        state = self.full_state_dict()  # a collective under ZeRO-3: every rank calls publish
+        if self.rank != 0:
+            return out, time.perf_counter() - t0
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, state_dict=self.full_state_dict(), safe_serialization=True)
+        self.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         (tmp / "seal-version.json").write_text(json.dumps({"version": version, "step": self.step}))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
@@ -432,7 +498,8 @@ class Learner:
         under ZeRO-3 (ranks other than 0 pass None); seconds. ``weight_metadata`` says what is sent."""
         from learner.weight_broadcast import broadcast_model
 
-        return broadcast_model(self.model, broadcaster, zero3=self.engine is not None and self.cfg.zero_stage == 3)
+        return broadcast_model(self.model, broadcaster, zero3=self.engine is not None and self.cfg.zero_stage == 3,
+                               bucket_bytes=self.bucket_bytes)
 
     def weight_metadata(self, dtype=None) -> list:
         from learner.weight_broadcast import model_metadata
@@ -440,45 +507,14 @@ class Learner:
         return model_metadata(self.model, dtype)
 
     # ----------------------------------------------------------- checkpoints
-    def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
-        import numpy as np
-        import torch
+    def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None, keep: int = 0) -> Path:
+        """Model, optimizer, step, RNG and the caller's ``extra`` (learner/checkpoints.py); every rank calls it."""
+        from learner.checkpoints import save_learner
 
-        path = Path(ckpt_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-        meta = {"step": self.step, "backend": self.cfg.backend, "zero_stage": self.cfg.zero_stage, "extra": dict(extra or {})}
-        if self.engine is not None:
-            self.engine.save_checkpoint(str(path), tag=f"step{self.step:07d}", client_state={"seal": meta})
-        else:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path / "torch_state.pt")
-        torch.save(rng, path / "rng.pt")
-        (path / "learner.json").write_text(json.dumps(meta, indent=2))
-        return path
+        return save_learner(self, Path(ckpt_dir), extra, keep)
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> dict[str, Any]:
         """Restore model, optimizer, step and RNG; returns the caller's extra state."""
-        import numpy as np
-        import torch
+        from learner.checkpoints import load_learner
 
-        path = Path(ckpt_dir)
-        meta_file = path / "learner.json"
-        if not meta_file.is_file():
-            raise FileNotFoundError(f"no learner checkpoint in {path}")
-        meta = json.loads(meta_file.read_text())
-        if (meta["backend"], meta["zero_stage"]) != (self.cfg.backend, self.cfg.zero_stage):
-            raise ValueError(f"checkpoint was written by {meta['backend']} stage {meta['zero_stage']}, this learner is {self.cfg.backend} stage {self.cfg.zero_stage}")
-        if self.engine is not None:
-            loaded, _ = self.engine.load_checkpoint(str(path))  # the tag DeepSpeed recorded as latest
-            if loaded is None:
-                raise FileNotFoundError(f"DeepSpeed found no checkpoint in {path}")
-        else:
-            state = torch.load(path / "torch_state.pt", weights_only=False)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        rng = torch.load(path / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        self.step = int(meta["step"])
-        return meta["extra"]
+        return load_learner(self, Path(ckpt_dir))

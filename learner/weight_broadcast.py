@@ -16,23 +16,40 @@ import torch
 from actors.weight_sync import WeightGroup, WeightMeta
 
 
-def model_weights(model: torch.nn.Module, zero3: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+def weight_buckets(params: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int) -> list[list[tuple[str, torch.nn.Parameter]]]:
+    """Consecutive parameters in buckets of at most ``bucket_bytes`` (full sizes: ZeRO-3's ds_numel);
+    a parameter larger than a bucket is a bucket of its own."""
+    out: list[list[tuple[str, torch.nn.Parameter]]] = []
+    size = 0
+    for name, p in params:
+        nbytes = getattr(p, "ds_numel", p.numel()) * p.element_size()
+        if not out or size + nbytes > bucket_bytes:
+            out.append([])
+            size = 0
+        out[-1].append((name, p))
+        size += nbytes
+    return out
+
+
+def model_weights(model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) per parameter, in a fixed order, a tied parameter once.
 
-    Under ZeRO-3 each parameter is gathered only while its tensor is out (the
-    caller sends it before asking for the next): one full parameter at a
-    time instead of the whole model. The gather is a collective of the
-    training group, so every learner rank must walk this iterator in step.
+    Under ZeRO-3 one bucket of parameters is gathered at a time and released
+    before the next (the caller uses each tensor before asking for the next
+    bucket): no rank ever holds the full model on top of its shard. The
+    gather is a collective of the training group, so every learner rank must
+    walk this iterator in step.
     """
-    if zero3:
-        import deepspeed
-
-    for name, param in model.named_parameters():
-        if zero3:
-            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-                yield name, param.data
-        else:
+    if not zero3:
+        for name, param in model.named_parameters():
             yield name, param.data
+        return
+    import deepspeed
+
+    for bucket in weight_buckets(list(model.named_parameters()), bucket_bytes):
+        with deepspeed.zero.GatheredParameters([p for _, p in bucket], modifier_rank=None):
+            for name, param in bucket:
+                yield name, param.data
 
 
 def model_metadata(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[WeightMeta]:
@@ -70,12 +87,13 @@ class WeightBroadcaster:
         self.group.close()
 
 
-def broadcast_model(model: torch.nn.Module, broadcaster: WeightBroadcaster | None, zero3: bool = False) -> float:
+def broadcast_model(model: torch.nn.Module, broadcaster: WeightBroadcaster | None, zero3: bool = False,
+                    bucket_bytes: int = 256 << 20) -> float:
     """Send ``model``'s weights; a learner rank other than 0 passes None and only joins the ZeRO-3 gathers."""
     if broadcaster is None:
         t0 = time.perf_counter()
-        for _ in model_weights(model, zero3):
+        for _ in model_weights(model, zero3, bucket_bytes):
             pass
         return time.perf_counter() - t0
-    return broadcaster.broadcast(model_weights(model, zero3))
+    return broadcaster.broadcast(model_weights(model, zero3, bucket_bytes))
 

@@ -57,7 +57,7 @@ class Pipeline:
         self.actors: ActorSet | None = None
         self.control: ControlServer | None = None
         self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
-        self.learn: tuple[Any, list, float] | None = None  # (ref, groups, started)
+        self.learn: tuple[Any, list, float] | None = None  # (the learner group's call, groups, started)
         self.window = StepWindow()
         self.gen_probe: tuple[Any, float] | None = None
         self._last_probe = 0.0
@@ -71,7 +71,7 @@ class Pipeline:
             check_reachable(self.cluster)
             self.replay = ReplayServer(queue, instantiate(cfg.transport))
             with self.progress.timed("engine", f"starting {engines_text(cfg)}", "generator and learner ready"):
-                self.actors = ActorSet(cfg, self.cluster, self.replay.address)
+                self.actors = ActorSet(cfg, self.cluster, self.replay.address, storage=str(run_dir))
             self._start(resume)
         except BaseException:
             self.close()  # no actor, socket or Ray session outlives a failed start
@@ -82,7 +82,7 @@ class Pipeline:
 
         extra = None
         if resume is not None:
-            extra = ray.get(self.actors.learner.load_checkpoint.remote(str(resume / "checkpoints" / "latest")))
+            extra = self.actors.learners.load_checkpoint(str(resume / "checkpoints" / "latest"))
         self.actors.start_coordinator(extra["coordinator"] if extra else None)
         self.step = int(extra["step"]) if extra else 0
         self.version = int(extra["policy_version"]) if extra else 0
@@ -95,7 +95,7 @@ class Pipeline:
         if extra:
             self.ledger.restore(extra["slots"], self.version)
             self.replay.set_policy_version(self.version)
-            self.weights_ref = self.actors.learner.weights.remote()
+            self.weights_ref = self.actors.learners.weights()
             ray.get(self.actors.generator.update_weights.remote(self.version, self.weights_ref))
         self.acked = self.version  # the generator's version
         self.broadcast = self.cfg.generator.get("weight_sync", "reload") == "broadcast"
@@ -158,7 +158,7 @@ class Pipeline:
     def _wait_some(self) -> None:
         import ray
 
-        refs = list(self.jobs) + list(self.publishing) + ([self.learn[0]] if self.learn else [])
+        refs = list(self.jobs) + list(self.publishing) + (list(self.learn[0].refs) if self.learn else [])
         if not refs:
             time.sleep(0.05)
             return
@@ -229,7 +229,7 @@ class Pipeline:
             if self.weights_ref is not None and not self.broadcast:
                 weights, version = self.weights_ref, self.acked
             else:
-                weights, version = self.actors.learner.weights.remote(), self.version
+                weights, version = self.actors.learners.weights(), self.version
             try:
                 ray.get(self.actors.generator.update_weights.remote(version, weights))
                 if self.broadcast:  # the old group died with the old process
@@ -286,7 +286,7 @@ class Pipeline:
         self._record_tags(trajs)
         weights_ref = self.actors.coordinator.step_weights.remote()
         group_weights = {g.group_id: g.weight for g in groups if g.weight < 1.0}
-        ref = self.actors.learner.train.remote(trajs, weights_ref, group_weights, self.version, partial)
+        ref = self.actors.learners.train(trajs, weights_ref, group_weights, self.version, partial)
         self.learn = (ref, groups, time.perf_counter())
         lc = self.cfg.learner.cfg
         self.progress.learner_train(self.step + 1, learner_work(len(groups), len(trajs), lc.mini_batch_groups, lc.old_logprobs))
@@ -309,10 +309,9 @@ class Pipeline:
         if self.learn is None:
             return None
         ref, groups, started = self.learn
-        ready, _ = ray.wait([ref], timeout=0)
-        if not ready:
+        if not self.actors.learners.done(ref):
             return None
-        result = ray.get(ref)  # a learner failure ends the run (resume=RUN_DIR continues it)
+        result = self.actors.learners.result(ref)  # a learner failure ends the run (resume=RUN_DIR continues it)
         t_learn = time.perf_counter() - started
         self.learn = None
         self.version += 1
@@ -335,9 +334,9 @@ class Pipeline:
         group of their own (gloo on CPU, NCCL on GPU), as verl and OpenRLHF do."""
         import ray
 
-        host, port = ray.get(self.actors.learner.weight_group_address.remote())
+        host, port = self.actors.learners.weight_group_address()
         backend = "nccl" if self.cfg.learner.cfg.device == "cuda" else "gloo"
-        meta = self.actors.learner.join_weight_group.remote(host, port, 2, backend)
+        meta = self.actors.learners.join_weight_group(host, port, 2, backend)
         joined = self.actors.generator.join_weight_group.remote(host, port, 2, backend)
         self.weight_meta = ray.get(meta)
         ray.get(joined)
@@ -347,9 +346,9 @@ class Pipeline:
         through the object store (the learner's arrays, read zero-copy)."""
         if self.broadcast:
             publish = self.actors.generator.update_weights_from_group.remote(self.version, self.weight_meta)
-            self.actors.learner.broadcast_weights.remote()  # its failure surfaces at the learner's next call
+            self.actors.learners.broadcast_weights()  # its failure surfaces at the learner group's next call
             return publish
-        self.weights_ref = self.actors.learner.weights.remote()
+        self.weights_ref = self.actors.learners.weights()
         return self.actors.generator.update_weights.remote(self.version, self.weights_ref)
 
     def _published(self, ref) -> None:
@@ -385,7 +384,7 @@ class Pipeline:
         totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
         extra = {"coordinator": ray.get(self.actors.coordinator.state_dict.remote()), "step": self.step,
                  "policy_version": self.version, "slots": self.ledger.state(), "totals": totals}
-        ray.get(self.actors.learner.save_checkpoint.remote(str(path), extra))
+        self.actors.learners.save_checkpoint(str(path), extra, keep=int(self.cfg.trainer.get("checkpoint_keep", 0)))
         return path
 
     def snapshot(self, initial: bool = False, metrics: dict[str, Any] | None = None) -> Path:
@@ -400,7 +399,7 @@ class Pipeline:
         if not initial:
             self.progress.learner_phase(f"snapshot {name} (step {self.step}, policy v{self.version})")
             out = snapshot_root(self.run_dir) / name
-            path, _ = ray.get(self.actors.learner.publish.remote(str(out), self.version))
+            path, _ = self.actors.learners.publish(str(out), self.version)
             load_tokenizer(str(self.cfg.model.path)).save_pretrained(path)  # vLLM loads the directory alone
             weights = str(Path(path).relative_to(self.run_dir))
         totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
@@ -430,6 +429,13 @@ def check_trainer_config(cfg) -> None:
         raise ValueError(f"trainer.filter_groups must be none or zero_variance, got {t.filter_groups!r}")
     if t.unfilled not in ("skip", "partial"):
         raise ValueError(f"trainer.unfilled must be skip or partial, got {t.unfilled!r}")
+    if t.get("checkpoint_keep", 0) < 0:
+        raise ValueError(f"trainer.checkpoint_keep must be >= 0 (0: keep all), got {t.checkpoint_keep}")
+    world = cfg.learner.get("world_size", 1)
+    if not isinstance(world, int) or world < 1:
+        raise ValueError(f"learner.world_size must be an integer >= 1, got {world!r}")
+    if world > 1 and cfg.learner.cfg.backend != "deepspeed":
+        raise ValueError(f"learner.world_size={world} needs a DeepSpeed learner (learner=zero2 or learner=zero3)")
     if t.fill_patience < 1 or t.oversample < 0:
         raise ValueError("trainer.fill_patience must be >= 1 (batches of filtered groups) and trainer.oversample >= 0")
     instantiate(cfg.guideline_policy)  # built in the coordinator actor: fail here, before anything starts

@@ -36,11 +36,11 @@ def _spec(node) -> dict:
 
 
 class ActorSet:
-    def __init__(self, cfg, cluster: ClusterConfig, replay_address: str) -> None:
+    def __init__(self, cfg, cluster: ClusterConfig, replay_address: str, storage: str | None = None) -> None:
         import ray
 
         from actors.generator_server import GeneratorServer
-        from learner.worker import LearnerWorker
+        from seal.learner_group import GroupSettings, LearnerGroup
 
         self.cfg, self.cluster, self.replay_address = cfg, cluster, replay_address
         self.prefix = f"seal-{uuid.uuid4().hex[:8]}"  # actor names unique to this pipeline
@@ -52,18 +52,20 @@ class ActorSet:
             name=f"{self.prefix}-generator", max_concurrency=1024, max_restarts=cluster.max_restarts, max_task_retries=0,
             runtime_env={"env_vars": gen.env_vars()}, **gen.ray_options(),
         ).remote(gen.pinned(functools.partial(instantiate_spec, _spec(cfg.generator))))
-        lrn = cluster.learner
-        self.learner = ray.remote(LearnerWorker).options(
-            max_restarts=0, runtime_env={"env_vars": lrn.env_vars()}, **lrn.ray_options(),
-        ).remote(lrn.pinned(functools.partial(instantiate_spec, _spec(cfg.learner))), threads=lrn.thread_count() or None)
         self.coordinator: Any = None
+        self.learners: Any = None
         self.env: dict[str, Any] = {}  # name -> handle, serving
         self.retiring: dict[str, Any] = {}
         self.closing: dict[str, Any] = {}  # retired env actor -> its close() call, in flight
         self.recovering: dict[str, Any] = {}  # name -> probe ref: crashed, serving again once the probe answers
         self.target_env = 0
         self._created = 0
-        self._wait_ready([self.generator.max_model_len.remote(), self.learner.pid.remote()], "generator and learner")
+        # The learner group: world_size ranks, each with cluster.learner's resources; `learner` is rank 0.
+        spec = _spec(cfg.learner)
+        self.learners = LearnerGroup(functools.partial(instantiate_spec, spec), GroupSettings.from_spec(spec), cluster.learner,
+                                     storage=storage, env_vars=cluster.learner.env_vars())
+        self.learner = self.learners.actors[0]
+        self._wait_ready([self.generator.max_model_len.remote()], "generator")
 
     @staticmethod
     def _wait_ready(refs: list, what: str) -> None:
@@ -181,7 +183,9 @@ class ActorSet:
     def close(self) -> None:
         import ray
 
-        for handle in [*self.env.values(), *self.retiring.values(), self.generator, self.learner, self.coordinator]:
+        if self.learners is not None:
+            self.learners.close()
+        for handle in [*self.env.values(), *self.retiring.values(), self.generator, self.coordinator]:
             if handle is not None:
                 try:
                     ray.kill(handle, no_restart=True)

@@ -89,6 +89,9 @@ def engines_text(cfg) -> str:
     """``the generator (VLLMGenerator, model tiny) and the learner (ZeRO-2)`` from the resolved config."""
     lc = cfg.learner.cfg
     learner = f"ZeRO-{lc.zero_stage}" if lc.backend == "deepspeed" else str(lc.backend)
+    ranks = int(cfg.learner.get("world_size", 1) or 1)
+    if ranks > 1:
+        learner += f" over {ranks} ranks"
     return f"the generator ({str(cfg.generator._target_).rsplit('.', 1)[-1]}, model {cfg.model.path}) and the learner ({learner})"
 
 

@@ -96,6 +96,7 @@ class StepWindow:
             **episode_stats(trajs, int(cfg.sampling.max_new_tokens)),
             "tokens_per_s_per_device": result["sequence_tokens"] / (wall * devices) if result else 0.0,
             "devices": devices,
+            "learner_world_size": int(cfg.learner.get("world_size", 1)),
             "tag_weights": result.get("tag_weights"),
             "tag_fractions": {k: v / total_tags for k, v in sorted(tags.items())},
             "interface_version": interface["interface_version"],

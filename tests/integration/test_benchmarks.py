@@ -124,3 +124,11 @@ def test_learner_packing_compares_packed_and_unpacked_steps(tmp_path):
     assert positive(r["unpacked"]["step_s_median"]) and positive(r["packed"]["step_s_median"]) and positive(r["speedup_median"])
     assert r["unpacked"]["forward_tokens"] == 2 * (64 + 24) and r["packed"]["forward_tokens"] == 64 + 2 * 24
     assert r["max_relative_loss_gap"] < 1e-4  # the same update, packed or not
+
+
+@pytest.mark.slow
+def test_learner_scale_reports_one_and_two_ranks(tmp_path):
+    r = bench(tmp_path, "learner-scale", "--shapes", "toy")
+    assert r["world_size"] == [1, 2] and len(r["samples_per_s"]) == len(r["comm_share"]) == len(r["peak_gb_per_rank"]) == 2
+    assert all(map(positive, r["samples_per_s"] + r["peak_gb_per_rank"]))
+    assert 0 <= r["comm_share"][0] <= r["comm_share"][1] < 1 and len(r["peak_gb_by_rank"]["2"]) == 2

@@ -66,6 +66,7 @@ CASES = [
      {"CUDA_VISIBLE_DEVICES": ""}),
     (["+cluster.generator.resources={gpu_node:1}"], "cluster.generator.resources asks for gpu_node", {}),
     (["limit=0"], "limit must be a number of tasks >= 1", {}),
+    (["learner=torch", "learner.world_size=2"], "learner.world_size=2 needs a DeepSpeed learner (learner=zero2 or learner=zero3)", {}),
 ]
 
 

@@ -121,7 +121,7 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
         p.close()
     assert pinned == {"generator": {str(gen_cpu)}, "learner": {str(learn_cpu)}}
     assert all(ROW_KEYS <= set(r) and r["mode"] == "sync" and r["staleness_max"] == 0 for r in rows)
-    assert all(r["groups_generated"] == 2 for r in rows)  # exactly one batch generated per step
+    assert all(r["groups_generated"] == 2 for r in rows), [(r["step"], r["groups_generated"]) for r in rows]  # exactly one batch generated per step
     assert_exactly_once(p, 4)
 
 

@@ -1,0 +1,85 @@
+"""Learner checkpoints: model, optimizer, step and RNG states plus the caller's extra state.
+
+DeepSpeed writes every rank's ZeRO shard under one tag folder per save
+(``stepNNNNNNN``); rank 0 writes the metadata (``learner.json``) and prunes
+old tags; each rank keeps its own RNG streams. Resume needs the same backend,
+ZeRO stage and world size, and is exact.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+_TAG = re.compile(r"step(\d+)")
+
+
+def tags_to_prune(names: list[str], keep: int) -> list[str]:
+    """The step tags beyond the newest ``keep`` (by step number); other names are never touched."""
+    tags = sorted((n for n in names if _TAG.fullmatch(n)), key=lambda n: int(_TAG.fullmatch(n)[1]))
+    return tags[:-keep] if keep > 0 else []
+
+
+def prune_tags(path: Path, keep: int) -> list[str]:
+    gone = tags_to_prune([p.name for p in path.iterdir() if p.is_dir()], keep)
+    for name in gone:
+        shutil.rmtree(path / name, ignore_errors=True)
+    return gone
+
+
+def _rng_file(learner, path: Path) -> Path:
+    return path / ("rng.pt" if learner.rank == 0 else f"rng_rank{learner.rank}.pt")
+
+
+def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int) -> Path:
+    """``keep`` > 0: only the newest ``keep`` DeepSpeed tags stay."""
+    import numpy as np
+    import torch
+
+    path.mkdir(parents=True, exist_ok=True)
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    cfg = learner.cfg
+    meta = {"step": learner.step, "backend": cfg.backend, "zero_stage": cfg.zero_stage, "extra": dict(extra or {})}
+    if learner.engine is not None:
+        learner.engine.save_checkpoint(str(path), tag=f"step{learner.step:07d}", client_state={"seal": meta})
+    else:
+        torch.save({"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict()}, path / "torch_state.pt")
+    torch.save(rng, _rng_file(learner, path))
+    meta["world_size"] = learner.world_size
+    if learner.rank == 0:
+        (path / "learner.json").write_text(json.dumps(meta, indent=2))
+        if keep and learner.engine is not None:
+            prune_tags(path, keep)
+    return path
+
+
+def load_learner(learner, path: Path) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    meta_file = path / "learner.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"no learner checkpoint in {path}")
+    meta = json.loads(meta_file.read_text())
+    cfg = learner.cfg
+    if (meta["backend"], meta["zero_stage"]) != (cfg.backend, cfg.zero_stage):
+        raise ValueError(f"checkpoint was written by {meta['backend']} stage {meta['zero_stage']}, this learner is {cfg.backend} stage {cfg.zero_stage}")
+    if meta.get("world_size", 1) != learner.world_size:
+        raise ValueError(f"checkpoint {path} was written by {meta.get('world_size', 1)} learner ranks, this group has {learner.world_size}")
+    if learner.engine is not None:
+        loaded, _ = learner.engine.load_checkpoint(str(path))  # the tag DeepSpeed recorded as latest
+        if loaded is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint in {path}")
+    else:
+        state = torch.load(path / "torch_state.pt", weights_only=False)
+        learner.model.load_state_dict(state["model"])
+        learner.optimizer.load_state_dict(state["optimizer"])
+    rng = torch.load(_rng_file(learner, path), weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    learner.step = int(meta["step"])
+    return meta["extra"]

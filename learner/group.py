@@ -1,0 +1,159 @@
+"""The learner group on the rank side: how a step's groups are split over the ranks, how the
+ranks agree on one loss normaliser and one number of forward/backward calls, and how they form
+their torch.distributed group. Pure functions where it is maths (tests/unit/test_learner_group.py).
+
+A GRPO group stays whole on one rank (its advantages and its shared-prefix packing need all its
+rollouts); groups go to the rank with the fewest tokens so far, largest first. Every mini-batch's
+scored-token and sequence counts are summed over the ranks, so each rank's loss is its share of
+the global loss; DeepSpeed averages gradients over the ranks, so the loss is scaled by the world
+size, and the N-rank update equals the 1-rank update on the same batch.
+
+Unequal shares: DeepSpeed needs the same number of backward calls per rank per optimizer step
+(ZeRO's reduce-scatter at the boundary; under ZeRO-3 every forward is a parameter all-gather too).
+A rank with fewer micro-batches runs padding ones: a 2-token sample whose loss is multiplied by 0.
+Padding instead of regrouping keeps whole groups on one rank and costs one tiny forward each.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from learner.batch import Sample
+from replay.messages import Trajectory
+
+PAD_SAMPLE = Sample(token_ids=[0, 0], loss_mask=[0, 1], old_logprobs=[0.0, 0.0], advantage=0.0, raw_advantage=0.0,
+                    scale=1.0, num_tokens=0, group_id="<pad>")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the training group meets: rank 0's node address and a free port there."""
+    host: str
+    port: int
+    rank: int
+    world_size: int
+    backend: str  # gloo (CPU) | nccl (CUDA)
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """One rank's part of a step: its trajectories and, per mini-batch (one optimizer step,
+    the same count on every rank), the ids of its groups there (possibly none)."""
+    trajectories: list[Trajectory]
+    mini_groups: list[list[str]] = field(default_factory=list)
+
+
+def assign_groups(tokens: Sequence[int], world_size: int) -> list[list[int]]:
+    """Group indices per rank: largest group first to the rank with the fewest tokens so far
+    (ties: lower rank, earlier group). Each rank's list keeps the groups' original order."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    load = [0] * world_size
+    out: list[list[int]] = [[] for _ in range(world_size)]
+    for g in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
+        r = min(range(world_size), key=lambda k: (load[k], k))
+        out[r].append(g)
+        load[r] += tokens[g]
+    return [sorted(x) for x in out]
+
+
+def shard_batch(trajectories: Sequence[Trajectory], world_size: int, mini_batch_groups: int) -> list[RankShard]:
+    """The driver's split of one step: groups in arrival order make mini-batches of
+    ``mini_batch_groups`` (the last may be smaller: a partial step); each mini-batch's groups
+    are balanced over the ranks by sequence tokens (what a forward costs)."""
+    order: list[str] = []
+    by_group: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        if t.group_id not in by_group:
+            order.append(t.group_id)
+            by_group[t.group_id] = []
+        by_group[t.group_id].append(t)
+    shards = [RankShard([], []) for _ in range(world_size)]
+    for m in range(0, len(order), mini_batch_groups):
+        ids = order[m : m + mini_batch_groups]
+        tokens = [sum(len(t.token_ids) for t in by_group[g]) for g in ids]
+        for rank, picked in enumerate(assign_groups(tokens, world_size)):
+            shards[rank].mini_groups.append([ids[i] for i in picked])
+            shards[rank].trajectories.extend(t for i in picked for t in by_group[ids[i]])
+    return shards
+
+
+def assigned_plan(samples: Sequence[Sample], mini_groups: Sequence[Sequence[str]], micro_batch_size: int) -> list[list[list[Sample]]]:
+    """Mini-batches of micro-batches from the driver's assignment (a mini-batch may be empty here)."""
+    by_group: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_group.setdefault(s.group_id, []).append(s)
+    missing = {g for mini in mini_groups for g in mini} ^ set(by_group)
+    if missing:
+        raise ValueError(f"the shard's groups and its mini-batch plan disagree on {sorted(missing)[:3]}")
+    plan = []
+    for mini in mini_groups:
+        flat = [s for g in mini for s in by_group[g]]
+        plan.append([flat[k : k + micro_batch_size] for k in range(0, len(flat), micro_batch_size)])
+    return plan
+
+
+def pad_plan(plan: list[list[list[Sample]]], micro_counts: Sequence[int]) -> list[list[list[Sample]]]:
+    """Every mini-batch padded to the group's micro-batch count with [PAD_SAMPLE] micro-batches."""
+    if len(plan) != len(micro_counts) or any(len(m) > c for m, c in zip(plan, micro_counts)):
+        raise ValueError(f"micro-batch counts {list(micro_counts)} do not cover this rank's plan {[len(m) for m in plan]}")
+    return [mini + [[PAD_SAMPLE] for _ in range(c - len(mini))] for mini, c in zip(plan, micro_counts)]
+
+
+def is_padding(micro: Sequence[Sample]) -> bool:
+    return len(micro) == 1 and micro[0] is PAD_SAMPLE
+
+
+def agree_on_plan(plan: list[list[list[Sample]]], world_size: int) -> tuple[list[list[list[Sample]]], list[int], list[int]]:
+    """(padded plan, scored tokens per mini-batch, sequences per mini-batch), summed over the group.
+    Two all-reduces over the training group (its timeout bounds them)."""
+    tokens = [sum(s.num_tokens for micro in mini for s in micro) for mini in plan]
+    sequences = [sum(len(micro) for micro in mini) for mini in plan]
+    counts = [max(1, len(mini)) for mini in plan]
+    if world_size == 1:
+        return pad_plan(plan, counts), tokens, sequences
+    import torch
+    import torch.distributed as dist
+
+    sums = torch.tensor(tokens + sequences, dtype=torch.float64)
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    most = torch.tensor(counts, dtype=torch.int64)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    n = len(plan)
+    return pad_plan(plan, most.tolist()), [int(v) for v in sums[:n].tolist()], [int(v) for v in sums[n:].tolist()]
+
+
+def join_group(rv: Rendezvous) -> None:
+    """Form the training group (every rank calls this at once); DeepSpeed then finds it formed."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    # DeepSpeed reads these; each actor sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES), so local rank 0.
+    os.environ.update(RANK=str(rv.rank), WORLD_SIZE=str(rv.world_size), LOCAL_RANK="0",
+                      MASTER_ADDR=rv.host, MASTER_PORT=str(rv.port))
+    dist.init_process_group(rv.backend, init_method=f"tcp://{rv.host}:{rv.port}", rank=rv.rank,
+                            world_size=rv.world_size, timeout=timedelta(seconds=rv.timeout_s))
+
+
+# Loss terms come normalised by the global mini-batch: the ranks' values add up to the step's.
+_SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean")
+_COUNTS = ("sequence_tokens", "forward_tokens", "scored_tokens", "groups", "zero_variance_groups", "mismatch_tokens")
+
+
+def merge_results(results: Sequence[dict]) -> dict:
+    """One step's metrics from every rank's: loss terms and counts summed; the rest (grad norm,
+    the same on every rank; off-policy statistics) from rank 0; throughput over the slowest rank."""
+    out = dict(results[0])
+    if len(results) == 1:
+        return out
+    for key in out:
+        if key in _COUNTS or key in _SUMMED:
+            out[key] = sum(r.get(key) or 0 for r in results)
+    seconds = max(r["seconds"] for r in results)
+    samples = sum(r["samples_per_s"] * r["seconds"] for r in results)
+    out.update(seconds=seconds, samples_per_s=samples / seconds, tokens_per_s=out["scored_tokens"] / seconds,
+               learner_world_size=len(results))
+    return out

@@ -1,0 +1,261 @@
+"""The learner group on the driver side: N LearnerRank actors (learner/rank.py) in one placement
+group, one torch.distributed group among them, every call made on all ranks at once and waited
+for with a timeout. A rank that dies or a call that overruns stops the run with one error naming
+the rank, its node and the step; the group's actors are killed then, so none is left waiting in
+a collective.
+
+PACK places the ranks on as few nodes as fit them (NCCL within a node) and spans nodes otherwise.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from learner.group import RankShard, Rendezvous, merge_results, shard_batch
+from seal.placement import ActorResources
+
+log = logging.getLogger(__name__)
+
+
+class LearnerGroupError(RuntimeError):
+    """A rank failed or a call overran its timeout (the message names rank, node and step)."""
+
+
+@dataclass
+class GroupCall:
+    """Calls in flight on every rank (one ref per rank, rank order)."""
+    refs: list
+    what: str
+    step: int
+    deadline: float
+    results: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    world_size: int = 1
+    timeout_s: float = 600.0  # collectives (the ranks' process group) and control calls
+    step_timeout_s: float = 3600.0  # one training step on every rank
+    mini_batch_groups: int = 1
+    backend: str = "gloo"
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> "GroupSettings":
+        lcfg = spec["cfg"]
+        return cls(int(spec.get("world_size", 1)), float(spec.get("timeout_s", 600.0)), float(spec.get("step_timeout_s", 3600.0)),
+                   int(lcfg.get("mini_batch_groups", 1)), "nccl" if lcfg.get("device") == "cuda" else "gloo")
+
+
+class LearnerGroup:
+    def __init__(self, make_learner: Callable[[], Any], settings: GroupSettings, resources: ActorResources,
+                 storage: str | Path | None = None, env_vars: Mapping[str, str] | None = None) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from learner.rank import LearnerRank
+
+        self.settings, self.step = settings, 0
+        self.actors: list = []
+        self.nodes: list[dict[str, Any]] = [{"ip": "?", "host": "?"}] * settings.world_size
+        self._pending: list[GroupCall] = []  # fire-and-forget calls (broadcast), checked at the next call
+        bundle = {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.resources}
+        bundle = {k: v for k, v in bundle.items() if v}
+        self.pg = placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None
+        try:
+            if self.pg is not None and not self.pg.wait(settings.timeout_s):
+                raise LearnerGroupError(f"the cluster cannot place {settings.world_size} learner ranks of {bundle} "
+                                        f"within {settings.timeout_s:g}s (learner.world_size, cluster.learner)")
+            threads = resources.thread_count() or None
+            for r in range(settings.world_size):
+                opts: dict[str, Any] = dict(max_restarts=0, max_concurrency=2, runtime_env={"env_vars": dict(env_vars or {})},
+                                            **resources.ray_options())
+                if self.pg is not None:
+                    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)
+                self.actors.append(ray.remote(LearnerRank).options(**opts).remote(threads))
+            self.nodes = self._all(lambda a: a.node.remote(), "start")
+            host, port = self._get_one(self.actors[0].address.remote(), 0, "start")
+            factory = resources.pinned(make_learner)
+            self._all(lambda a, r: a.start.remote(Rendezvous(host, port, r, settings.world_size, settings.backend,
+                                                              settings.timeout_s), factory), "start", with_rank=True)
+            if storage is not None:
+                self.check_storage(Path(storage))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------- calls
+    def _name(self, rank: int) -> str:
+        node = self.nodes[rank]
+        return f"learner rank {rank} on node {node['ip']} ({node['host']})"
+
+    def _fail(self, message: str) -> None:
+        self.close()  # the other ranks would wait in a collective until its timeout
+        raise LearnerGroupError(message)
+
+    def _start(self, fn, what: str, timeout_s: float | None = None, with_rank: bool = False) -> GroupCall:
+        refs = [fn(a, r) if with_rank else fn(a) for r, a in enumerate(self.actors)]
+        return GroupCall(refs, what, self.step, time.monotonic() + (timeout_s or self.settings.timeout_s))
+
+    def _collect(self, call: GroupCall, block: bool) -> bool:
+        """Results of finished ranks into ``call.results``; True when every rank has answered."""
+        import ray
+
+        while len(call.results) < len(call.refs):
+            waiting = [ref for r, ref in enumerate(call.refs) if r not in call.results]
+            left = call.deadline - time.monotonic()
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=max(0.0, left) if block else 0)
+            if not ready:
+                if left <= 0:
+                    ranks = [r for r in range(len(call.refs)) if r not in call.results]
+                    self._fail(f"learner {call.what} at step {call.step} did not finish in time: "
+                               + ", ".join(self._name(r) for r in ranks) + " had not answered")
+                return False
+            for ref in ready:
+                rank = call.refs.index(ref)
+                try:
+                    call.results[rank] = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    rank, exc = self._first_death(call, rank, exc)
+                    cause = (getattr(exc, "error_msg", None) or str(exc)).strip().splitlines()
+                    died = isinstance(exc, ray.exceptions.RayActorError)
+                    self._fail(f"{self._name(rank)} {'died' if died else 'failed'} during {call.what} at step {call.step}: "
+                               f"{cause[-1] if cause else exc.__class__.__name__}")
+        return True
+
+    def _first_death(self, call: GroupCall, rank: int, exc: Exception, grace_s: float = 15.0) -> tuple[int, Exception]:
+        """The rank to blame: when one rank dies its peers' collectives fail at once (connection reset),
+        often before Ray has noticed the death; a dead rank found within ``grace_s`` is the cause."""
+        import ray
+
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return rank, exc
+        # The peers' own calls, and a ping each (actors serve two calls at once): a dead one raises.
+        probes = {ref: r for r, ref in enumerate(call.refs) if r != rank and r not in call.results}
+        probes.update({a.pid.remote(): r for r, a in enumerate(self.actors) if r != rank})
+        deadline = time.monotonic() + grace_s
+        while probes and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(probes), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                r = probes.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as death:
+                    return r, death
+                except ray.exceptions.RayError:
+                    pass
+        return rank, exc
+
+    def _all(self, fn, what: str, timeout_s: float | None = None, with_rank: bool = False) -> list:
+        self._check_pending()
+        call = self._start(fn, what, timeout_s, with_rank)
+        self._collect(call, block=True)
+        return [call.results[r] for r in range(len(self.actors))]
+
+    def _get_one(self, ref, rank: int, what: str):
+        call = GroupCall([ref], what, self.step, time.monotonic() + self.settings.timeout_s)
+        self._collect(call, block=True)
+        return call.results[0]
+
+    def _check_pending(self) -> None:
+        for call in list(self._pending):
+            if self._collect(call, block=False):
+                self._pending.remove(call)
+
+    # ------------------------------------------------------------- training
+    def train(self, trajectories: Sequence, tag_weights, group_weights: Mapping[str, float] | None = None,
+              policy_version: int | None = None, partial: bool = False) -> GroupCall:
+        """Start one step on every rank: groups split by ``shard_batch``; ``tag_weights`` may be an object ref."""
+        self._check_pending()
+        groups = len({t.group_id for t in trajectories})
+        if not partial and groups % self.settings.mini_batch_groups:
+            raise ValueError(f"a batch must hold whole mini-batches of {self.settings.mini_batch_groups} groups; got {groups}")
+        shards = shard_batch(trajectories, self.settings.world_size, self.settings.mini_batch_groups)
+        self.step += 1
+        return self._start(lambda a, r: a.train_shard.remote(shards[r], tag_weights, group_weights, policy_version),
+                           "train step", self.settings.step_timeout_s, with_rank=True)
+
+    def done(self, call: GroupCall) -> bool:
+        return self._collect(call, block=False)
+
+    def result(self, call: GroupCall) -> dict[str, Any]:
+        self._collect(call, block=True)
+        return merge_results([call.results[r] for r in range(len(self.actors))])
+
+    def train_now(self, trajectories: Sequence, tag_weights, group_weights=None, policy_version=None, partial=False) -> dict[str, Any]:
+        return self.result(self.train(trajectories, tag_weights, group_weights, policy_version, partial))
+
+    # -------------------------------------------------------------- weights
+    def weights(self):
+        """An object ref to rank 0's arrays (gathered bucket by bucket on every rank)."""
+        self._check_pending()
+        call = self._start(lambda a: a.weights.remote(), "weight gather")
+        self._collect(call, block=True)
+        return call.refs[0]
+
+    def publish(self, out_dir: str, version: int) -> tuple[str, float]:
+        return self._all(lambda a: a.publish.remote(out_dir, version), "publish")[0]
+
+    def weight_group_address(self) -> tuple[str, int]:
+        return self._get_one(self.actors[0].weight_group_address.remote(), 0, "weight group")
+
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str):
+        """Rank 0 joins the broadcast group (a ref: the generator joins at the same time)."""
+        return self.actors[0].join_weight_group.remote(host, port, world_size, backend)
+
+    def broadcast_weights(self) -> None:
+        """Every rank joins the bucketed gathers, rank 0 sends; failures surface at the next call."""
+        self._check_pending()
+        self._pending.append(self._start(lambda a: a.broadcast_weights.remote(), "weight broadcast"))
+
+    # ---------------------------------------------------------- checkpoints
+    def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
+        return self._all(lambda a: a.save_checkpoint.remote(path, extra, keep), "checkpoint")[0]
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self._all(lambda a: a.load_checkpoint.remote(path), "resume")[0]
+
+    def check_storage(self, storage: Path) -> None:
+        """Every rank writes a probe under the run's storage path; the driver must read each back."""
+        token = uuid.uuid4().hex[:8]
+        paths = self._all(lambda a: a.write_probe.remote(str(storage), token), "storage probe")
+        for rank, path in enumerate(paths):
+            if not Path(path).is_file():
+                self._fail(f"{self._name(rank)} wrote its probe to {path} but the driver cannot see it: "
+                           f"the run's storage path {storage} must be shared by every node")
+            Path(path).unlink()
+
+    def pids(self) -> list[int]:
+        return self._all(lambda a: a.pid.remote(), "pid")
+
+    def comm_profile(self, enabled: bool) -> None:
+        self._all(lambda a: a.comm_profile.remote(enabled), "comm profile")
+
+    def comm_seconds(self) -> list[float]:
+        return self._all(lambda a: a.comm_seconds.remote(), "comm profile")
+
+    def peak_memory_gb(self) -> list[float]:
+        return self._all(lambda a: a.peak_memory_gb.remote(), "memory probe")
+
+    def param_shares(self) -> list[dict[str, int]]:
+        return self._all(lambda a: a.param_share.remote(), "parameter count")
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.actors = []
+        if self.pg is not None:
+            try:
+                ray.util.remove_placement_group(self.pg)
+            except Exception:
+                pass
+            self.pg = None

@@ -1,0 +1,194 @@
+"""The learner group on CPU: real Ray actors, real DeepSpeed ZeRO over gloo, the tiny model.
+Two ranks equal one on the same batch; ZeRO-3 partitions policy and reference; weights, checkpoints
+and a killed rank. One Ray session for the module."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from learner.advantages import RELEASED_BASE_WEIGHTS
+from learner.engine import Learner, LearnerConfig
+from learner.loss import LossConfig
+from seal.learner_group import GroupSettings, LearnerGroup, LearnerGroupError
+from seal.placement import ActorResources
+from tests.integration.test_learner_engine import assert_same_update, make_batch, update_gap
+
+pytestmark = pytest.mark.integration
+N, GROUPS = 2, 3  # 3 groups over 2 ranks: one rank runs a padding micro-batch
+TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=2**30)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_path():
+    from actors.model_assets import prepare_tiny_model
+
+    return str(prepare_tiny_model())
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_path):
+    """3 groups of 2 whose sequences have different token counts (random span lengths)."""
+    return make_batch(0, tiny_path) + make_batch(1, tiny_path)[:N]
+
+
+def config(stage: int, kl_coef: float = 0.1, bucket_mb: float = 0.5) -> LearnerConfig:
+    return LearnerConfig(backend="deepspeed", zero_stage=stage, lr=1.0, optimizer="sgd", weight_decay=0.0,
+                         mini_batch_groups=GROUPS, micro_batch_size=1, loss=LossConfig(kl_coef=kl_coef),
+                         weight_bucket_mb=bucket_mb)
+
+
+def group(tiny_path, cfg: LearnerConfig, world_size: int = 2, storage=None) -> LearnerGroup:
+    make = functools.partial(Learner, tiny_path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S)
+    settings = GroupSettings(world_size, TIMEOUT_S, TIMEOUT_S, cfg.mini_batch_groups, "gloo")
+    return LearnerGroup(make, settings, ActorResources(num_cpus=1, threads=1), storage=storage)
+
+
+def group_weights(g: LearnerGroup) -> dict[str, torch.Tensor]:
+    import ray
+
+    return {k: torch.from_numpy(np.array(v)) for k, v in ray.get(g.weights()).items()}
+
+
+@pytest.fixture(scope="module")
+def zero3_group(tiny_path):
+    g = group(tiny_path, config(3))
+    yield g
+    g.close()
+
+
+# ZeRO-2 starts a group of its own (about a minute here): slow; ZeRO-3 reuses the module's group.
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
+def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage):
+    one = Learner(tiny_path, config(stage), group_size=N)
+    before = one.generator_weights()
+    ref = one.train_batch(batch, RELEASED_BASE_WEIGHTS)
+    after_one = one.generator_weights()
+    two = zero3_group if stage == 3 else group(tiny_path, config(2))
+    try:
+        assert all(torch.equal(before[k], v) for k, v in group_weights(two).items())  # same start
+        got = two.train_now(batch, RELEASED_BASE_WEIGHTS)
+        after_two = group_weights(two)
+    finally:
+        if two is not zero3_group:
+            two.close()
+    assert got["learner_world_size"] == 2 and got["groups"] == GROUPS
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
+    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+    assert got["scored_tokens"] == ref["scored_tokens"] and got["sequence_tokens"] == ref["sequence_tokens"]
+    assert_same_update(before, after_one, after_two, f"zero{stage} 2 ranks vs 1")
+    print(f"zero{stage}: worst update gap {max(update_gap(before, after_one, after_two).values()):.2e}")
+
+
+def test_zero3_ranks_each_hold_half_of_policy_and_reference(zero3_group):
+    shares = zero3_group.param_shares()
+    total = shares[0]["total"]
+    assert shares[0]["ref_total"] == total
+    for s in shares:
+        assert abs(s["held"] / total - 0.5) < 0.02, s
+        assert abs(s["ref_held"] / total - 0.5) < 0.02, s
+    print("zero3 params per rank:", [(s["held"], s["ref_held"]) for s in shares], "of", total)
+
+
+def test_broadcast_from_two_ranks_sends_the_gathered_weights_bucket_by_bucket(zero3_group):
+    """This process is the generator's end of the weight group (rank 1); the 2-rank ZeRO-3 group
+    gathers 0.5 MB buckets (the tiny model: several) and rank 0 sends them."""
+    import ray
+
+    from actors.weight_sync import WeightGroup, WeightMeta
+
+    host, port = zero3_group.weight_group_address()
+    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
+    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
+    try:
+        meta = [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
+        zero3_group.broadcast_weights()
+        got = {}
+        for m in meta:
+            got[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
+            receiver.broadcast(got[m.name])
+    finally:
+        receiver.close()
+    expected = group_weights(zero3_group)  # the object-store path (equal to the 1-rank learner's above)
+    assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_no_reference_without_kl(tiny_path):
+    g = group(tiny_path, config(3, kl_coef=0.0), world_size=1)
+    try:
+        assert g.param_shares()[0]["ref_total"] == 0
+    finally:
+        g.close()
+
+
+def test_checkpoint_resume_with_two_ranks_is_exact_and_pruned(tiny_path, batch, zero3_group, tmp_path):
+    from tests.integration.test_learner_engine import make_batch as more
+
+    path = str(tmp_path / "ckpt")
+    later = more(5, tiny_path) + more(6, tiny_path)[:N]
+    for _ in range(3):
+        zero3_group.save_checkpoint(path, {"step": zero3_group.step}, keep=2)
+    tags = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step"))
+    assert len(tags) == 1  # the same step saved three times: one tag
+    zero3_group.train_now(batch, RELEASED_BASE_WEIGHTS)
+    zero3_group.save_checkpoint(path, {"step": zero3_group.step}, keep=2)
+    zero3_group.train_now(batch, RELEASED_BASE_WEIGHTS)
+    zero3_group.save_checkpoint(path, {"mark": "resume here"}, keep=2)
+    tags = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step"))
+    assert len(tags) == 2, tags
+    shards = sorted(p.name for p in (tmp_path / "ckpt" / tags[-1]).iterdir() if "optim_states" in p.name)
+    assert len(shards) == 2, shards  # one ZeRO shard per rank
+    zero3_group.train_now(later, RELEASED_BASE_WEIGHTS)
+    expected = group_weights(zero3_group)
+    resumed = group(tiny_path, config(3), storage=str(tmp_path))
+    try:
+        assert resumed.load_checkpoint(path) == {"mark": "resume here"}
+        resumed.train_now(later, RELEASED_BASE_WEIGHTS)
+        got = group_weights(resumed)
+    finally:
+        resumed.close()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_killed_rank_is_named_within_the_timeout_and_nothing_hangs(tiny_path, batch):
+    g = group(tiny_path, config(3))
+    pids = g.pids()
+    call = g.train(batch * 1, RELEASED_BASE_WEIGHTS)
+    time.sleep(1.0)  # mid-step
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(LearnerGroupError, match=r"learner rank 1 on node .* died during train step at step 1"):
+        while not g.done(call):
+            time.sleep(0.2)
+    assert time.monotonic() - t0 < TIMEOUT_S
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in pids), "a learner rank outlived the failure"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie awaiting its parent's wait() is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
