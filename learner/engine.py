@@ -53,6 +53,11 @@ class LearnerConfig:
     # loss's is_* settings correcting for the behaviour/proximal gap). The release's default.
     old_logprobs: str = "recompute"
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (learner/loss.py)
+    # Compute dtype: auto (bf16 where the CPU has AMX/AVX512-BF16: actors/precision.py) | bfloat16 | float32.
+    # bf16 is torch autocast around the forwards: weights, gradients and optimizer state stay
+    # fp32, so checkpoints and the equivalence tests are the same in both. The code default is
+    # fp32 (tests compare backends exactly); the config files say auto.
+    dtype: str = "float32"
     loss: LossConfig = field(default_factory=LossConfig)
     apatch: APatchConfig = field(default_factory=APatchConfig)
 
@@ -69,6 +74,9 @@ class LearnerConfig:
             raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)}; got {self.loss_agg!r}")
         if self.mini_batch_groups < 1 or self.micro_batch_size < 1:
             raise ValueError("mini_batch_groups and micro_batch_size must be >= 1")
+        from actors.precision import check_dtype
+
+        check_dtype(self.dtype)
 
 
 def _free_port() -> int:
@@ -115,8 +123,12 @@ class Learner:
 
         from actors.model_assets import resolve_model
 
+        from actors.precision import choose_dtype
+
         model_path = str(resolve_model(model_path))
         self.cfg = cfg
+        # The resolved compute dtype; "bfloat16" runs the forwards under autocast (``_autocast``).
+        self.dtype = choose_dtype(cfg.dtype, cfg.device, "learner")
         self.group_size = group_size
         self.model_path = model_path
         self.step = 0  # optimizer steps taken
@@ -199,6 +211,17 @@ class Learner:
             model.config.use_cache = False
 
     # --------------------------------------------------------------- training
+    def _autocast(self):
+        """bf16 autocast for a forward when the learner runs in bf16: matmuls in bf16, the
+        fp32 weights cast per op (their gradients arrive fp32), reductions kept fp32 by autocast."""
+        import contextlib
+
+        import torch
+
+        if self.dtype != "bfloat16":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
     def _entropy_mode(self, model) -> str:
         """none (reference model) | grad (in the loss) | metric (logged only: no graph kept)."""
         if model is not self.model:
@@ -220,7 +243,9 @@ class Learner:
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
         if keep.numel() == 0:
             return logp, None
-        logits = forward(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits.float()  # [B, K, V]
+        with self._autocast():
+            logits = forward(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits
+        logits = logits.float()  # [B, K, V]; log-softmax in fp32 whatever the forward ran in
         targets = ids[:, keep + 1]
         picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
         logp[:, keep] = picked.view(targets.shape)
@@ -244,7 +269,9 @@ class Learner:
         kept = needed_positions(packed, mask)
         if kept.numel() == 0:
             return torch.zeros(mask.shape, dtype=torch.float32, device=ids.device), None
-        logits = forward(**packed.forward_kwargs(), logits_to_keep=kept).logits.float()  # [R, K, V]
+        with self._autocast():
+            logits = forward(**packed.forward_kwargs(), logits_to_keep=kept).logits
+        logits = logits.float()  # [R, K, V]
         mode = self._entropy_mode(model)
         logp, entropy = packed_token_logprobs(logits, kept, packed, ids[:, 1:], mask, with_entropy=mode == "grad")
         if mode == "metric":
@@ -408,12 +435,19 @@ class Learner:
         """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""
         return self._full_cpu(lambda: self.model.state_dict().items())
 
-    def generator_weights(self) -> dict[str, Any]:
-        """What a weight update carries to the generator: full fp32 parameters on
-        CPU, a tied parameter once. The state dict also holds a tied lm_head
-        under its own name, which vLLM skips on load: 17% of the embedded
-        model's bytes moved for nothing."""
-        return self._full_cpu(self.model.named_parameters)
+    def generator_weights(self, dtype: str | None = None) -> dict[str, Any]:
+        """What a weight update carries to the generator: full parameters on
+        CPU, a tied parameter once, cast to the generator's ``dtype`` (bfloat16 |
+        float32; None: the fp32 master weights as they are). The state dict also
+        holds a tied lm_head under its own name, which vLLM skips on load: 17% of
+        the embedded model's bytes moved for nothing."""
+        import torch
+
+        weights = self._full_cpu(self.model.named_parameters)
+        if dtype is None:
+            return weights
+        target = getattr(torch, dtype)
+        return {k: v.to(target) for k, v in weights.items()}
 
     def publish(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
         """A versioned safetensors snapshot generators can load; (path, seconds)."""
