@@ -118,6 +118,7 @@ def test_trl_side_by_side_on_the_same_work(tmp_path):
     assert positive(r["ours_samples_per_s"]) and positive(r["trl_samples_per_s"])
     assert r["ratio"] == pytest.approx(r["ours_samples_per_s"] / r["trl_samples_per_s"], rel=1e-6)  # one repeat
     assert r["n"] == 2 and r["trl_version"] and r["notes"]
+    assert {r["precision"]["trl"], r["precision"]["ours_learner"]} <= {"float32", "bfloat16"}  # both recorded
 
 
 def test_bad_part_and_options_are_one_line_errors(tmp_path):
