@@ -187,6 +187,12 @@ class Learner:
             # ZeRO lists torch's Adam/AdamW as tested; plain SGD works the same way through it.
             "zero_allow_untested_optimizer": self.cfg.optimizer == "sgd",
         }
+        if self.dtype == "bfloat16":
+            # The engine turns off an outer autocast it was not configured for ("enabled outside
+            # DeepSpeed but disabled within"; its check sees CUDA autocast, so on CPU the outer one
+            # survives either way): configure it. No module reduces its gradients in bf16 (empty
+            # list): gradients, master weights and optimizer state stay fp32, as with plain torch.
+            ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
         self._hf_ds_config = None
         if self.cfg.zero_stage == 3:
             # Must exist (and stay alive) before the model is built, so

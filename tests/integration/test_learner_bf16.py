@@ -29,8 +29,8 @@ MAX_NORM_DRIFT = 0.1
 MAX_GAIN_DRIFT = 0.2
 
 
-def step_update(tiny_path, batch, dtype):
-    cfg = LearnerConfig(backend="torch", optimizer="sgd", lr=1.0, weight_decay=0.0, grad_clip=1e9, dtype=dtype,
+def step_update(tiny_path, batch, dtype, backend="torch"):
+    cfg = LearnerConfig(backend=backend, zero_stage=2, optimizer="sgd", lr=1.0, weight_decay=0.0, grad_clip=1e9, dtype=dtype,
                         mini_batch_groups=GROUPS, micro_batch_size=2, loss=LossConfig(kl_coef=0.1))
     lrn = Learner(tiny_path, cfg, group_size=N)
     assert lrn.dtype == dtype
@@ -71,11 +71,13 @@ def surrogate_gain(tiny_path, batch, update):
     return objective() - base
 
 
-def test_bf16_step_moves_the_loss_like_fp32(tiny_path):  # noqa: F811
+@pytest.mark.parametrize("backend", ["torch", "deepspeed"])
+def test_bf16_step_moves_the_loss_like_fp32(tiny_path, backend):  # noqa: F811
     assert resolve_dtype("auto", "cpu")[0] == "bfloat16"  # what the config default runs here
     batch = make_batch(3, tiny_path)
-    u32 = step_update(tiny_path, batch, "float32")
-    u16 = step_update(tiny_path, batch, "bfloat16")
+    u32 = step_update(tiny_path, batch, "float32", backend)
+    u16 = step_update(tiny_path, batch, "bfloat16", backend)
+    assert not torch.equal(u16, u32)  # bf16 really ran (DeepSpeed turns off an autocast it was not told of)
     cosine = float(torch.nn.functional.cosine_similarity(u32, u16, dim=0))
     drift = abs(float(u16.norm() / u32.norm()) - 1)
     g32, g16 = surrogate_gain(tiny_path, batch, u32), surrogate_gain(tiny_path, batch, u16)
