@@ -66,6 +66,8 @@ CASES = [
      {"CUDA_VISIBLE_DEVICES": ""}),
     (["+cluster.generator.resources={gpu_node:1}"], "cluster.generator.resources asks for gpu_node", {}),
     (["limit=0"], "limit must be a number of tasks >= 1", {}),
+    (["generator.dtype=fp16"], "generator.dtype must be one of auto, bfloat16, float32; got 'fp16'", {}),
+    (["learner.cfg.dtype=half"], "dtype must be one of auto, bfloat16, float32; got 'half'", {}),
 ]
 
 
