@@ -99,6 +99,7 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
             batch = _trajectories(outs, prompts, f"g{r}")
             res = learner.train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=None)
             learn_tps.append(res["sequence_tokens"] / res["seconds"])
+            log(f"[{NAME}] {dtype} repeat {r + 1}: generator {gen_tps[-1]:.1f} tokens/s, learner {learn_tps[-1]:.1f} tokens/s")
         # The learner moved during the measurements above: the generator takes its weights, so the
         # steps' mismatch compares vLLM and the learner at the same weights.
         gen.update_weights(gen.policy_version + 1, learner.generator_weights(gen.dtype))
@@ -117,6 +118,7 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
                 rows.append({"step_s": time.perf_counter() - t0, "generate_s": gen_s, "learn_s": res["seconds"],
                              "weights_s": time.perf_counter() - t1, "engine_load_s": update_s,
                              "mismatch_abs_logprob_diff": res["mismatch_abs_logprob_diff"], "mismatch_kl": res["mismatch_kl"]})
+                log(f"[{NAME}] {dtype} {shape} step {r + 1}: {rows[-1]['step_s']:.1f} s, |d logp| {res['mismatch_abs_logprob_diff']:.2e}")
             steps[shape] = {k: summary([row[k] for row in rows]) for k in rows[0]}
         return {"generator_tokens_per_s": summary(gen_tps), "learner_tokens_per_s": summary(learn_tps), "steps": steps,
                 "generator_dtype": gen.dtype, "learner_dtype": learner.dtype}
