@@ -53,5 +53,7 @@ def test_mean_reward_rises_on_the_toy_env():
     gen.close()
     print(f"generator {gen.dtype}, learner {lrn.dtype}: held-out reward {before:.3f} -> {after:.3f}; "
           f"mismatch |d logp| per step {[round(m, 4) for m in mismatch]}")
-    assert all(m is not None and m < 0.1 for m in mismatch), mismatch  # fp32 ~0.01, a bad weight load ~1
+    # Mean |log mu - log pi_old| measured on the embedded model: fp32 ~1e-5, bf16 vLLM vs the bf16 learner
+    # ~0.05 (seal bench precision); a broken weight load (old or wrongly cast weights) is ~1.
+    assert all(m is not None and m < 0.25 for m in mismatch), mismatch
     assert after >= before + 0.15, f"held-out mean reward {before:.3f} -> {after:.3f}"
