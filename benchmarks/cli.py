@@ -6,6 +6,7 @@ Parts (one module each, benchmarks/bench_*.py):
   env            env pool scaling with 1, 2, 4, 8 actors (ground-truth replay instead of a generator)
   transport      ZeroMQ + msgpack trajectory path vs multiprocessing / in-process queues
   weights        publish -> first token at the new version vs model size, against a memory copy
+  precision      fp32 vs bf16: generator tokens/s, learner tokens/s, a toy- and a BFCL-shaped step
   trl            TRL's GRPOTrainer vs our pipeline on the same work (needs requirements/bench.txt)
   learner-scale  the same global batch on 1 and 2 learner ranks: samples/s, comm share, peak memory per rank
   all            every part in turn, defaults plus the given options and overrides
@@ -32,8 +33,8 @@ if __package__ in (None, ""):  # run as a script: make the checkout importable a
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PARTS = {"rollout-learn": "bench_rollout_learn", "sync-async": "bench_sync_async", "env": "bench_env",
-         "transport": "bench_transport", "weights": "bench_weights", "trl": "bench_trl",
-         "learner-scale": "bench_learner_scale"}
+         "transport": "bench_transport", "weights": "bench_weights", "precision": "bench_precision",
+         "trl": "bench_trl", "learner-scale": "bench_learner_scale"}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 

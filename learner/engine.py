@@ -57,6 +57,11 @@ class LearnerConfig:
     offload_optimizer: bool = False
     offload_param: bool = False
     weight_bucket_mb: float = 256.0  # weights leave a ZeRO-3 group gathered this many MB at a time
+    # Compute dtype: auto (bf16 where the CPU has AMX/AVX512-BF16: actors/precision.py) | bfloat16 | float32.
+    # bf16 is torch autocast around the forwards: weights, gradients and optimizer state stay
+    # fp32, so checkpoints and the equivalence tests are the same in both. The code default is
+    # fp32 (tests compare backends exactly); the config files say auto.
+    dtype: str = "float32"
     loss: LossConfig = field(default_factory=LossConfig)
     apatch: APatchConfig = field(default_factory=APatchConfig)
 
@@ -79,6 +84,10 @@ class LearnerConfig:
             raise ValueError("offload_optimizer needs backend=deepspeed with zero_stage >= 1")
         if self.weight_bucket_mb <= 0:
             raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
+
+        from actors.precision import check_dtype
+
+        check_dtype(self.dtype)
 
 
 def _free_port() -> int:
@@ -129,9 +138,13 @@ class Learner:
 
         from actors.model_assets import resolve_model
 
+        from actors.precision import choose_dtype
+
         model_path = str(resolve_model(model_path))
         self._hf_ds_config = None
         self.cfg = cfg
+        # The resolved compute dtype; "bfloat16" runs the forwards under autocast (``_autocast``).
+        self.dtype = choose_dtype(cfg.dtype, cfg.device, "learner")
         self.group_size = group_size
         if world_size < 1 or timeout_s <= 0 or step_timeout_s <= 0:
             raise ValueError(f"world_size must be >= 1 and timeouts > 0, got {world_size}, {timeout_s}, {step_timeout_s}")
@@ -207,6 +220,12 @@ class Learner:
             raise ValueError(f"learner world_size={self.world_size} but the process group has {dist.get_world_size()} ranks")
         self.rank = dist.get_rank()
         ds_config = deepspeed_config(self.cfg, self.grad_accum)
+        if self.dtype == "bfloat16":
+            # The engine turns off an outer autocast it was not configured for ("enabled outside
+            # DeepSpeed but disabled within"; its check sees CUDA autocast, so on CPU the outer one
+            # survives either way): configure it. No module reduces its gradients in bf16 (empty
+            # list): gradients, master weights and optimizer state stay fp32, as with plain torch.
+            ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
         if self.cfg.zero_stage == 3:
             # Must exist (and stay alive) before the model is built, so
             # from_pretrained partitions parameters as it loads them.
@@ -230,6 +249,17 @@ class Learner:
             model.config.use_cache = False
 
     # --------------------------------------------------------------- training
+    def _autocast(self):
+        """bf16 autocast for a forward when the learner runs in bf16: matmuls in bf16, the
+        fp32 weights cast per op (their gradients arrive fp32), reductions kept fp32 by autocast."""
+        import contextlib
+
+        import torch
+
+        if self.dtype != "bfloat16":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
     def _entropy_mode(self, model) -> str:
         """none (reference model) | grad (in the loss) | metric (logged only: no graph kept)."""
         if model is not self.model:
@@ -251,7 +281,9 @@ class Learner:
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
         if keep.numel() == 0:
             return logp, None
-        logits = forward(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits.float()  # [B, K, V]
+        with self._autocast():
+            logits = forward(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits
+        logits = logits.float()  # [B, K, V]; log-softmax in fp32 whatever the forward ran in
         targets = ids[:, keep + 1]
         picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
         logp[:, keep] = picked.view(targets.shape)
@@ -275,7 +307,9 @@ class Learner:
         kept = needed_positions(packed, mask)
         if kept.numel() == 0:
             return torch.zeros(mask.shape, dtype=torch.float32, device=ids.device), None
-        logits = forward(**packed.forward_kwargs(), logits_to_keep=kept).logits.float()  # [R, K, V]
+        with self._autocast():
+            logits = forward(**packed.forward_kwargs(), logits_to_keep=kept).logits
+        logits = logits.float()  # [R, K, V]
         mode = self._entropy_mode(model)
         logp, entropy = packed_token_logprobs(logits, kept, packed, ids[:, 1:], mask, with_entropy=mode == "grad")
         if mode == "metric":
@@ -455,28 +489,39 @@ class Learner:
     def bucket_bytes(self) -> int:
         return int(self.cfg.weight_bucket_mb * 2**20)
 
-    def bucketed_weights(self) -> dict[str, Any] | None:
-        """``generator_weights`` gathered bucket by bucket (``weight_bucket_mb``): every rank
-        calls it in step; rank 0 gets the host copy, the others None."""
+    def bucketed_weights(self, dtype: str | None = None) -> dict[str, Any] | None:
+        """``generator_weights`` gathered bucket by bucket (``weight_bucket_mb``), cast to the
+        generator's ``dtype`` (None: fp32 as trained): every rank calls it in step; rank 0 gets
+        the host copy, the others None."""
+        import torch
+
         from learner.weight_broadcast import model_weights
 
         zero3 = self.engine is not None and self.cfg.zero_stage == 3
+        target = getattr(torch, dtype) if dtype else None
         out = {}
         for name, tensor in model_weights(self.model, zero3, self.bucket_bytes):
             if self.rank == 0:
-                out[name] = tensor.detach().cpu().clone()
+                out[name] = tensor.detach().cpu().to(target or tensor.dtype, copy=True)
         return out if self.rank == 0 else None
 
     def full_state_dict(self) -> dict[str, Any]:
         """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""
         return self._full_cpu(lambda: self.model.state_dict().items())
 
-    def generator_weights(self) -> dict[str, Any]:
-        """What a weight update carries to the generator: full fp32 parameters on
-        CPU, a tied parameter once. The state dict also holds a tied lm_head
-        under its own name, which vLLM skips on load: 17% of the embedded
-        model's bytes moved for nothing."""
-        return self._full_cpu(self.model.named_parameters)
+    def generator_weights(self, dtype: str | None = None) -> dict[str, Any]:
+        """What a weight update carries to the generator: full parameters on
+        CPU, a tied parameter once, cast to the generator's ``dtype`` (bfloat16 |
+        float32; None: the fp32 master weights as they are). The state dict also
+        holds a tied lm_head under its own name, which vLLM skips on load: 17% of
+        the embedded model's bytes moved for nothing."""
+        import torch
+
+        weights = self._full_cpu(self.model.named_parameters)
+        if dtype is None:
+            return weights
+        target = getattr(torch, dtype)
+        return {k: v.to(target) for k, v in weights.items()}
 
     def publish(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
         """A versioned safetensors snapshot generators can load; (path, seconds)."""

@@ -66,10 +66,13 @@ class LearnerRank(LearnerWorker):
         out["tag_weights"] = dict(tag_weights)
         return out
 
-    def weights(self) -> dict[str, Any] | None:
-        """Rank 0: name -> numpy array, gathered bucket by bucket; other ranks join the gathers, None."""
-        got = self.learner.bucketed_weights()
-        return None if got is None else {k: v.numpy() for k, v in got.items()}
+    def weights(self, dtype: str | None = None) -> dict[str, Any] | None:
+        """Rank 0: name -> numpy array in the generator's ``dtype``, gathered bucket by bucket;
+        other ranks join the gathers, None."""
+        from actors.precision import to_wire_arrays
+
+        got = self.learner.bucketed_weights(dtype)
+        return None if got is None else to_wire_arrays(got.items())
 
     def broadcast_weights(self) -> float:
         """Rank 0 sends over the weight group; the other ranks only join the ZeRO-3 bucket gathers."""

@@ -3,7 +3,8 @@ complete groups, hand out weight snapshots, checkpoint and restore.
 
 Weights leave as a name -> numpy array mapping: Ray's object store then
 carries them to the generator without pickling tensor by tensor, and the
-generator reads them zero-copy.
+generator reads them zero-copy. They go in the generator's dtype (bf16: half
+the bytes), as bits where numpy has no such type (actors/precision.py).
 """
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ class LearnerWorker:
         out["tag_weights"] = dict(tag_weights)
         return out
 
-    def weights(self) -> dict[str, Any]:
-        return {k: v.numpy() for k, v in self.learner.generator_weights().items()}
+    def weights(self, dtype: str | None = None) -> dict[str, Any]:
+        """The generator's weights as numpy arrays; ``dtype``: the generator's (None: fp32 as trained)."""
+        from actors.precision import to_wire_arrays
+
+        return to_wire_arrays(self.learner.generator_weights(dtype).items())
 
     def publish(self, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""
@@ -49,15 +53,20 @@ class LearnerWorker:
             sock.bind(("", 0))
             return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
-    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> list[dict[str, Any]]:
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str,
+                          dtype: str | None = None) -> list[dict[str, Any]]:
         """Form (or re-form, after a generator restart) the broadcast group as
-        rank 0; returns the metadata the receivers need, once per model."""
+        rank 0; returns the metadata the receivers need, once per model.
+        ``dtype``: the generator's; weights are cast to it before sending."""
+        import torch
+
         from learner.weight_broadcast import WeightBroadcaster
 
         if self.broadcaster is not None:
             self.broadcaster.close()
-        self.broadcaster = WeightBroadcaster(host, port, world_size, backend)
-        return [m.to_wire() for m in self.learner.weight_metadata()]
+        cast = getattr(torch, dtype) if dtype else None
+        self.broadcaster = WeightBroadcaster(host, port, world_size, backend, dtype=cast)
+        return [m.to_wire() for m in self.learner.weight_metadata(cast)]
 
     def broadcast_weights(self) -> float:
         if self.broadcaster is None:

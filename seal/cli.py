@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--force", action="store_true")
     prep.set_defaults(handler="seal.model_commands:prepare")
 
-    bench = sub.add_parser("bench", help="benchmarks: rollout vs learning, sync vs async, env scaling, transport, weights, TRL peer",
+    bench = sub.add_parser("bench", help="benchmarks: rollout vs learning, sync vs async, env scaling, transport, weights, precision, TRL peer",
                            description="seal bench PART --help lists a part's options (benchmarks/cli.py)")
-    bench.add_argument("part", help="rollout-learn, sync-async, env, transport, weights, trl, learner-scale or all")
+    bench.add_argument("part", help="rollout-learn, sync-async, env, transport, weights, precision, trl, learner-scale or all")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="--json, --repeats R, part options, hydra overrides")
     bench.set_defaults(handler="benchmarks.cli:run")
     return parser

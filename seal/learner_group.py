@@ -190,10 +190,10 @@ class LearnerGroup:
         return self.result(self.train(trajectories, tag_weights, group_weights, policy_version, partial))
 
     # -------------------------------------------------------------- weights
-    def weights(self):
-        """An object ref to rank 0's arrays (gathered bucket by bucket on every rank)."""
+    def weights(self, dtype: str | None = None):
+        """An object ref to rank 0's arrays in the generator's ``dtype`` (gathered bucket by bucket on every rank)."""
         self._check_pending()
-        call = self._start(lambda a: a.weights.remote(), "weight gather")
+        call = self._start(lambda a: a.weights.remote(dtype), "weight gather")
         self._collect(call, block=True)
         return call.refs[0]
 
@@ -203,9 +203,9 @@ class LearnerGroup:
     def weight_group_address(self) -> tuple[str, int]:
         return self._get_one(self.actors[0].weight_group_address.remote(), 0, "weight group")
 
-    def join_weight_group(self, host: str, port: int, world_size: int, backend: str):
-        """Rank 0 joins the broadcast group (a ref: the generator joins at the same time)."""
-        return self.actors[0].join_weight_group.remote(host, port, world_size, backend)
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str, dtype: str | None = None):
+        """Rank 0 joins the broadcast group, sending in the generator's ``dtype`` (a ref: the generator joins at the same time)."""
+        return self.actors[0].join_weight_group.remote(host, port, world_size, backend, dtype)
 
     def broadcast_weights(self) -> None:
         """Every rank joins the bucketed gathers, rank 0 sends; failures surface at the next call."""

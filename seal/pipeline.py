@@ -92,10 +92,12 @@ class Pipeline:
             self.totals.setdefault(key, 0.0)
         self.started = time.perf_counter()
         self.weights_ref = None
+        # Weights go to the generator in its dtype (bf16 on a CPU with it: half the bytes).
+        self.weight_dtype = ray.get(self.actors.generator.dtype.remote())
         if extra:
             self.ledger.restore(extra["slots"], self.version)
             self.replay.set_policy_version(self.version)
-            self.weights_ref = self.actors.learners.weights()
+            self.weights_ref = self.actors.learners.weights(self.weight_dtype)
             ray.get(self.actors.generator.update_weights.remote(self.version, self.weights_ref))
         self.acked = self.version  # the generator's version
         self.broadcast = self.cfg.generator.get("weight_sync", "reload") == "broadcast"
@@ -229,7 +231,7 @@ class Pipeline:
             if self.weights_ref is not None and not self.broadcast:
                 weights, version = self.weights_ref, self.acked
             else:
-                weights, version = self.actors.learners.weights(), self.version
+                weights, version = self.actors.learners.weights(self.weight_dtype), self.version
             try:
                 ray.get(self.actors.generator.update_weights.remote(version, weights))
                 if self.broadcast:  # the old group died with the old process
@@ -336,7 +338,7 @@ class Pipeline:
 
         host, port = self.actors.learners.weight_group_address()
         backend = "nccl" if self.cfg.learner.cfg.device == "cuda" else "gloo"
-        meta = self.actors.learners.join_weight_group(host, port, 2, backend)
+        meta = self.actors.learners.join_weight_group(host, port, 2, backend, self.weight_dtype)
         joined = self.actors.generator.join_weight_group.remote(host, port, 2, backend)
         self.weight_meta = ray.get(meta)
         ray.get(joined)
@@ -348,7 +350,7 @@ class Pipeline:
             publish = self.actors.generator.update_weights_from_group.remote(self.version, self.weight_meta)
             self.actors.learners.broadcast_weights()  # its failure surfaces at the learner group's next call
             return publish
-        self.weights_ref = self.actors.learners.weights()
+        self.weights_ref = self.actors.learners.weights(self.weight_dtype)
         return self.actors.generator.update_weights.remote(self.version, self.weights_ref)
 
     def _published(self, ref) -> None:

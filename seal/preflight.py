@@ -137,6 +137,13 @@ def _check_signatures(cfg) -> None:
         except TypeError as exc:
             raise ValueError(f"bad config for {group} ({target}): {exc}") from None
     instantiate(cfg.learner.cfg)  # LearnerConfig, LossConfig, APatchConfig: their __post_init__ checks
+    if "dtype" in cfg.generator:
+        from actors.precision import check_dtype
+
+        try:
+            check_dtype(cfg.generator.dtype)
+        except ValueError as exc:
+            raise ValueError(f"generator.{exc}") from None
 
 
 def _check_batch_split(cfg) -> None:

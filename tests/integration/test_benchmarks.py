@@ -68,6 +68,18 @@ def test_env_scaling_reports_rates_per_actor_count(tmp_path):
     assert r["parallel_efficiency"][0] == pytest.approx(1.0)
 
 
+def test_precision_puts_fp32_and_bf16_side_by_side(tmp_path):
+    r = bench(tmp_path, "precision", "--model", "tiny", "--sequences", "2", "--prompt-tokens", "32", "--new-tokens", "4",
+              "--shapes", "toy")
+    assert set(r["per_dtype"]) == {"float32", "bfloat16"}
+    for dtype, per in r["per_dtype"].items():
+        assert per["generator_dtype"] == per["learner_dtype"] == dtype
+        assert positive(per["generator_tokens_per_s"]["median"]) and positive(per["learner_tokens_per_s"]["median"])
+        assert per["steps"]["toy"]["mismatch_abs_logprob_diff"]["median"] < 0.1  # vLLM and learner at the same weights
+    assert all(positive(r[k]) for k in ("generator_speedup", "learner_speedup")) and positive(r["step_speedup"]["toy"])
+    assert r["dtype_auto"] in ("float32", "bfloat16") and "cpu_flags" in r["machine"]
+
+
 def test_weights_publish_against_memcpy(tmp_path):
     r = bench(tmp_path, "weights", "--models", "tiny", *TINY)
     assert r["models"] == ["tiny"]
@@ -106,6 +118,7 @@ def test_trl_side_by_side_on_the_same_work(tmp_path):
     assert positive(r["ours_samples_per_s"]) and positive(r["trl_samples_per_s"])
     assert r["ratio"] == pytest.approx(r["ours_samples_per_s"] / r["trl_samples_per_s"], rel=1e-6)  # one repeat
     assert r["n"] == 2 and r["trl_version"] and r["notes"]
+    assert {r["precision"]["trl"], r["precision"]["ours_learner"]} <= {"float32", "bfloat16"}  # both recorded
 
 
 def test_bad_part_and_options_are_one_line_errors(tmp_path):

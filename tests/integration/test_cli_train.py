@@ -67,6 +67,8 @@ CASES = [
     (["+cluster.generator.resources={gpu_node:1}"], "cluster.generator.resources asks for gpu_node", {}),
     (["limit=0"], "limit must be a number of tasks >= 1", {}),
     (["learner=torch", "learner.world_size=2"], "learner.world_size=2 needs a DeepSpeed learner (learner=zero2 or learner=zero3)", {}),
+    (["generator.dtype=fp16"], "generator.dtype must be one of auto, bfloat16, float32; got 'fp16'", {}),
+    (["learner.cfg.dtype=half"], "dtype must be one of auto, bfloat16, float32; got 'half'", {}),
 ]
 
 

@@ -63,7 +63,7 @@ def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False, shared_pr
     lr = 1.0 if optimizer == "sgd" else 1e-3
     cfg = LearnerConfig(backend=backend, zero_stage=stage, lr=lr, optimizer=optimizer, weight_decay=0.0, mini_batch_groups=GROUPS,
                         micro_batch_size=micro, loss=LossConfig(kl_coef=0.1), gradient_checkpointing=checkpointing,
-                        shared_prefix=shared_prefix)
+                        shared_prefix=shared_prefix, dtype="float32")  # pinned: the tolerances below are fp32's
     return Learner(tiny_path, cfg, group_size=N)
 
 

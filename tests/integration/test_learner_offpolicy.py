@@ -24,6 +24,7 @@ def tiny_path():
 
 def make_learner(tiny_path, backend="torch", stage=2, groups_per_mini=GROUPS, **cfg):
     cfg.setdefault("loss", LossConfig(kl_coef=0.1))
+    cfg.setdefault("dtype", "float32")  # equivalence checks: fp32 on every processor
     return Learner(tiny_path, LearnerConfig(backend=backend, zero_stage=stage, lr=1e-3, weight_decay=0.0,
                                             mini_batch_groups=groups_per_mini, micro_batch_size=1, **cfg), group_size=N)
 
@@ -93,7 +94,7 @@ def test_sequence_aggregation_is_split_invariant_in_the_engine(tiny_path, loss_a
     batch = make_batch(4, tiny_path)
     one = make_learner(tiny_path, optimizer="sgd", loss_agg=loss_agg)
     cfg = LearnerConfig(backend="torch", lr=1e-3, weight_decay=0.0, optimizer="sgd", mini_batch_groups=GROUPS,
-                        micro_batch_size=2, loss_agg=loss_agg, loss=LossConfig(kl_coef=0.1))
+                        micro_batch_size=2, loss_agg=loss_agg, loss=LossConfig(kl_coef=0.1), dtype="float32")
     two = Learner(tiny_path, cfg, group_size=N)
     before = weights(one)
     ma, mb = one.train_batch(batch, RELEASED_BASE_WEIGHTS), two.train_batch(batch, RELEASED_BASE_WEIGHTS)
