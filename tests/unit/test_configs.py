@@ -61,7 +61,8 @@ def test_root_config_defaults():
     assert cfg.learner.cfg.mini_batch_groups == cfg.trainer.groups_per_step and cfg.learner.group_size == cfg.n
     assert instantiate(cfg.interface).schema_lite is True and instantiate(cfg.interface).worked_examples is True
     assert instantiate(compose(["interface=raw"]).interface).is_raw
-    assert instantiate(compose(["sampling=eval"]).sampling).temperature == 0.0
+    assert instantiate(compose(["sampling=eval"]).sampling).temperature == 0.0  # evaluation stays greedy
+    assert (cfg.sampling.temperature, cfg.sampling.max_new_tokens) == (0.7, 48)  # the CPU default's sampling group
 
 
 def test_bad_overrides_are_clear_errors():
