@@ -28,9 +28,11 @@ def placeholder_exchange(tools: Sequence[dict[str, Any]]) -> Exchange | None:
         params = doc.get("parameters") or {}
         props = params.get("properties") or {}
         required = list(params.get("required") or [])
-        types = [(props.get(name) or {}).get("type") for name in required]
-        if all(t in _PLACEHOLDER for t in types):
-            call = ToolCall(doc["name"], {name: _PLACEHOLDER[t] for name, t in zip(required, types)})
+        specs = [props.get(name) or {} for name in required]
+        if all(spec.get("type") in _PLACEHOLDER for spec in specs):
+            # An enum's first value (any other would be refused by the schema), else the type's placeholder.
+            values = {name: (spec["enum"][0] if spec.get("enum") else _PLACEHOLDER[spec["type"]]) for name, spec in zip(required, specs)}
+            call = ToolCall(doc["name"], values)
             args = ", ".join(f"{k}={v!r}" for k, v in call.arguments.items())
             request = f"(Example of the call format) Please run {doc['name']}" + (f" with {args}." if args else ".")
             return request, call, '{"result": "example output"}', "Done: the tool returned example output."
