@@ -11,6 +11,9 @@ from __future__ import annotations
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+# Mean training reward, last third of the default run's steps over its first third (seed 0).
+# Measured when written: see README ("The main job"); the margin leaves room for CPU nondeterminism.
+LEARNING_MARGIN = 0.1
 
 
 def test_mean_reward_rises_on_the_toy_env():
