@@ -12,7 +12,8 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 # Mean training reward, last third of the default run's steps over its first third (seed 0).
-# Measured when written: see README ("The main job"); the margin leaves room for CPU nondeterminism.
+# Measured when written (README, "The main job"): 0.11 -> 0.33 over steps 1-3 and 6-8 of seed 0;
+# seed 1 never earned a reward (see README): this is seed 0's claim, not every seed's.
 LEARNING_MARGIN = 0.1
 
 
@@ -75,7 +76,9 @@ def test_the_default_command_learns():
     mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
     assert mean(last) >= mean(first) + LEARNING_MARGIN, [round(r["reward_mean"], 3) for r in rows]
     assert first[0]["tag_fractions"] != last[-1]["tag_fractions"]
-    assert first[0]["tag_weights"] != last[-1]["tag_weights"]
+    # Tag weights step with each learner update (a skipped step records none).
+    weights = [r["tag_weights"] for r in rows if r["tag_weights"]]
+    assert len(weights) >= 2 and weights[0] != weights[-1]
     assert last[-1]["interface_version"] >= 1 and last[-1]["active_guidelines"]
     assert all(isinstance(r["policy_version"], int) and isinstance(r["interface_version"], int) for r in rows)
-    assert rows[-1]["policy_version"] >= 1 and sum(not r["skipped"] for r in rows) >= len(rows) // 2
+    assert rows[-1]["policy_version"] >= 2
