@@ -85,8 +85,15 @@ def _toy_category(task_id: str) -> str:
     return toy_task(task_id).category
 
 
+def _shopping_category(task_id: str) -> str:
+    from env_pool.shopping.tasks import get_task
+
+    return get_task(task_id).category
+
+
 CATEGORY_RULES["multi_turn_"] = _bfcl_category
 CATEGORY_RULES["toy_"] = _toy_category
+CATEGORY_RULES["shop_"] = _shopping_category
 
 
 def task_category(task_id: str) -> str:

@@ -18,6 +18,7 @@ from env_pool.bfcl.prompts import reveal_message, system_prompt
 from env_pool.bfcl.replay import ground_truth_turns
 from env_pool.bfcl.runtime import ExecCall, InstanceSet, call_signatures, error_text, is_error_result
 from env_pool.bfcl.tasks import BfclTask, get_task, split_ids
+from env_pool.interface.examples import exchange_messages, placeholder_exchange
 from env_pool.interface.feedback import parse_failure_hint, tool_error_hint, unknown_tool_hint
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from env_pool.tags import check_instance_mismatch_rule
@@ -77,9 +78,10 @@ class BfclEnv(Environment):
         first = [dict(m) for m in self._turn_messages(0)]
         if first and first[0]["role"] == "system":  # as bfcl-eval: ours goes first
             first[0]["content"] = sys_msg + "\n\n" + first[0]["content"]
-            self._messages = first
+            head, first = first[:1], first[1:]
         else:
-            self._messages = [{"role": "system", "content": sys_msg}] + first
+            head = [{"role": "system", "content": sys_msg}]
+        self._messages = head + self._worked_examples(task) + first
         self._check_context()
         return list(self._messages)
 
@@ -193,6 +195,13 @@ class BfclEnv(Environment):
         if turn in task.withheld:
             return [{"role": "user", "content": reveal_message(task.withheld[turn], self.tool_format, self._interface, self.tool_doc_indent)}]
         return [dict(m) for m in self._turn_messages(turn)]
+
+    def _worked_examples(self, task: BfclTask) -> list[Message]:
+        """Training interface only: one placeholder call to a task tool, before the first user turn."""
+        if not self._interface.worked_examples:
+            return []
+        exchange = placeholder_exchange(task.tools_at_turn(0))
+        return exchange_messages([exchange], self.tool_format) if exchange else []
 
     def _with_hint(self, name: str, result: str, visible: list[str]) -> str:
         if not self._interface.error_feedback:

@@ -11,7 +11,8 @@ from typing import Any, Mapping
 
 GUIDELINE_KINDS: tuple[str, ...] = ("cautious_call", "active_respond", "state_aware", "scope", "format")
 # Names accepted on the command line for the three components.
-COMPONENTS: dict[str, str] = {"lite": "schema_lite", "feedback": "error_feedback", "guidelines": "guidelines"}
+COMPONENTS: dict[str, str] = {"lite": "schema_lite", "feedback": "error_feedback", "guidelines": "guidelines",
+                              "examples": "worked_examples"}
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class InterfaceState:
     error_feedback: bool = False
     # phi_cap "capability guidelines"
     guidelines: bool = False
+    # Worked tool-call exchanges shown as earlier chat turns (interface/examples.py):
+    # they teach the call format only, never a task's answer.
+    worked_examples: bool = False
     active_guidelines: tuple[str, ...] = ()
     # Optional per-category guidelines (category -> kinds); falls back to the global list.
     category_guidelines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -41,7 +45,7 @@ class InterfaceState:
 
     @property
     def is_raw(self) -> bool:
-        return not (self.schema_lite or self.error_feedback or (self.guidelines and self._any_guideline))
+        return not (self.schema_lite or self.error_feedback or self.worked_examples or (self.guidelines and self._any_guideline))
 
     @property
     def _any_guideline(self) -> bool:

@@ -179,3 +179,18 @@ def test_memory_stays_flat_over_many_episodes():
     tracemalloc.stop()
     # The last episode's transcript is still held; growth beyond that is a leak.
     assert grown < 3_000_000, f"{grown} bytes retained after 1000 episodes"
+
+
+def test_worked_exchange_is_training_only_and_not_the_ground_truth():
+    env = BfclEnv(tool_format="python")
+    task_id = "multi_turn_base_0"
+    raw = env.reset(task_id)
+    trained = env.reset(task_id, InterfaceState(worked_examples=True))
+    # The same conversation with one placeholder exchange before the first user turn.
+    assert len(trained) == len(raw) + 4 and trained[0] == raw[0] and trained[5:] == raw[1:]
+    assert [m["role"] for m in trained[1:5]] == ["user", "assistant", "tool", "assistant"]
+    shown = trained[2]["content"]
+    truth = [c for turn in env.reference_turns(task_id) for c in turn]
+    assert shown not in truth and "example" in trained[1]["content"].lower()
+    result = play_scripted(env, task_id, env.reference_turns(task_id), InterfaceState(worked_examples=True))
+    assert result.reward == 1  # the exchange is never executed: the task's state is untouched

@@ -25,7 +25,7 @@ def seal(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def test_rollout_writes_tagged_groups_and_skips_what_cannot_fit(tmp_path):
     out = tmp_path / "r.jsonl"
     # BFCL's first training tasks include opening prompts longer than the tiny model's 8K context less 16.
-    proc = seal("rollout", "--tasks", "4", "--n", "3", "--out", str(out), "model=tiny", "sampling.max_new_tokens=16")
+    proc = seal("rollout", "--tasks", "4", "--n", "3", "--out", str(out), "env=bfcl", "model=tiny", "sampling.max_new_tokens=16")
     assert proc.returncode == 0, proc.stderr[-2000:]
     (note,) = [line for line in proc.stdout.splitlines() if line.startswith("skipped ")]
     m = re.fullmatch(r"skipped (\d) of 4 tasks \(([^)]*)\): opening prompt longer than 8176 tokens "
@@ -45,7 +45,7 @@ def test_named_tasks_that_cannot_fit_are_refused_before_the_engine(tmp_path, com
     out = tmp_path / "r.jsonl"
     args = ["--out", str(out)] if command == "rollout" else []
     # multi_turn_base_77: about 8.3K tokens with either interface, over 8192 - 128.
-    proc = seal(command, "--task-ids", "multi_turn_base_0,multi_turn_base_77", *args, "model=tiny")
+    proc = seal(command, "--task-ids", "multi_turn_base_0,multi_turn_base_77", *args, "env=bfcl", "model=tiny", "sampling.max_new_tokens=128")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert re.fullmatch(r"seal: error: task multi_turn_base_77: its opening prompt is \d+ tokens, longer than 8064 tokens "
                         r"\(model context 8192 minus sampling.max_new_tokens 128\)\n", proc.stderr), proc.stderr

@@ -54,10 +54,15 @@ def test_generator_configs_take_the_model_group():
 
 def test_root_config_defaults():
     cfg = compose([])
-    assert cfg.split == "train" and cfg.env.tool_format == "json" and cfg.n == 2
+    # The CPU default trains on the built-in shopping env (README: BFCL gives SmolLM2-135M no reward to learn from).
+    assert cfg.split == "train" and cfg.env._target_ == "env_pool.shopping.env.ShoppingEnv" and cfg.env.tool_format == "python"
+    assert cfg.trainer.filter_groups == "zero_variance"
+    assert compose(["env=bfcl"]).env.tool_format == "json"
     assert cfg.learner.cfg.mini_batch_groups == cfg.trainer.groups_per_step and cfg.learner.group_size == cfg.n
-    assert instantiate(cfg.interface).schema_lite is True
-    assert instantiate(compose(["sampling=eval"]).sampling).temperature == 0.0
+    assert instantiate(cfg.interface).schema_lite is True and instantiate(cfg.interface).worked_examples is True
+    assert instantiate(compose(["interface=raw"]).interface).is_raw
+    assert instantiate(compose(["sampling=eval"]).sampling).temperature == 0.0  # evaluation stays greedy
+    assert (cfg.sampling.temperature, cfg.sampling.max_new_tokens) == (0.7, 48)  # the CPU default's sampling group
 
 
 def test_bad_overrides_are_clear_errors():
@@ -71,12 +76,12 @@ def test_bad_overrides_are_clear_errors():
         instantiate(compose(["learner.cfg.apatch.scale_min=2.5"]).learner.cfg)
     with pytest.raises(ValueError, match="min_prevalence must be in"):
         instantiate(compose(["guideline_policy.min_prevalence=10"]).guideline_policy)
-    for env in ("bfcl", "toy"):
+    for env in ("bfcl", "toy", "shopping"):
         with pytest.raises(ValueError, match="diagnosis.instance_mismatch must be one of release, classes, got 'scope'"):
             instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=scope"]).env)
 
 
-@pytest.mark.parametrize("env", ["bfcl", "toy"])
+@pytest.mark.parametrize("env", ["bfcl", "toy", "shopping"])
 def test_instance_mismatch_rule_reaches_the_env(env):
     assert instantiate(compose([f"env={env}"]).env).instance_mismatch == "release"
     assert instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=classes"]).env).instance_mismatch == "classes"
@@ -85,12 +90,12 @@ def test_instance_mismatch_rule_reaches_the_env(env):
 def test_algo_recipes_set_what_they_say():
     release = compose(["algo=seal_release"])
     lc, iface = instantiate(release.learner.cfg), instantiate(release.interface)
-    assert (iface.schema_lite, iface.error_feedback, iface.guidelines) == (True, False, False)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (True, False, False, False)
     assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.weight_decay) == ("recompute", "seq-mean-token-mean", "none", 0.01)
     assert release.trainer.filter_groups == "none"
     paper = compose(["algo=seal_paper"])
     lc, iface = instantiate(paper.learner.cfg), instantiate(paper.interface)
-    assert (iface.schema_lite, iface.error_feedback, iface.guidelines) == (True, True, True)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (True, True, True, False)
     assert (lc.old_logprobs, lc.loss_agg) == ("behaviour", "token-mean")
     # An ablation still applies on top of an algo (it comes later in the defaults list).
     both = compose(["algo=seal_paper", "ablation=no_reweighting"])

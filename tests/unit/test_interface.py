@@ -149,3 +149,24 @@ def test_raw_means_nothing_added():
     assert not InterfaceState(schema_lite=True).is_raw
     assert guideline_block(()) == ""
     assert guideline_block(("format",)).startswith("Guidelines:\n- ")
+
+
+def test_worked_exchanges_use_placeholders_and_the_active_format():
+    from env_pool.interface.examples import exchange_messages, placeholder_exchange
+
+    tools = [
+        {"name": "needs_path", "parameters": {"properties": {"p": {"type": "weird"}}, "required": ["p"]}},
+        {"name": "move", "parameters": {"properties": {"mode": {"type": "string", "enum": ["slow", "fast"]}, "n": {"type": "integer"},
+                                                       "note": {"type": "string"}}, "required": ["mode", "n"]}},
+    ]
+    request, call, result, reply = placeholder_exchange(tools)
+    # The first tool whose required parameters all have a placeholder; optional ones left out.
+    assert call.name == "move" and call.arguments == {"mode": "slow", "n": 1} and "move" in request
+    assert placeholder_exchange(tools[:1]) is None
+    msgs = exchange_messages([(request, call, result, reply)], "python")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert msgs[1]["content"] == "[move(mode='slow', n=1)]" and msgs[2]["name"] == "move"
+    assert '"name": "move"' in exchange_messages([(request, call, result, reply)], "json")[1]["content"]
+    from env_pool.interface.state import InterfaceState
+
+    assert not InterfaceState(worked_examples=True).is_raw and InterfaceState().with_components("examples").worked_examples

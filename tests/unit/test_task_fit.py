@@ -13,7 +13,7 @@ from seal.task_fit import chat_tokenizer, fit_tasks, prompt_room, select_tasks
 
 @pytest.fixture(scope="module")
 def bfcl():
-    cfg = compose(["model=tiny"])
+    cfg = compose(["env=bfcl", "model=tiny", "sampling.max_new_tokens=128"])
     env, interface = instantiate(cfg.env), instantiate(cfg.interface)
     ids = env.task_ids("train")[:4]
     chat = chat_tokenizer(cfg)
@@ -22,7 +22,7 @@ def bfcl():
 
 
 def test_the_room_is_the_context_less_the_answer():
-    cfg = compose(["model=tiny", "sampling.max_new_tokens=100", "model.max_model_len=4096"])
+    cfg = compose(["env=bfcl", "model=tiny", "sampling.max_new_tokens=100", "model.max_model_len=4096"])
     assert prompt_room(cfg) == 3996
 
 
@@ -38,7 +38,7 @@ def test_a_prompt_of_exactly_the_room_fits(bfcl):
 
 def test_rollout_skips_overlong_tasks_with_a_count(bfcl):
     cfg, env, interface, ids, chat, lengths = bfcl
-    # The default config (8192-token context, 128 to answer): BFCL's first training tasks include overlong ones.
+    # BFCL with 128 tokens to answer (8192-token context): BFCL's first training tasks include overlong ones.
     over = [t for t in ids if lengths[t] > prompt_room(cfg)]
     assert over, "the check below needs an overlong task among the first four"
     keep, skipped, note = choose_tasks(cfg, env, interface, ids, None)
@@ -77,10 +77,10 @@ def test_nothing_left_is_an_error_naming_the_skip(bfcl):
 
 
 def test_train_pool_skips_unless_told_to_keep():
-    cfg = compose(["model=tiny", "limit=6"])
+    cfg = compose(["env=bfcl", "model=tiny", "limit=6"])
     keep, skipped = select_tasks(cfg)
     assert len(keep) + skipped == 6 and skipped >= 1
-    assert select_tasks(compose(["model=tiny", "limit=6", "trainer.skip_overlong=false"])) == (
-        select_tasks(compose(["model=tiny", "limit=6", "sampling.max_new_tokens=1", "model.max_model_len=100000"]))[0], 0)
+    assert select_tasks(compose(["env=bfcl", "model=tiny", "limit=6", "trainer.skip_overlong=false"])) == (
+        select_tasks(compose(["env=bfcl", "model=tiny", "limit=6", "sampling.max_new_tokens=1", "model.max_model_len=100000"]))[0], 0)
     with pytest.raises(ValueError, match="no task's opening prompt fits 92 tokens"):
-        select_tasks(compose(["model=tiny", "limit=2", "sampling.max_new_tokens=8", "model.max_model_len=100"]))
+        select_tasks(compose(["env=bfcl", "model=tiny", "limit=2", "sampling.max_new_tokens=8", "model.max_model_len=100"]))
