@@ -1,6 +1,6 @@
 """The learner group on the rank side: how a step's groups are split over the ranks, how the
 ranks agree on one loss normaliser and one number of forward/backward calls, and how they form
-their torch.distributed group. Pure functions where it is maths (tests/unit/test_learner_group.py).
+their torch.distributed group. Pure functions where it is maths (tests/unit/test_learner_group_plan.py).
 
 A GRPO group stays whole on one rank (its advantages and its shared-prefix packing need all its
 rollouts); groups go to the rank with the fewest tokens so far, largest first. Every mini-batch's
