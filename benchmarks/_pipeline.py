@@ -18,7 +18,7 @@ from benchmarks._common import log
 # short enough to repeat; checkpoints and snapshots are not part of a step.
 # Every group reaches the learner (no zero-variance filter): a benchmark measures the same
 # learner work each step, whatever rewards the model happens to earn.
-BASE_OVERRIDES = ["env=toy", "trainer.checkpoint_every=0", "trainer.snapshot_every=0", "trainer.filter_groups=none"]
+BASE_OVERRIDES = ["env=toy", "trainer.checkpoint_every=0", "trainer.snapshot_every=0", "trainer.filter_groups=none", "trainer.oversample=0"]
 
 
 def compose_cfg(overrides: Sequence[str], defaults: Sequence[str] = ()):

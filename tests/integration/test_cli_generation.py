@@ -65,7 +65,7 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
                "dropped", "reissued", "rejected"}
 
 
-TRAIN = ("train", "env=toy", "model=tiny", "n=4", "trainer.mode=sync", "trainer.filter_groups=none")
+TRAIN = ("train", "env=toy", "model=tiny", "n=4", "trainer.mode=sync", "trainer.filter_groups=none", "trainer.oversample=0")
 LINE = re.compile(r"\[\d+:\d\d:\d\d\] (\w+) +(.+)")  # seal/progress.py: [elapsed] kind message
 README = Path(__file__).resolve().parents[2] / "README.md"
 

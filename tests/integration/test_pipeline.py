@@ -41,7 +41,7 @@ def make_pipeline(run_dir, *overrides, resume=None):
     from seal.pipeline import Pipeline
 
     # No group filter by default here: these tests count every group through the learner.
-    args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=64", "n=4", "trainer.filter_groups=none", *overrides]
+    args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=64", "n=4", "trainer.filter_groups=none", "trainer.oversample=0", *overrides]
     cfg = compose(args)
     return Pipeline(cfg, create_run_dir(str(run_dir), cfg, args), resume=resume)
 

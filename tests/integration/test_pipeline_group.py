@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 def seal_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     args = ["env=toy", "model=tiny", "learner=zero3", "learner.world_size=2", "n=2", "trainer.groups_per_step=2",
-            "trainer.filter_groups=none", "sampling.max_new_tokens=32", "trainer.checkpoint_keep=1", "cluster.env_actors=1",
+            "trainer.filter_groups=none", "trainer.oversample=0", "sampling.max_new_tokens=32", "trainer.checkpoint_keep=1", "cluster.env_actors=1",
             f"run_dir={run_dir}", *extra]
     return subprocess.run([sys.executable, "-m", "seal.cli", "train", *args], capture_output=True, text=True, env=env,
                           cwd=run_dir.parent, timeout=900)

@@ -34,7 +34,7 @@ def test_env_actors_spread_over_nodes_and_training_runs(tmp_path, cluster):
     assert len([n for n in ray.nodes() if n["Alive"]]) == 3
     args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=32", "cluster.env_actors=3",
             f"cluster.address={cluster.address}", "trainer.mode=async", "trainer.groups_per_step=2",
-            "trainer.filter_groups=none"]  # the tiny model's groups all have equal rewards; this test counts them
+            "trainer.filter_groups=none", "trainer.oversample=0"]  # the tiny model's groups all have equal rewards; this test counts them
     cfg = compose(args)
     p = Pipeline(cfg, create_run_dir(str(tmp_path), cfg, args))
     try:
