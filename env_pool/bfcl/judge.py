@@ -11,11 +11,11 @@ trajectories); the per-turn tags add what the official checker never reports.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from env_pool import tags as T
+from env_pool.paper_labels import paper_label
 from env_pool.bfcl.runtime import (
     ExecCall,
     InstanceSet,
@@ -24,7 +24,6 @@ from env_pool.bfcl.runtime import (
     prepare_import,
 )
 from env_pool.bfcl.tasks import BfclTask
-from env_pool.schema import argument_problems
 from env_pool.tool_calls import ParsedStep
 
 _checkers: tuple[Any, Any] | None = None
@@ -120,7 +119,8 @@ def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]], instance_mismat
                     error_type = T.ERR_RESPONSE
 
         tag = _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes)
-        label = _paper_label(task, t, steps, calls, gt_calls, results, state_ok, response_ok, tag)
+        visible = {doc["name"]: doc for doc in task.tools_at_turn(t)}
+        label = paper_label(steps, calls, gt_calls, results, state_ok, response_ok, tag, visible, is_error_result)
         diagnoses.append(
             TurnDiagnosis(
                 tag=tag,
@@ -164,31 +164,3 @@ def _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, 
     if by_classes and {model.class_of(c.name) for c in calls} != {truth.class_of(c.name) for c in gt_calls}:
         return T.INSTANCE_MISMATCH
     return T.STATE_MISMATCH if not state_ok else T.RESPONSE_MISMATCH
-
-
-def _paper_label(task, t, steps, calls, gt_calls, results, state_ok, response_ok, tag) -> str:
-    visible = {doc["name"]: doc for doc in task.tools_at_turn(t)}
-    invalid = any(s.error is not None for s in steps) or any(c.name not in visible for c in calls)
-    if not gt_calls:
-        # Any call where no tool fits the request is an invalid tool call.
-        return T.INVALID_TOOL_CALL if calls else T.PASS
-    if tag == T.PASS or (state_ok and response_ok and calls):
-        return T.PASS
-    if invalid:
-        return T.INVALID_TOOL_CALL
-    if not calls:
-        return T.MISSING_TOOL_CALL
-    if any(argument_problems(c.arguments, visible[c.name]) for c in calls):
-        return T.ARGUMENT_MISMATCH
-    model_names = Counter(c.name for c in calls)
-    gt_names = Counter(c.name for c in gt_calls)
-    if model_names == gt_names:
-        # Right tools, and the turn failed: the arguments are what differ.
-        return T.ARGUMENT_MISMATCH
-    if state_ok is False:
-        return T.STATE_MISMATCH
-    if any(is_error_result(r) for r in results):
-        return T.RECOVERY_FAILURE
-    if not (model_names - gt_names) and (gt_names - model_names):
-        return T.MISSING_TOOL_CALL
-    return T.RESPONSE_MISMATCH

@@ -11,12 +11,11 @@ is tagged but not failed (its effect on the list shows at the next check).
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
 from env_pool import tags as T
-from env_pool.schema import argument_problems
+from env_pool.paper_labels import paper_label
 from env_pool.shopping.tasks import ShoppingTask
 from env_pool.shopping.tools import TOOLS, ShoppingList, is_error
 from env_pool.tool_calls import ParsedStep
@@ -61,7 +60,7 @@ def judge(task: ShoppingTask, turns: Sequence[Sequence[ParsedStep]], instance_mi
                               else T.ERR_RESPONSE if not response_ok else None)
         tag = released_tag(turn.expected, calls, gt_results, bool(decoded), state_ok, response_ok, by_classes)
         tags.append(tag)
-        labels.append(paper_label(steps, calls, turn.expected, results, state_ok, response_ok, tag))
+        labels.append(paper_label(steps, calls, turn.expected, results, state_ok, response_ok, tag, _SCHEMAS, is_error))
     reward = int(error_type is None)
     scorable = [tag for tag in tags if tag not in T.EXCLUDED_TAGS]
     progress = sum(tag in T.PASSING_TAGS for tag in scorable) / len(scorable) if scorable else float(reward)
@@ -81,29 +80,4 @@ def released_tag(expected, calls, gt_results, decoded: bool, state_ok, response_
     if by_classes and any(c.name not in _SCHEMAS for c in calls):
         return T.INSTANCE_MISMATCH
     return T.STATE_MISMATCH if not state_ok else T.RESPONSE_MISMATCH
-
-
-def paper_label(steps, calls, expected, results, state_ok, response_ok, tag) -> str:
-    """One dominant paper label per turn, by DESIGN.md's priority (as bfcl/judge.py)."""
-    invalid = any(s.error is not None for s in steps) or any(c.name not in _SCHEMAS for c in calls)
-    if not expected:
-        return T.INVALID_TOOL_CALL if calls else T.PASS
-    if tag == T.PASS or (state_ok and response_ok and calls):
-        return T.PASS
-    if invalid:
-        return T.INVALID_TOOL_CALL
-    if not calls:
-        return T.MISSING_TOOL_CALL
-    if any(argument_problems(c.arguments, _SCHEMAS[c.name]) for c in calls):
-        return T.ARGUMENT_MISMATCH
-    if Counter(c.name for c in calls) == Counter(c.name for c in expected):
-        return T.ARGUMENT_MISMATCH
-    if state_ok is False:
-        return T.STATE_MISMATCH
-    if any(is_error(r) for r in results):
-        return T.RECOVERY_FAILURE
-    model_names, gt_names = Counter(c.name for c in calls), Counter(c.name for c in expected)
-    if not (model_names - gt_names) and (gt_names - model_names):
-        return T.MISSING_TOOL_CALL
-    return T.RESPONSE_MISMATCH
 
