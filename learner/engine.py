@@ -10,10 +10,8 @@ states plus any extra state the caller passes (capability and interface).
 """
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
 import socket
 import time
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from learner.batch import APatchConfig, Sample, build_samples
 from learner.loss import LOSS_AGGS, LossConfig
+from learner.weights_out import WeightsOut
 from replay.messages import Trajectory
 
 
@@ -127,7 +126,7 @@ def init_distributed(device: str) -> None:
         os.environ.pop("MASTER_PORT", None)
 
 
-class Learner:
+class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learner/weights_out.py
     """``world_size`` ranks train together (learner/group.py forms their group before this is built);
     ``timeout_s`` bounds every collective and every call the driver makes to a rank."""
 
@@ -473,83 +472,6 @@ class Learner:
                    groups=stats.groups, zero_variance_groups=stats.zero_variance_groups, mean_scale=stats.mean_scale,
                    reward_mean=stats.reward_mean, mini_batches=len(plan))
         return out
-
-    # -------------------------------------------------------------- weights
-    def _full_cpu(self, named_tensors) -> dict[str, Any]:
-        """name -> full (gathered) fp32 tensor on CPU, whatever the ZeRO stage;
-        ``named_tensors`` is called inside the gather."""
-        if self.engine is not None and self.cfg.zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
-                return {k: v.detach().cpu().clone() for k, v in named_tensors()}
-        return {k: v.detach().cpu().clone() for k, v in named_tensors()}
-
-    @property
-    def bucket_bytes(self) -> int:
-        return int(self.cfg.weight_bucket_mb * 2**20)
-
-    def bucketed_weights(self, dtype: str | None = None) -> dict[str, Any] | None:
-        """``generator_weights`` gathered bucket by bucket (``weight_bucket_mb``), cast to the
-        generator's ``dtype`` (None: fp32 as trained): every rank calls it in step; rank 0 gets
-        the host copy, the others None."""
-        import torch
-
-        from learner.weight_broadcast import model_weights
-
-        zero3 = self.engine is not None and self.cfg.zero_stage == 3
-        target = getattr(torch, dtype) if dtype else None
-        out = {}
-        for name, tensor in model_weights(self.model, zero3, self.bucket_bytes):
-            if self.rank == 0:
-                out[name] = tensor.detach().cpu().to(target or tensor.dtype, copy=True)
-        return out if self.rank == 0 else None
-
-    def full_state_dict(self) -> dict[str, Any]:
-        """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""
-        return self._full_cpu(lambda: self.model.state_dict().items())
-
-    def generator_weights(self, dtype: str | None = None) -> dict[str, Any]:
-        """What a weight update carries to the generator: full parameters on
-        CPU, a tied parameter once, cast to the generator's ``dtype`` (bfloat16 |
-        float32; None: the fp32 master weights as they are). The state dict also
-        holds a tied lm_head under its own name, which vLLM skips on load: 17% of
-        the embedded model's bytes moved for nothing."""
-        import torch
-
-        weights = self._full_cpu(self.model.named_parameters)
-        if dtype is None:
-            return weights
-        target = getattr(torch, dtype)
-        return {k: v.to(target) for k, v in weights.items()}
-
-    def publish(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
-        """A versioned safetensors snapshot generators can load; (path, seconds)."""
-        t0 = time.perf_counter()
-        out = Path(out_dir) / f"v{version:06d}"
-        tmp = out.with_name(out.name + ".tmp")
-        state = self.full_state_dict()  # a collective under ZeRO-3: every rank calls publish
-        if self.rank != 0:
-            return out, time.perf_counter() - t0
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        (tmp / "seal-version.json").write_text(json.dumps({"version": version, "step": self.step}))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-        return out, time.perf_counter() - t0
-
-    def broadcast_weights(self, broadcaster) -> float:
-        """Weights to vLLM over the weight group (learner/weight_broadcast.py), gathered per parameter
-        under ZeRO-3 (ranks other than 0 pass None); seconds. ``weight_metadata`` says what is sent."""
-        from learner.weight_broadcast import broadcast_model
-
-        return broadcast_model(self.model, broadcaster, zero3=self.engine is not None and self.cfg.zero_stage == 3,
-                               bucket_bytes=self.bucket_bytes)
-
-    def weight_metadata(self, dtype=None) -> list:
-        from learner.weight_broadcast import model_metadata
-
-        return model_metadata(self.model, dtype)
 
     # ----------------------------------------------------------- checkpoints
     def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None, keep: int = 0) -> Path:
