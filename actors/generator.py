@@ -31,14 +31,31 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class VersionSpan:
+    """Output tokens [start, end) were sampled under weights ``version``."""
+
+    start: int
+    end: int
+    version: int
+
+
+@dataclass(frozen=True)
 class GenerationOutput:
     request_id: str
     token_ids: list[int]
     logprobs: list[float]  # of each sampled token under the behaviour policy
     finish_reason: str  # stop | length | abort
-    policy_version: int  # the weights that produced every token of this output
+    policy_version: int  # the oldest weights that produced a token of this output (staleness counts from it)
     prompt_tokens: int
     cached_prompt_tokens: int  # prefix-cache hits
+    # An output generated across a weight update (update_mode keep or abort) has
+    # several; empty: every token was made by ``policy_version``.
+    spans: tuple[VersionSpan, ...] = ()
+
+    def version_spans(self) -> tuple[VersionSpan, ...]:
+        """Contiguous spans covering every output token: one when the weights never
+        changed (an empty one for an empty output, so each turn keeps a segment)."""
+        return self.spans or (VersionSpan(0, len(self.token_ids), self.policy_version),)
 
 
 class GeneratorUnavailable(RuntimeError):

@@ -112,7 +112,7 @@ def run_group(
             ep.cached_tokens += out.cached_prompt_tokens
             start = len(ep.token_ids)
             ep.add(out.token_ids, 1, out.logprobs)
-            ep.segments.append(Segment(start, len(ep.token_ids), out.policy_version))
+            ep.segments.extend(Segment(start + s.start, start + s.end, s.version) for s in out.version_spans())
             text, ended = chat.completion_text(out.token_ids)
             result = ep.env.step(text)
             new_messages = [] if result.done else result.messages

@@ -178,6 +178,19 @@ class WeightSyncExtension:
     def refresh_tied_weights(self) -> int:
         return refresh_tied_cpu_weights(self.get_model())
 
+    def load_weight_records(self, records: list[Mapping[str, Any]]) -> int:
+        """Load name/dtype/shape/raw-bytes records in place (vLLM's multiprocess RPC
+        turns tensors into lists; bytes cross it as they are); returns how many."""
+        def tensors():
+            for r in records:
+                dtype = getattr(torch, str(r["dtype"]))
+                flat = torch.frombuffer(bytearray(r["data"]), dtype=dtype)  # bytearray: writable, owned
+                yield str(r["name"]), flat.reshape(tuple(r["shape"])).to(self.device)
+
+        self.reload_weights(weights_iterator=tensors())
+        refresh_tied_cpu_weights(self.get_model())
+        return len(records)
+
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                           timeout_s: float = 600.0) -> int:
         """``rank`` is the group rank of the engine's first worker; tensor-parallel worker i takes rank + i."""

@@ -1,0 +1,395 @@
+"""A generator replica on vLLM's async engine (AsyncLLM): continuous batching.
+
+Every request enters the engine's running batch as it arrives and returns as
+it finishes, so an env actor whose episode needs a short turn is not held
+behind the longest sequence of someone else's batch (the blocking
+``VllmGenerator`` serves one ``LLM.generate`` batch at a time).
+
+Used as a Ray async actor (all methods are coroutines on the actor's event
+loop, ``max_concurrency`` calls at once); the method names are those of
+``actors.generator_server.GeneratorServer``, so the driver and the env actors
+drive either the same way.
+
+Weight updates pause the engine with vLLM's own ``pause_generation``; the
+``update_mode`` says what happens to requests in flight:
+
+- ``pause``: no new request is scheduled, in-flight ones finish on the old
+  weights (vLLM mode ``wait``), then the weights change;
+- ``keep``: in-flight requests freeze (their KV cache kept) and continue
+  under the new weights after the update (vLLM mode ``keep``);
+- ``abort``: in-flight requests are aborted; each one's partial output is
+  kept and continued on the new weights as a new engine request whose prompt
+  is the old prompt plus the tokens so far (AReaL's interruptible rollouts).
+
+Per-span versions come from vLLM itself: the engine labels every output
+token with the weight version it was sampled under (``set_weight_version``),
+and a finished output carries the spans (``CompletionOutput.weight_versions``).
+
+Weights reach the engine's workers (another process) three ways: a
+safetensors directory; name -> array records through ``collective_rpc``
+(vLLM's RPC encodes tensors as lists, so they travel as raw bytes:
+``WeightSyncExtension.load_weight_records``); or the learner's broadcast
+group (``join_weight_group`` / ``update_weights_from_group``).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from actors.generator import GenerationOutput, GenerationRequest, SamplingConfig, VersionSpan
+
+UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
+
+
+@dataclass
+class ReplicaCounters:
+    requests: int = 0
+    finished: int = 0
+    continued: int = 0  # requests aborted by an update and continued on the new weights
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    outstanding: int = 0  # requests in the engine or waiting for an update to end
+    outstanding_tokens: int = 0  # their prompt + new-token budget: the router's load measure
+    updates: int = 0
+    update_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "started"}
+        d["wall_s"] = time.perf_counter() - self.started
+        d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        return d
+
+
+def _version_of(label: str | None, default: int) -> int:
+    try:
+        return int(label) if label is not None else default
+    except ValueError:  # vLLM's "default" before the first set_weight_version
+        return default
+
+
+class AsyncVllmGenerator:
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_model_len: int = 8192,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = True,
+        cpu_kv_cache_gb: int = 2,
+        max_num_seqs: int = 256,
+        seed: int = 0,
+        initial_version: int = 0,
+        update_mode: str = "pause",
+        weight_sync: str = "reload",
+        update_timeout_s: float = 600.0,
+        await_weights: bool = False,
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        if update_mode not in UPDATE_MODES:
+            raise ValueError(f"update_mode must be one of {sorted(UPDATE_MODES)}, got {update_mode!r}")
+        if weight_sync not in ("reload", "broadcast"):
+            raise ValueError(f"weight_sync must be reload or broadcast, got {weight_sync!r}")
+        from actors.model_assets import resolve_model
+        from actors.precision import choose_dtype
+
+        self._dtype = choose_dtype(dtype, device, "generator")
+        self.device = device
+        self.model_path = str(resolve_model(model_path))
+        self._max_model_len = int(max_model_len)
+        self._version = int(initial_version)  # policy_version(): a method, as on GeneratorServer
+        self.update_mode = update_mode
+        self.weight_sync = weight_sync
+        self.update_timeout_s = float(update_timeout_s)
+        self.counters = ReplicaCounters()
+        self._engine_kwargs: dict[str, Any] = dict(
+            model=self.model_path, dtype=self._dtype, max_model_len=self._max_model_len,
+            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager, seed=seed,
+            tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
+            worker_extension_cls="actors.weight_sync.WeightSyncExtension",
+        )
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if device == "cuda":
+            self._engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # The engine core is a process of its own; its threads follow this
+            # process's CPU pinning (cluster.generator.cpus), not vLLM's own binding.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gb)))
+            # As VllmGenerator: a seeded sampler cannot resume across prefill chunks on CPU.
+            self._engine_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=self._max_model_len)
+        self._engine: Any = None
+        self._start_lock: asyncio.Lock | None = None
+        self._update_lock: asyncio.Lock | None = None
+        self._serving: asyncio.Event | None = None  # clear while an update (or a restart's first weights) is pending
+        self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
+        self._group_ready = False
+        from actors.generator_server import _restarted_by_ray
+
+        self._awaiting_weights = await_weights or _restarted_by_ray()
+
+    # -------------------------------------------------------------- engine
+    async def _ready(self) -> Any:
+        """The engine, started on first use: AsyncLLM binds to the running event loop."""
+        if self._engine is not None:
+            return self._engine
+        if self._start_lock is None:
+            self._start_lock, self._update_lock = asyncio.Lock(), asyncio.Lock()
+            self._serving = asyncio.Event()
+            if not self._awaiting_weights:
+                self._serving.set()
+        async with self._start_lock:
+            if self._engine is None:
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
+
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs))
+                await engine.update_weight_version(str(self._version))
+                self._engine = engine
+        return self._engine
+
+    # --------------------------------------------------------- generation
+    async def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
+        """Every request goes to the engine at once and is served as it finishes;
+        the call returns when all of them have."""
+        await self._ready()
+        return list(await asyncio.gather(*(self._complete(r, sampling) for r in requests)))
+
+    async def _complete(self, req: GenerationRequest, sampling: SamplingConfig) -> GenerationOutput:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        budget = len(req.prompt_ids) + int(req.max_new_tokens)
+        c = self.counters
+        c.requests += 1
+        c.outstanding += 1
+        c.outstanding_tokens += budget
+        ids: list[int] = []
+        logprobs: list[float] = []
+        spans: list[VersionSpan] = []
+        cached = 0
+        finish = "abort"
+        piece = 0
+        try:
+            while True:
+                await self._serving.wait()  # a restart's first weights, or an update in progress
+                remaining = int(req.max_new_tokens) - len(ids)
+                if remaining <= 0:
+                    finish = "length"
+                    break
+                params = SamplingParams(
+                    temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=remaining, logprobs=0,
+                    seed=req.seed if req.seed is not None else sampling.seed, output_kind=RequestOutputKind.FINAL_ONLY,
+                )
+                epoch, version_now = self._abort_epoch, self._version
+                final = None
+                prompt = TokensPrompt(prompt_token_ids=[*req.prompt_ids, *ids])
+                async for out in self._engine.generate(prompt, params, request_id=f"{req.request_id}#{piece}"):
+                    final = out
+                if final is None or not final.outputs:
+                    raise RuntimeError(f"vLLM returned no output for request {req.request_id}")
+                out = final.outputs[0]
+                new_ids = list(out.token_ids)
+                new_lps = [float(step[tok].logprob) for tok, step in zip(new_ids, out.logprobs or [])]
+                if len(new_lps) != len(new_ids):
+                    raise RuntimeError(f"vLLM returned {len(new_lps)} logprobs for {len(new_ids)} tokens")
+                offset = len(ids)
+                if piece == 0:
+                    cached = int(final.num_cached_tokens or 0)
+                for span in out.weight_versions or ([] if not new_ids else [None]):
+                    if span is None:  # the engine labelled nothing: the version when the piece started
+                        spans.append(VersionSpan(offset, offset + len(new_ids), version_now))
+                    else:
+                        spans.append(VersionSpan(offset + span.start, offset + span.end, _version_of(span.version, version_now)))
+                ids.extend(new_ids)
+                logprobs.extend(new_lps)
+                finish = out.finish_reason or "abort"
+                if finish == "abort" and self._abort_epoch != epoch:
+                    piece += 1  # aborted by an abort-mode update: go on under the new weights
+                    c.continued += 1
+                    continue
+                break
+        finally:
+            c.outstanding -= 1
+            c.outstanding_tokens -= budget
+        c.finished += 1
+        c.generated_tokens += len(ids)
+        c.prompt_tokens += len(req.prompt_ids)
+        c.cached_prompt_tokens += cached
+        spans = _merge(spans)
+        oldest = min((s.version for s in spans), default=self._version)
+        return GenerationOutput(
+            request_id=req.request_id, token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=oldest,
+            prompt_tokens=len(req.prompt_ids), cached_prompt_tokens=cached,
+            spans=tuple(spans) if len({s.version for s in spans}) > 1 else (),
+        )
+
+    # ------------------------------------------------------------ weights
+    async def update_weights(self, version: int, source: str | Mapping[str, Any], mode: str | None = None) -> float:
+        """Load new weights under ``mode`` (default: the configured update_mode); seconds taken."""
+        from actors.generator_server import _as_tensors
+
+        async def load(engine) -> None:
+            tensors = _as_tensors(source)
+            if isinstance(tensors, str):
+                if not os.path.isdir(tensors):
+                    raise FileNotFoundError(f"weights directory not found: {tensors}")
+                await engine.collective_rpc("reload_weights", kwargs={"weights_path": tensors})
+            else:
+                await engine.collective_rpc("load_weight_records", kwargs={"records": _weight_records(tensors)})
+
+        return await self._update(version, mode, load)
+
+    async def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1,
+                                timeout_s: float = 600.0) -> list[int]:
+        """Join the learner's weight group; this replica's workers take ranks rank .. rank + TP - 1."""
+        if self.weight_sync != "broadcast":
+            raise RuntimeError("join_weight_group needs weight_sync=broadcast in the generator config")
+        engine = await self._ready()
+        ranks = await engine.collective_rpc("init_weight_group", kwargs=dict(
+            host=host, port=int(port), rank=int(rank), world_size=int(world_size), backend=backend, timeout_s=float(timeout_s)))
+        self._group_ready = True
+        return list(ranks)
+
+    async def update_weights_from_group(self, version: int, metadata: list, mode: str | None = None,
+                                        bucket_mb: float = 1024) -> float:
+        """Receive one broadcast round (the learner sends concurrently) under ``mode``."""
+        from actors.weight_sync import WeightMeta
+
+        if not self._group_ready:
+            raise RuntimeError("update_weights_from_group before join_weight_group")
+        if not metadata:
+            raise ValueError("empty metadata: a round carries every weight of the model")
+        wire = [WeightMeta.from_wire(m).to_wire() for m in metadata]
+
+        async def load(engine) -> None:
+            await engine.collective_rpc("receive_weights", kwargs={"metadata": wire, "bucket_bytes": int(bucket_mb * 2**20)})
+
+        return await self._update(version, mode, load)
+
+    async def _update(self, version: int, mode: str | None, load) -> float:
+        mode = mode or self.update_mode
+        if mode not in UPDATE_MODES:
+            raise ValueError(f"update mode must be one of {sorted(UPDATE_MODES)}, got {mode!r}")
+        if version < self._version:
+            raise ValueError(f"weight version {version} is older than the loaded {self._version}")
+        engine = await self._ready()
+        async with self._update_lock:
+            t0 = time.perf_counter()
+            was_serving = self._serving.is_set()
+            self._serving.clear()  # pieces continued after an abort wait here, not on the old weights
+            if mode == "abort":
+                self._abort_epoch += 1
+            try:
+                await asyncio.wait_for(self._swap(engine, version, mode, load), self.update_timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"generator replica (pid {os.getpid()}): the {mode} update to v{version} "
+                                   f"did not finish within {self.update_timeout_s:.0f} s") from None
+            except BaseException:
+                if was_serving and not self._awaiting_weights:
+                    self._serving.set()
+                raise
+            self._version = version
+            self._awaiting_weights = False
+            self._serving.set()
+            seconds = time.perf_counter() - t0
+            self.counters.updates += 1
+            self.counters.update_s += seconds
+            return seconds
+
+    async def _swap(self, engine, version: int, mode: str, load) -> None:
+        # keep: the frozen requests' KV cache must survive the pause.
+        await engine.pause_generation(mode=UPDATE_MODES[mode], clear_cache=mode != "keep")
+        try:
+            await load(engine)
+            await engine.collective_rpc("refresh_tied_weights")
+            await engine.update_weight_version(str(version))
+            # Cached prefixes were computed by the old weights (keep: the frozen
+            # requests hold theirs; only free blocks are dropped).
+            await engine.reset_prefix_cache()
+        finally:
+            await engine.resume_generation()
+
+    # ------------------------------------------------------- diagnostics
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Logprob of each token after the first under the current weights: the canary
+        the driver compares with the learner's after an update."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        engine = await self._ready()
+        await self._serving.wait()
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        final = None
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params,
+                                         request_id=f"canary-{time.monotonic_ns()}"):
+            final = out
+        steps = final.prompt_logprobs or []
+        return [float(step[tok].logprob) for tok, step in zip(token_ids[1:], steps[1:])]
+
+    async def max_model_len(self) -> int:
+        """Starts the engine if needed (what the pipeline's start waits on)."""
+        await self._ready()
+        return self._max_model_len
+
+    def dtype(self) -> str:
+        """The resolved dtype (bfloat16 | float32): the learner sends weights in it."""
+        return str(self._dtype)
+
+    def policy_version(self) -> int:
+        return self._version
+
+    def load(self) -> dict[str, int]:
+        """What the router balances on."""
+        return {"outstanding": self.counters.outstanding, "outstanding_tokens": self.counters.outstanding_tokens}
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counters.to_dict(), "policy_version": self._version}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def awaiting_weights(self) -> bool:
+        return self._awaiting_weights
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+
+
+def _merge(spans: list[VersionSpan]) -> list[VersionSpan]:
+    """Adjacent spans of one version become one (a continued piece often starts on the same version)."""
+    out: list[VersionSpan] = []
+    for s in spans:
+        if s.end == s.start and out:
+            continue
+        if out and out[-1].version == s.version and out[-1].end == s.start:
+            out[-1] = VersionSpan(out[-1].start, s.end, s.version)
+        else:
+            out.append(s)
+    return out
+
+
+def _weight_records(tensors: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """name -> tensor as msgpack-safe records (raw bytes; bf16 keeps its dtype name)."""
+    import torch
+
+    records = []
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        records.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                        "data": raw.numpy().tobytes()})
+    return records
