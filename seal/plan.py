@@ -79,7 +79,11 @@ def model_config(cfg, config_root: Path | None = None) -> tuple[dict[str, Any], 
         candidates.append((config_root or config_dir()) / SPECS_DIR / str(spec) / "config.json")
     for c in candidates:
         if c.is_file():
-            return json.loads(c.read_text()), str(c)
+            try:  # configs/model_specs/... reads better than an absolute path into the checkout
+                shown = str(c.resolve().relative_to((config_root or config_dir()).resolve().parent))
+            except ValueError:
+                shown = str(c)
+            return json.loads(c.read_text()), shown
     hint = f" nor in configs/{SPECS_DIR}/{spec}" if spec else f" (model.spec=NAME reads configs/{SPECS_DIR}/NAME/config.json)"
     raise FileNotFoundError(f"model.path={path}: no config.json there{hint}")
 
@@ -125,6 +129,8 @@ def demands(cluster: ClusterConfig, replicas: int, world: int, learner: Estimate
 def target_nodes(cluster: ClusterConfig, query: bool, asks_gpus: bool) -> tuple[list | None, str, list[str]]:
     """(nodes or None when unknown, where they came from, notes)."""
     hw = cluster.hardware
+    declared = "" if hw is None else (f"cluster.hardware: {hw.nodes} node{'s' * (hw.nodes > 1)} x ({hw.gpus_per_node} GPUs of "
+                                      f"{hw.gpu_gb:g} GB, {hw.cpus_per_node} CPUs, {hw.memory_gb:g} GB host memory)")
     if cluster.address and query:
         from seal.plan_layout import query_cluster
 
@@ -132,13 +138,11 @@ def target_nodes(cluster: ClusterConfig, query: bool, asks_gpus: bool) -> tuple[
             nodes = nodes_from_ray(query_cluster(cluster.address), hw.gpu_gb if hw else None)
             return nodes, f"the running cluster at {cluster.address} ({len(nodes)} nodes)", []
         except RuntimeError as exc:
-            note = f"{exc}: planned for cluster.hardware instead" if hw else f"{exc}: placement not checked"
             if hw is None:
-                return None, "unknown", [note]
-            return hardware_nodes(hw), f"cluster.hardware (declared; {note})", []
+                return None, "unknown", [f"{exc}: placement not checked (no cluster.hardware either)"]
+            return hardware_nodes(hw), declared, [f"no running cluster to check ({exc}): planned for cluster.hardware"]
     if hw is not None:
-        return hardware_nodes(hw), f"cluster.hardware: {hw.nodes} x ({hw.gpus_per_node} GPUs of {hw.gpu_gb:g} GB, "\
-                                   f"{hw.cpus_per_node} CPUs, {hw.memory_gb:g} GB)", []
+        return hardware_nodes(hw), declared, []
     if cluster.address:
         return None, "unknown", [f"cluster.address={cluster.address} and no cluster.hardware: placement checked by `seal plan` only"]
     gpus = None

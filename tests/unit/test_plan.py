@@ -216,3 +216,22 @@ def test_plan_help_is_instant_and_the_plan_loads_no_model_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.stderr.strip().splitlines()[-1] == "0 []", out.stderr[-2000:]
     assert json.loads(out.stdout)["fits"] is True
+
+
+def test_a_running_clusters_resources_win_over_the_declared_hardware(monkeypatch):
+    import seal.plan_layout
+
+    small = [{"Alive": True, "NodeManagerAddress": "10.0.0.9", "Resources": {"CPU": 64.0, "GPU": 4.0, "memory": 400e9}}]
+    monkeypatch.setattr(seal.plan_layout, "query_cluster", lambda address, timeout_s=20.0: small)
+    plan = build_plan(compose(["recipe=qwen7b_1x8", "cluster.address=10.0.0.1:6379"]))
+    assert plan.hardware.startswith("the running cluster at 10.0.0.1:6379 (1 nodes)") and not plan.fits
+    assert any("learner actors" in p and "cannot be placed" in p for p in plan.problems), plan.problems
+    assert plan.learner_capacity_gb == 80  # GPU size from cluster.hardware: Ray does not report it
+
+    def unreachable(address, timeout_s=20.0):
+        raise RuntimeError(f"cluster.address={address}: no answer within 20s")
+
+    monkeypatch.setattr(seal.plan_layout, "query_cluster", unreachable)
+    plan = build_plan(compose(["recipe=qwen7b_1x8", "cluster.address=10.0.0.1:6379"]))
+    assert plan.fits and plan.hardware.startswith("cluster.hardware: 1 node x (8 GPUs of 80 GB")
+    assert plan.notes[0] == "no running cluster to check (cluster.address=10.0.0.1:6379: no answer within 20s): planned for cluster.hardware"
