@@ -203,9 +203,12 @@ def _check_learner(plan: Plan, cluster: ClusterConfig) -> None:
 
 
 def learner_alternatives(m: ModelSpec, ls: LearnerSetup, cap_gb: float, limit: int = 3) -> list[str]:
-    """Overrides that would make one rank fit in ``cap_gb``, each with its figure."""
+    """Overrides that would make one rank fit in ``cap_gb`` with 5% to spare (the estimate is
+    an estimate), each with its figure."""
     def gb(s: LearnerSetup) -> float:
         return learner_memory(m, s).device_bytes / GB
+
+    cap_gb *= 0.95
 
     out: list[str] = []
     z3 = replace(ls, backend="deepspeed", zero_stage=3)
