@@ -17,7 +17,7 @@ from typing import Any
 
 from seal.memory import (GB, Estimate, GeneratorEstimate, GeneratorSetup, LearnerSetup, ModelSpec, generator_memory,
                          learner_memory, powers_of_two, smallest_fitting, tp_divides)
-from seal.placement import ClusterConfig, Hardware
+from seal.placement import ClusterConfig
 from seal.plan_layout import Demand, Layout, hardware_nodes, layout_problems, local_machine, nodes_from_ray, place
 
 SPECS_DIR = "model_specs"  # configs/model_specs/<name>/config.json: architecture numbers only
@@ -261,10 +261,11 @@ def _check_generator(plan: Plan, cluster: ClusterConfig, cfg, gpu_gb: float | No
 
 def check_fits(cfg) -> None:
     """`seal train`'s preflight: ValueError with the one-line verdict when the plan clearly cannot fit.
-    Nothing is refused when the model's config.json cannot be read (the model check says why)."""
+    Nothing is refused when the model's config.json cannot be read or is not a decoder-only
+    HF config the estimate knows (the model check and the learner say what they think of it)."""
     try:
         plan = build_plan(cfg, query=False)
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError):  # json.JSONDecodeError is a ValueError
         return
     if not plan.fits:
         raise ValueError(f"seal plan: {plan.verdict()} (`seal plan` with the same overrides shows the whole plan)")

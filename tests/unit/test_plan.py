@@ -236,3 +236,11 @@ def test_a_running_clusters_resources_win_over_the_declared_hardware(monkeypatch
     plan = build_plan(compose(["recipe=qwen7b_1x8", "cluster.address=10.0.0.1:6379"]))
     assert plan.fits and plan.hardware.startswith("cluster.hardware: 1 node x (8 GPUs of 80 GB")
     assert plan.notes[0] == "no running cluster to check (cluster.address=10.0.0.1:6379: no answer within 20s): planned for cluster.hardware"
+
+
+def test_train_is_not_refused_for_a_model_the_estimate_cannot_read(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery", "text_config": {"hidden_size": 8}}))
+    cfg = compose(["model=local", f"model.path={tmp_path}"])
+    with pytest.raises(ValueError, match="no hidden_size"):
+        build_plan(cfg, query=False)
+    check_fits(cfg)  # seal plan says why; seal train leaves it to the model and learner checks
