@@ -22,6 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
     train.set_defaults(handler="seal.train:run")
 
+    plan = sub.add_parser("plan", help="what a configuration asks of the cluster (memory per rank and replica, actors per node); starts nothing",
+                          description="Estimate the learner's memory per rank, the generator's per replica and the actors per node for "
+                                      "the composed config, from the model's config.json only (no weights). Exit 2 with one line when "
+                                      "it cannot fit. With cluster.address set it also checks the running cluster's resources.")
+    plan.add_argument("--json", action="store_true", help='print one object: {"fits", "learner_gb_per_rank", "generator_gb_per_replica", "problems", ...}')
+    plan.add_argument("overrides", nargs="*", help="hydra overrides, e.g. recipe=qwen7b_1x8 learner.world_size=8")
+    plan.set_defaults(handler="seal.plan:run")
+
     scale = sub.add_parser("scale", help="change the number of env actors of a running `seal train`")
     scale.add_argument("run_dir", help="the running run's directory")
     scale.add_argument("setting", metavar="env=N", help="env actors wanted, e.g. env=4")

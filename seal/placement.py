@@ -98,6 +98,22 @@ class ActorResources:
 
 
 @dataclass(frozen=True)
+class Hardware:
+    """The machines a configuration is planned for when no cluster is running (`seal plan`):
+    ``nodes`` alike, each with ``gpus_per_node`` GPUs of ``gpu_gb`` GB, ``cpus_per_node``
+    logical CPUs and ``memory_gb`` of host memory. What a running cluster reports wins."""
+    nodes: int = 1
+    gpus_per_node: int = 0
+    gpu_gb: float = 0.0
+    cpus_per_node: int = 1
+    memory_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 0 or self.gpu_gb < 0 or self.cpus_per_node < 1 or self.memory_gb < 0:
+            raise ValueError(f"cluster.hardware needs nodes >= 1, cpus_per_node >= 1 and no negative sizes, got {self}")
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     address: str | None = None  # None: start Ray here; "auto" or host:port: join a cluster
     bind_host: str = "127.0.0.1"  # where the driver's sockets (replay stream, control) listen; 0.0.0.0 across nodes
@@ -110,6 +126,8 @@ class ClusterConfig:
     generator: ActorResources = field(default_factory=ActorResources)
     learner: ActorResources = field(default_factory=ActorResources)
     coordinator: ActorResources = field(default_factory=lambda: ActorResources(num_cpus=0.0, threads=1))
+    # What `seal plan` (and `seal train`'s check) plans for when no cluster is running; None: this machine.
+    hardware: Hardware | None = None
 
     def __post_init__(self) -> None:
         if self.env_actors < 1:
@@ -120,6 +138,8 @@ class ClusterConfig:
             value = getattr(self, name)
             if isinstance(value, dict):  # hydra passes nested plain dicts
                 object.__setattr__(self, name, ActorResources(**value))
+        if isinstance(self.hardware, dict):
+            object.__setattr__(self, "hardware", Hardware(**self.hardware))
 
     def check_local_cpus(self) -> None:
         """Pinned cores must exist here (a local start: every actor runs on this machine)."""

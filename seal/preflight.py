@@ -5,7 +5,9 @@ a second and one line on stderr instead of a run directory, a Ray session
 and minutes of engine start: the composed config resolves, the cheap
 components build (their own checks run), the heavy ones (generator, learner)
 take the keys they are given, the batch splits, the model is there, the
-pinned cores and the GPUs exist for a local start, and the split has tasks.
+pinned cores and the GPUs exist for a local start, the split has tasks, and
+`seal plan`'s estimate (memory per learner rank and generator replica, actors
+per node) fits the target hardware.
 The check that needs the tokenizer (do the prompts fit the context?) stays
 with the pipeline: it takes about 10 s on BFCL, and the pipeline would
 repeat it (it selects its tasks itself).
@@ -66,6 +68,9 @@ def check(cfg) -> None:
 
     training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
     _check_cluster(cfg)
+    from seal.plan import check_fits
+
+    check_fits(cfg)  # `seal plan`'s memory and placement estimate (config.json only): refused only when it cannot fit
 
 
 def _is_int(value) -> bool:

@@ -1,0 +1,258 @@
+"""Memory a configuration asks of each device: pure functions of typed inputs (`seal plan`).
+
+Everything is in bytes until the caller divides by ``GB`` (1e9: GPU makers' "80 GB" and
+DESIGN.md section 13's figures use decimal gigabytes). The model is read from its
+config.json only (``ModelSpec.from_config``): no weights.
+
+Learner, per rank (what this repo's learner holds: learner/engine.py loads the model in
+fp32 and bf16 is torch autocast around the forwards, so weights, gradients and optimizer
+state are fp32 in both precisions; P parameters, N ranks):
+
+- weights 4P, sharded /N under ZeRO-3, in host memory with ``offload_param``;
+- gradients 4P, sharded /N under ZeRO-2/3, in host memory with ``offload_optimizer``;
+- fp32 master partition 4P/N: ZeRO-1/2 always keep one beside the weights (even fp32 ones),
+  ZeRO-3 only when the optimizer is offloaded (on the host); none for torch / stage 0;
+- optimizer state: AdamW m and v 8P (plain SGD: none), sharded /N under ZeRO >= 1, host with
+  ``offload_optimizer``;
+- weight casts 2P in bf16: autocast caches the bf16 copy of every weight until the forward
+  ends, so a whole bf16 model exists at the forward's peak (under ZeRO-3 too: the gathered
+  parameter is released, its cast is not);
+- reference model (KL coefficient != 0; none at 0): a frozen fp32 copy, 4P, sharded /N
+  under ZeRO-3 (host with ``offload_param``), whole otherwise;
+- DeepSpeed buffers: ZeRO-1/2 a reduce and an all-gather bucket of min(P, 5e8) fp32 each;
+  ZeRO-3 the reduce bucket plus the gathered parameters in fp32 of the module running (at
+  most the larger of a decoder layer and the embedding) and of one prefetched layer;
+- activations for one micro-batch of T tokens (T = micro_batch_size x seq_len, or, packed
+  with shared_prefix and micro_batch_size >= 2, prompt + micro_batch_size x response):
+  one decoder layer's working set per token is
+  ``c x (6 x hidden + 4 x intermediate) + 4 x (4 x hidden)`` bytes (c: compute bytes, 2 in
+  bf16, 4 in fp32: q, k, v, attention output, o and MLP inputs, gate, up, activation and
+  product; plus the fp32 residual stream's norm inputs and outputs; attention scores are not
+  stored with SDPA). With gradient checkpointing the layer inputs are kept,
+  ``layers x T x hidden x 4``, plus one layer's working set recomputed in backward; without
+  it every layer's working set;
+- shared-prefix mask (packed micro-batches only): continuation tokens x row tokens x (1 + c)
+  (the boolean mask and the float bias SDPA builds from it);
+- logits, at the K = micro_batch_size x response scored positions only (``logits_to_keep``):
+  ``K x vocab x (c + 12)`` in bf16 (the forward's logits, their fp32 copy, the fp32
+  log-softmax kept for backward, one fp32 temporary: its gradient or the entropy's softmax),
+  ``K x vocab x 12`` in fp32 (the copy is the tensor itself). Often the largest term;
+- runtime: 3 GB per CUDA process (context, NCCL, allocator slack), 1 GB per CPU process.
+
+Generator, per replica of ``tp`` GPUs (vLLM): weights P x bytes / tp per GPU; KV cache per
+token 2 x layers x kv_heads x head_dim x bytes, kv heads split over the shards (replicated
+when tp > kv_heads); vLLM takes ``gpu_memory_utilization`` of each GPU, keeps 2 GB of it for
+its activation peak and CUDA graphs, and the rest buys KV: concurrent sequences of
+max_model_len = KV budget per GPU / (KV per token per GPU x max_model_len). On CPU the KV
+budget is ``cpu_kv_cache_gb`` GiB (VLLM_CPU_KVCACHE_SPACE).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+GB = 1e9
+GIB = 2**30
+DS_BUCKET = 5e8  # DeepSpeed's default reduce / all-gather bucket (elements)
+CUDA_RUNTIME = 3 * GB
+CPU_RUNTIME = 1 * GB
+VLLM_RESERVE = 2 * GB  # vLLM's activation peak (profiled) and CUDA graphs, inside gpu_memory_utilization
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture numbers of a decoder-only HF model (Llama / Qwen2 family)."""
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], name: str = "") -> "ModelSpec":
+        try:
+            hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+            return cls(
+                name=name or str(config.get("_name_or_path") or config.get("model_type", "model")),
+                hidden=hidden, layers=int(config["num_hidden_layers"]), heads=heads,
+                kv_heads=int(config.get("num_key_value_heads") or heads),
+                head_dim=int(config.get("head_dim") or hidden // heads),
+                intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                tied=bool(config.get("tie_word_embeddings", False)),
+                # Qwen2 always has q/k/v biases (its config has no switch); Llama says attention_bias.
+                qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")))
+        except KeyError as exc:
+            raise ValueError(f"{name or 'config.json'}: no {exc.args[0]} (not a decoder-only HF config)") from None
+
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * q + 2 * self.hidden * kv + q * self.hidden + ((q + 2 * kv) if self.qkv_bias else 0)
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # SwiGLU MLP, two RMSNorms
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.embedding_params() * (1 if self.tied else 2) + self.hidden
+
+    def kv_heads_per_shard(self, tp: int) -> int:
+        return max(1, self.kv_heads // tp)
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
+        """KV cache of one token on one GPU of a ``tp``-way replica."""
+        return 2 * self.layers * self.kv_heads_per_shard(tp) * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class LearnerSetup:
+    backend: str = "deepspeed"  # deepspeed | torch
+    zero_stage: int = 2
+    world_size: int = 1
+    device: str = "cuda"
+    dtype: str = "bfloat16"  # the compute dtype (autocast); weights stay fp32
+    optimizer: str = "adamw"
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    reference: bool = True  # KL coefficient != 0
+    gradient_checkpointing: bool = True
+    micro_batch_size: int = 1
+    shared_prefix: bool = False
+    seq_len: int = 4096  # longest trajectory (generator.max_model_len)
+    response_len: int = 1024  # scored tokens per trajectory (sampling.max_new_tokens)
+
+    @property
+    def stage(self) -> int:
+        return self.zero_stage if self.backend == "deepspeed" else 0
+
+    def describe(self) -> str:
+        zero = f"ZeRO-{self.stage} over {self.world_size} rank{'s' * (self.world_size > 1)}" if self.stage else "torch, 1 rank"
+        off = [k for k, v in (("optimizer", self.offload_optimizer), ("params", self.offload_param)) if v]
+        return f"{zero}, {self.dtype}, {self.device}" + (f", offload {'+'.join(off)}" if off else "")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes by term, on the device (GPU, or host memory for a CPU actor) and on the host."""
+    device: dict[str, float] = field(default_factory=dict)
+    host: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def device_bytes(self) -> float:
+        return sum(self.device.values())
+
+    @property
+    def host_bytes(self) -> float:
+        return sum(self.host.values())
+
+
+def micro_batch_tokens(s: LearnerSetup) -> tuple[int, int, bool]:
+    """(tokens forwarded, tokens scored, packed) for one micro-batch at the configured lengths."""
+    response = min(s.response_len, s.seq_len - 1)
+    packed = s.shared_prefix and s.micro_batch_size >= 2
+    tokens = (s.seq_len - response) + s.micro_batch_size * response if packed else s.micro_batch_size * s.seq_len
+    return tokens, s.micro_batch_size * response, packed
+
+
+def layer_bytes_per_token(m: ModelSpec, compute_bytes: int) -> int:
+    return compute_bytes * (6 * m.hidden + 4 * m.intermediate) + 4 * (4 * m.hidden)
+
+
+def logit_bytes_per_token(m: ModelSpec, compute_bytes: int) -> int:
+    return m.vocab * (compute_bytes + 12 if compute_bytes != 4 else 12)
+
+
+def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
+    """Peak memory of one learner rank (the module docstring gives every term)."""
+    p, n, stage = m.params(), s.world_size, s.stage
+    device: dict[str, float] = {}
+    host: dict[str, float] = {}
+
+    def put(term: str, value: float, on_host: bool) -> None:
+        if value:
+            (host if on_host else device)[term] = float(value)
+
+    put("weights", 4 * p / (n if stage == 3 else 1), s.offload_param)
+    put("gradients", 4 * p / (n if stage >= 2 else 1), s.offload_optimizer)
+    if stage in (1, 2) or (stage == 3 and s.offload_optimizer):
+        put("master", 4 * p / n, s.offload_optimizer)
+    put("optimizer", (8 * p if s.optimizer == "adamw" else 0) / (n if stage >= 1 else 1), s.offload_optimizer)
+    cb = DTYPE_BYTES[s.dtype]
+    put("weight_casts", 2 * p if cb == 2 else 0, False)
+    if s.reference:
+        put("reference", 4 * p / (n if stage == 3 else 1), stage == 3 and s.offload_param)
+    bucket = min(p, DS_BUCKET) * 4
+    if stage in (1, 2):
+        put("buffers", 2 * bucket, False)
+    elif stage == 3:
+        put("buffers", bucket + (max(m.layer_params(), m.embedding_params()) + m.layer_params()) * 4, False)
+    tokens, scored, packed = micro_batch_tokens(s)
+    layer = layer_bytes_per_token(m, cb) * tokens
+    put("activations", (m.layers * tokens * m.hidden * 4 + layer) if s.gradient_checkpointing else m.layers * layer, False)
+    if packed:
+        put("prefix_mask", scored * tokens * (1 + cb), False)
+    put("logits", scored * logit_bytes_per_token(m, cb), False)
+    put("runtime", CUDA_RUNTIME if s.device == "cuda" else CPU_RUNTIME, False)
+    if s.device != "cuda":  # a CPU learner's "device" is host memory: one pool
+        host, device = {}, {**device, **{f"{k} (offloaded)": v for k, v in host.items()}}
+    return Estimate(device, host)
+
+
+@dataclass(frozen=True)
+class GeneratorSetup:
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int = 4096
+    cpu_kv_cache_gb: float = 2.0  # CPU only (GiB, as vLLM's VLLM_CPU_KVCACHE_SPACE)
+
+
+@dataclass(frozen=True)
+class GeneratorEstimate:
+    weights_per_gpu: float  # bytes (whole model on CPU)
+    kv_per_token: float  # bytes per token on one GPU (whole replica on CPU)
+    kv_budget: float  # bytes of KV per GPU (the whole cache on CPU)
+    sequences: int  # concurrent sequences of max_model_len
+    reserved_per_gpu: float  # what the replica takes of each GPU (host memory on CPU)
+    tp: int
+
+    @property
+    def replica_bytes(self) -> float:
+        return self.reserved_per_gpu * self.tp
+
+
+def generator_memory(m: ModelSpec, g: GeneratorSetup, gpu_bytes: float | None) -> GeneratorEstimate:
+    """One vLLM replica; ``gpu_bytes`` is one GPU's memory (None: unknown, the KV budget is then 0)."""
+    wb = DTYPE_BYTES[g.dtype]
+    if g.device != "cuda":
+        weights, kv_token = m.params() * wb, m.kv_bytes_per_token(wb, 1)
+        budget = g.cpu_kv_cache_gb * GIB
+        return GeneratorEstimate(weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)),
+                                 weights + budget + CPU_RUNTIME, 1)
+    tp = g.tensor_parallel_size
+    weights, kv_token = m.params() * wb / tp, m.kv_bytes_per_token(wb, tp)
+    if gpu_bytes is None:
+        return GeneratorEstimate(weights, kv_token, 0.0, 0, weights + VLLM_RESERVE, tp)
+    taken = gpu_bytes * g.gpu_memory_utilization
+    budget = max(0.0, taken - weights - VLLM_RESERVE)
+    return GeneratorEstimate(weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), taken, tp)
+
+
+def tp_divides(m: ModelSpec, tp: int) -> bool:
+    """vLLM's rule: attention heads split evenly, kv heads split or replicate evenly."""
+    return tp >= 1 and m.heads % tp == 0 and (m.kv_heads % tp == 0 or tp % m.kv_heads == 0)
+
+
+def smallest_fitting(sizes: list[int], fits) -> int | None:
+    return next((x for x in sizes if fits(x)), None)
+
+
+def powers_of_two(start: int, limit: int = 64) -> list[int]:
+    return [2**k for k in range(int(math.log2(max(1, start))), int(math.log2(limit)) + 1) if 2**k >= start]
