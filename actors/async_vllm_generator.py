@@ -37,7 +37,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from actors.generator import GenerationOutput, GenerationRequest, SamplingConfig, VersionSpan
 
@@ -56,10 +56,28 @@ class ReplicaCounters:
     outstanding_tokens: int = 0  # their prompt + new-token budget: the router's load measure
     updates: int = 0
     update_s: float = 0.0
+    busy_s: float = 0.0  # time with at least one request outstanding
     started: float = field(default_factory=time.perf_counter)
+    _busy_since: float | None = None
+
+    def enter(self, tokens: int) -> None:
+        if self.outstanding == 0:
+            self._busy_since = time.perf_counter()
+        self.requests += 1
+        self.outstanding += 1
+        self.outstanding_tokens += tokens
+
+    def leave(self, tokens: int) -> None:
+        self.outstanding -= 1
+        self.outstanding_tokens -= tokens
+        if self.outstanding == 0 and self._busy_since is not None:
+            self.busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "started"}
+        d = {k: v for k, v in self.__dict__.items() if not k.startswith("_") and k != "started"}
+        if self._busy_since is not None:
+            d["busy_s"] += time.perf_counter() - self._busy_since
         d["wall_s"] = time.perf_counter() - self.started
         d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
         return d
@@ -91,7 +109,11 @@ class AsyncVllmGenerator:
         weight_sync: str = "reload",
         update_timeout_s: float = 600.0,
         await_weights: bool = False,
+        setup: Callable[[], Any] | None = None,
     ) -> None:
+        """``setup``: called first, in this process (the cluster's CPU pinning)."""
+        if setup is not None:
+            setup()
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
         if update_mode not in UPDATE_MODES:
@@ -172,9 +194,7 @@ class AsyncVllmGenerator:
 
         budget = len(req.prompt_ids) + int(req.max_new_tokens)
         c = self.counters
-        c.requests += 1
-        c.outstanding += 1
-        c.outstanding_tokens += budget
+        c.enter(budget)
         ids: list[int] = []
         logprobs: list[float] = []
         spans: list[VersionSpan] = []
@@ -221,8 +241,7 @@ class AsyncVllmGenerator:
                     continue
                 break
         finally:
-            c.outstanding -= 1
-            c.outstanding_tokens -= budget
+            c.leave(budget)
         c.finished += 1
         c.generated_tokens += len(ids)
         c.prompt_tokens += len(req.prompt_ids)

@@ -36,13 +36,14 @@ class EnvActor:
 
         # Peers come by name (or handle): a name keeps this actor's constructor
         # arguments small and plain, which Ray needs to restart it after a crash.
-        generator = ray.get_actor(generator) if isinstance(generator, str) else generator
         coordinator = ray.get_actor(coordinator) if isinstance(coordinator, str) else coordinator
         self.name = name
         self.make_env = make_env
         self.sampling = sampling
         self.chat = ChatTokenizer(make_tokenizer())
-        self.generator = RemoteGenerator(generator)
+        self._generators: dict[str, RemoteGenerator] = {}  # replica name -> client (the router picks per group)
+        self._default_generator = generator if isinstance(generator, str) else ""
+        self.generator = self._generator_for("") if isinstance(generator, str) else RemoteGenerator(generator)
         self.sender = TrajectorySender(replay_address, hwm=hwm, send_timeout_s=send_timeout_s)
         self._lock = threading.Lock()
         update: InterfaceUpdate = ray.get(coordinator.interface.remote())
@@ -61,7 +62,8 @@ class EnvActor:
         with self._lock:
             interface = self.interface
         stats = GroupStats()
-        trajectories = run_group(self.make_env, self.generator, self.chat, job.task_id, job.n, self.sampling, interface,
+        generator = self._generator_for(job.generator) if job.generator else self.generator
+        trajectories = run_group(self.make_env, generator, self.chat, job.task_id, job.n, self.sampling, interface,
                                  group_id=job.group_id, seed=job.seed, stats=stats)
         t_send = time.perf_counter()
         for traj in trajectories:
@@ -78,6 +80,22 @@ class EnvActor:
             env_steps=sum(t.num_steps for t in trajectories), tool_calls=sum(t.num_tool_calls for t in trajectories),
             rewards=tuple(float(t.reward) for t in trajectories),
         )
+
+    def _generator_for(self, name: str):
+        import ray
+
+        from actors.generator_server import RemoteGenerator
+
+        name = name or self._default_generator
+        if name not in self._generators:
+            from actors.generator import GeneratorUnavailable
+
+            try:
+                handle = ray.get_actor(name)
+            except ValueError:  # retired or gone for good: the driver re-issues the group
+                raise GeneratorUnavailable(f"generator replica {name} is not running") from None
+            self._generators[name] = RemoteGenerator(handle)
+        return self._generators[name]
 
     def close(self) -> int:
         """Before this actor is stopped: deliver the trajectories still queued in

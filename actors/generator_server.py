@@ -72,10 +72,10 @@ class GeneratorServer:
     def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
         return self._on_engine("update", lambda: self.generator.update_weights(version, _as_tensors(source)))
 
-    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> list[int]:
-        """Join the learner's weight broadcast group as rank 1 (vLLM generators
-        with weight_sync=broadcast); blocks until the learner has joined too."""
-        return self._on_engine("call", lambda: self.generator.init_weight_group(host, port, world_size, rank=1, backend=backend))
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1) -> list[int]:
+        """Join the learner's weight broadcast group, this engine's workers from ``rank`` on (vLLM
+        generators with weight_sync=broadcast); blocks until every member has joined."""
+        return self._on_engine("call", lambda: self.generator.init_weight_group(host, port, world_size, rank=rank, backend=backend))
 
     def update_weights_from_group(self, version: int, metadata: list) -> float:
         """Receive one broadcast round from the learner (sent concurrently)."""

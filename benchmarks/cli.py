@@ -9,6 +9,7 @@ Parts (one module each, benchmarks/bench_*.py):
   precision      fp32 vs bf16: generator tokens/s, learner tokens/s, a toy- and a BFCL-shaped step
   trl            TRL's GRPOTrainer vs our pipeline on the same work (needs requirements/bench.txt)
   learner-scale  the same global batch on 1 and 2 learner ranks: samples/s, comm share, peak memory per rank
+  generator      blocking vs continuous batching on uneven multi-turn episodes; 1 vs 2 replicas; update latency per mode
   all            every part in turn, defaults plus the given options and overrides
 
 Each part prints a table (or, with --json, one JSON object per part on
@@ -34,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make the checkout importable a
 
 PARTS = {"rollout-learn": "bench_rollout_learn", "sync-async": "bench_sync_async", "env": "bench_env",
          "transport": "bench_transport", "weights": "bench_weights", "precision": "bench_precision",
-         "trl": "bench_trl", "learner-scale": "bench_learner_scale"}
+         "trl": "bench_trl", "learner-scale": "bench_learner_scale", "generator": "bench_generator"}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 

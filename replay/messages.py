@@ -154,6 +154,7 @@ class GroupJob:
     n: int
     seed: int
     attempt: int = 0
+    generator: str = ""  # the generator replica (Ray actor name) the router chose; "" = the env actor's default
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("overrides", nargs="*", help="hydra overrides, e.g. recipe=qwen7b_1x8 learner.world_size=8")
     plan.set_defaults(handler="seal.plan:run")
 
-    scale = sub.add_parser("scale", help="change the number of env actors of a running `seal train`")
+    scale = sub.add_parser("scale", help="change the number of env actors or generator replicas of a running `seal train`")
     scale.add_argument("run_dir", help="the running run's directory")
-    scale.add_argument("setting", metavar="env=N", help="env actors wanted, e.g. env=4")
+    scale.add_argument("setting", metavar="env=N|generators=M", help="env actors or generator replicas wanted, e.g. env=4 or generators=2")
     scale.set_defaults(handler="seal.train:scale")
 
     roll = sub.add_parser("rollout", help="write tagged training trajectories (JSONL)")
@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "scale":
         key, _, value = args.setting.partition("=")
-        if key != "env" or not value.isdigit() or int(value) < 1:
-            parser.error(f"scale takes env=N with N >= 1, got {args.setting!r}")
-        args.env = int(value)
+        if key not in ("env", "generators") or not value.isdigit() or int(value) < 1:
+            parser.error(f"scale takes env=N or generators=M with N, M >= 1, got {args.setting!r}")
+        args.what, args.count = key, int(value)
     module_name, func_name = args.handler.split(":")
     import importlib
 

@@ -117,9 +117,10 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
     try:
         if todo:
             from actors.chat import ChatTokenizer
+            from seal.generator_fleet import local_generator
 
             print(f"{name}: starting the engine on {weights} for {todo} tasks", file=sys.stderr, flush=True)
-            generator = instantiate(OmegaConf.merge(cfg.generator, {"model_path": weights}))
+            generator = local_generator(cfg.generator, model_path=weights)
             chat = ChatTokenizer(generator.tokenizer)
             ood = OodRunner(generator, sampling, snapshot=name, seed=seed, details=run_dir / EVAL_DIR / "ood" / f"{name}.jsonl")
         with tqdm(total=sum(len(v.task_ids) for v in views), desc=f"evaluate {name}", unit="task", file=sys.stderr) as bar:

@@ -59,10 +59,7 @@ class Pipeline:
         self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
         self.learn: tuple[Any, list, float] | None = None  # (the learner group's call, groups, started)
         self.window = StepWindow()
-        self.gen_probe: tuple[Any, float] | None = None
-        self._last_probe = 0.0
-        self.generator_down = False
-        self.publishing: dict[Any, tuple[int, float]] = {}  # publish ref -> (version, started)
+        self.publishing: dict[Any, int] = {}  # one replica's update ref -> version (the fleet knows which replica)
         self.publish_s: float | None = None  # the latest completed publish: learner done -> generator loaded
         self._skipped_row: dict[str, Any] | None = None  # a step skipped for want of groups with reward variance
         try:
@@ -91,15 +88,20 @@ class Pipeline:
         for key in ("wall_s", "update_tokens", "rollout_tokens"):
             self.totals.setdefault(key, 0.0)
         self.started = time.perf_counter()
-        self.weights_ref = None
+        self.weights_ref = None  # the last arrays published through the object store, and their version
+        self.weights_version = 0
         # Weights go to the generator in its dtype (bf16 on a CPU with it: half the bytes).
         self.weight_dtype = ray.get(self.actors.generator.dtype.remote())
+        fleet = self.actors.generators
         if extra:
             self.ledger.restore(extra["slots"], self.version)
             self.replay.set_policy_version(self.version)
-            self.weights_ref = self.actors.learners.weights(self.weight_dtype)
-            ray.get(self.actors.generator.update_weights.remote(self.version, self.weights_ref))
-        self.acked = self.version  # the generator's version
+            self.weights_ref, self.weights_version = self.actors.learners.weights(self.weight_dtype), self.version
+            for ref in fleet.publish(self.version, self.weights_ref):
+                ray.wait([ref], timeout=None)
+                fleet.published(ref)
+        fleet.versions = {name: self.version for name in fleet.versions}
+        self.acked = self.version  # the version every serving replica has
         self.broadcast = self.cfg.generator.get("weight_sync", "reload") == "broadcast"
         self.weight_meta: list | None = None
         if self.broadcast:
@@ -142,7 +144,10 @@ class Pipeline:
         return history
 
     def _dispatch(self) -> None:
-        if self.generator_down:  # groups would only fail until it is back
+        import dataclasses
+
+        fleet = self.actors.generators
+        if fleet.all_down():  # groups would only fail until a replica is back
             return
         while True:
             actor = self.actors.idle_env_actor(busy={name for _, name in self.jobs.values()})
@@ -154,6 +159,10 @@ class Pipeline:
             if self.ledger.starts_epoch(job):
                 self.actors.coordinator.end_epoch.remote()
             name, handle = actor
+            # The router fixes the group's replica (its prefix cache serves every turn and rollout);
+            # the load it balances is the group's token budget.
+            budget = job.n * (int(self.cfg.sampling.max_new_tokens) + 1)
+            job = dataclasses.replace(job, generator=fleet.router.route(job.group_id, budget))
             self.jobs[handle.run_group.remote(job)] = (job, name)
             self.progress.group_started(job, name, self.acked)
 
@@ -180,6 +189,7 @@ class Pipeline:
         from actors.generator import GeneratorUnavailable
 
         job, name = self.jobs.pop(ref)
+        self.actors.generators.router.release(job.group_id)
         try:
             report: GroupReport = ray.get(ref)
         except (ray.exceptions.RayActorError, GeneratorUnavailable, ray.exceptions.RayTaskError) as exc:
@@ -196,7 +206,7 @@ class Pipeline:
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.actors.crashed(name)
             if isinstance(exc, GeneratorUnavailable):
-                self.generator_down = True
+                self.actors.generators.replica_lost(job.generator)
                 self._check_generator(force=True)
             return
         if job.group_id in self.ledger.in_flight:
@@ -205,43 +215,26 @@ class Pipeline:
             self.progress.group_done(report, filtered=equal, in_flight=len(self.jobs))
 
     def _check_generator(self, force: bool = False) -> None:
-        """A restarted generator comes back with the base weights and holds its
-        requests: give it the latest published weights (probed every 2 s)."""
-        import ray
+        """Replicas whose update is overdue are restarted; restarted ones get the latest
+        weights before they serve again (seal/generator_fleet.py)."""
+        fleet = self.actors.generators
+        for ref in [r for r in self.publishing if r not in fleet.pending]:
+            self.publishing.pop(ref)  # given up as overdue
+        fleet.overdue()
+        fleet.reap()
+        restored = fleet.check(self._latest_weights, force=force, every_s=0.5 if fleet.all_down() else 2.0)
+        if restored:
+            self.window.generator_restores += len(restored)
+            if self.broadcast:  # the restarted process left the group: re-form it with every replica
+                self._form_weight_group()
+        self.acked = max(self.acked, fleet.acked()) if not fleet.all_down() else self.acked
 
-        now = time.monotonic()
-        if self.gen_probe is None:
-            if force or now - self._last_probe > (0.5 if self.generator_down else 2.0):
-                self.gen_probe = (self.actors.generator.awaiting_weights.remote(), now)
-            return
-        ref, _ = self.gen_probe
-        ready, _ = ray.wait([ref], timeout=60.0 if force else 0)
-        if not ready:
-            return
-        self.gen_probe, self._last_probe = None, now
-        try:
-            awaiting = ray.get(ref)
-        except ray.exceptions.RayActorError:
-            return  # restarting; probe again
-        self.generator_down = False
-        if awaiting:
-            log.warning("generator restarted; restoring the latest weights")
-            # The last published arrays when the object store carried them; with
-            # broadcast (or before any publish) the learner's current weights.
-            if self.weights_ref is not None and not self.broadcast:
-                weights, version = self.weights_ref, self.acked
-            else:
-                weights, version = self.actors.learners.weights(self.weight_dtype), self.version
-            try:
-                ray.get(self.actors.generator.update_weights.remote(version, weights))
-                if self.broadcast:  # the old group died with the old process
-                    self._form_weight_group()
-            except ray.exceptions.RayError as exc:  # died again while restoring: keep probing
-                log.warning("restoring the generator failed (%s); retrying", exc.__class__.__name__)
-                self.generator_down = True
-                return
-            self.acked = max(self.acked, version)
-            self.window.generator_restores += 1
+    def _latest_weights(self) -> tuple[Any, int]:
+        """What a restored or new replica loads: the last published arrays when the object
+        store carried them; with broadcast (or before any publish) the learner's current weights."""
+        if self.weights_ref is not None and not self.broadcast:
+            return self.weights_ref, self.weights_version
+        return self.actors.learners.weights(self.weight_dtype), self.version
 
     def _record_tags(self, trajs) -> None:
         self.actors.coordinator.record.remote([TagSummary(t.task_id, t.category, t.tags, t.labels, t.reward, t.success,
@@ -321,59 +314,67 @@ class Pipeline:
         self.replay.set_policy_version(self.version)
         self.progress.learner_phase(f"publish policy v{self.version} to the generator")
         publish = self._publish()
-        self.publishing[publish] = (self.version, time.perf_counter())
+        for ref in publish:
+            self.publishing[ref] = self.version
         round_ref = self.actors.coordinator.end_round.remote(wait=self.sync)
         if self.sync:  # generation waits for the new weights and interface; async goes on
-            ray.wait([publish], timeout=None)
-            self._published(publish)
+            for ref in publish:
+                ray.wait([ref], timeout=self.actors.generators.update_timeout_s)
+                if ref in self.publishing:
+                    self._published(ref)
         interface = ray.get(round_ref)
         self.totals["update_tokens"] += result["sequence_tokens"]
         self.totals["rollout_tokens"] += sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports)
         return self.window.row(self, groups, result, interface, t_learn)
 
     def _form_weight_group(self) -> None:
-        """The learner (rank 0) and the generator's workers form a broadcast
-        group of their own (gloo on CPU, NCCL on GPU), as verl and OpenRLHF do."""
+        """The learner (rank 0) and every worker of every replica form a broadcast group
+        of their own (gloo on CPU, NCCL on GPU; 1 + replicas x TP ranks), as verl and OpenRLHF do."""
         import ray
 
         host, port = self.actors.learners.weight_group_address()
         backend = "nccl" if self.cfg.learner.cfg.device == "cuda" else "gloo"
-        meta = self.actors.learners.join_weight_group(host, port, 2, backend, self.weight_dtype)
-        joined = self.actors.generator.join_weight_group.remote(host, port, 2, backend)
+        world, joins = self.actors.generators.join_weight_group(host, port, backend)
+        meta = self.actors.learners.join_weight_group(host, port, world, backend, self.weight_dtype)
         self.weight_meta = ray.get(meta)
-        ray.get(joined)
+        ray.get(joins)
 
-    def _publish(self) -> Any:
-        """New weights to the generator: by broadcast over the weight group, or
-        through the object store (the learner's arrays, read zero-copy)."""
-        if self.broadcast:
-            publish = self.actors.generator.update_weights_from_group.remote(self.version, self.weight_meta)
+    def _publish(self) -> list:
+        """New weights to every replica: by broadcast over the weight group, or through the
+        object store (the learner's arrays, read zero-copy). A group missing a replica being
+        restored cannot carry a round: that round goes through the object store."""
+        fleet = self.actors.generators
+        if self.broadcast and not fleet.restoring:
+            refs = fleet.publish(self.version, metadata=self.weight_meta)
             self.actors.learners.broadcast_weights()  # its failure surfaces at the learner group's next call
-            return publish
-        self.weights_ref = self.actors.learners.weights(self.weight_dtype)
-        return self.actors.generator.update_weights.remote(self.version, self.weights_ref)
+            return refs
+        if self.broadcast:
+            log.warning("weight group incomplete (%s being restored): v%d goes through the object store",
+                        ", ".join(sorted(fleet.restoring)), self.version)
+        self.weights_ref, self.weights_version = self.actors.learners.weights(self.weight_dtype), self.version
+        return fleet.publish(self.version, self.weights_ref)
 
     def _published(self, ref) -> None:
-        import ray
-
-        version, started = self.publishing.pop(ref)
-        try:
-            ray.get(ref)
-        except ray.exceptions.RayActorError:
-            return  # the generator died; _check_generator restores the latest weights when it is back
-        self.publish_s = time.perf_counter() - started
-        self.acked = max(self.acked, version)
+        self.publishing.pop(ref, None)
+        seconds = self.actors.generators.published(ref)
+        if seconds is not None:
+            self.publish_s = seconds
+        self.acked = max(self.acked, self.actors.generators.acked())
 
     # ------------------------------------------------------------ control
     def _on_control(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
         if command == "scale":
-            env = args.get("env")
-            if not isinstance(env, int) or env < 1:
-                raise ValueError(f"scale needs env=N with N >= 1, got {env!r}")
-            self.actors.scale_env(env)
-            return {"env_actors": self.actors.target_env}
+            for key in ("env", "generators"):
+                if key in args and (not isinstance(args[key], int) or args[key] < 1):
+                    raise ValueError(f"scale needs {key}=N with N >= 1, got {args[key]!r}")
+            if "env" in args:
+                self.actors.scale_env(args["env"])
+            if "generators" in args:
+                self.actors.generators.scale(args["generators"], self._latest_weights)
+            return {"env_actors": self.actors.target_env, "generators": len(self.actors.generators.handles)}
         if command == "status":
             return {"step": self.step, "policy_version": self.version, "env_actors": self.actors.target_env,
+                    "generators": len(self.actors.generators.handles),
                     "in_flight": len(self.jobs), **self.ledger.counters.__dict__}
         raise ValueError(f"unknown control command {command!r} (scale, status)")
 

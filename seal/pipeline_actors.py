@@ -39,7 +39,7 @@ class ActorSet:
     def __init__(self, cfg, cluster: ClusterConfig, replay_address: str, storage: str | None = None) -> None:
         import ray
 
-        from actors.generator_server import GeneratorServer
+        from seal.generator_fleet import GeneratorFleet
         from seal.learner_group import GroupSettings, LearnerGroup
 
         self.cfg, self.cluster, self.replay_address = cfg, cluster, replay_address
@@ -47,11 +47,10 @@ class ActorSet:
         self.sampling = instantiate(cfg.sampling)
         transport = instantiate(cfg.transport)
         self.hwm, self.send_timeout_s = transport.hwm, transport.send_timeout_s
-        gen = cluster.generator
-        self.generator = ray.remote(GeneratorServer).options(
-            name=f"{self.prefix}-generator", max_concurrency=1024, max_restarts=cluster.max_restarts, max_task_retries=0,
-            runtime_env={"env_vars": gen.env_vars()}, **gen.ray_options(),
-        ).remote(gen.pinned(functools.partial(instantiate_spec, _spec(cfg.generator))))
+        # generator.replicas engines behind the router (seal/generator_fleet.py); started
+        # before the learner so both load at once.
+        self.generators = GeneratorFleet(_spec(cfg.generator), cluster.generator, self.prefix, cluster.max_restarts,
+                                         update_timeout_s=float(cfg.generator.get("update_timeout_s", 600.0)), wait=False)
         self.coordinator: Any = None
         self.learners: Any = None
         self.env: dict[str, Any] = {}  # name -> handle, serving
@@ -65,7 +64,12 @@ class ActorSet:
         self.learners = LearnerGroup(functools.partial(instantiate_spec, spec), GroupSettings.from_spec(spec), cluster.learner,
                                      storage=storage, env_vars=cluster.learner.env_vars())
         self.learner = self.learners.actors[0]
-        self._wait_ready([self.generator.max_model_len.remote()], "generator")
+        self.generators.wait_ready(self.generators.names)
+
+    @property
+    def generator(self) -> Any:
+        """The first replica (what a single-generator caller, e.g. a benchmark, talks to)."""
+        return self.generators.first
 
     @staticmethod
     def _wait_ready(refs: list, what: str) -> None:
@@ -115,7 +119,7 @@ class ActorSet:
             handle = ray.remote(EnvActor).options(**options).remote(
                 # The actor's constructor calls the tokenizer factory before any env work: it pins the process.
                 name, functools.partial(instantiate_spec, _spec(self.cfg.env)), res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
-                f"{self.prefix}-generator", f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
+                self.generators.names[0], f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
             self.env[name] = handle
             self.coordinator.register_env_actor.remote(name, handle)
             started.append(handle)
@@ -185,7 +189,9 @@ class ActorSet:
 
         if self.learners is not None:
             self.learners.close()
-        for handle in [*self.env.values(), *self.retiring.values(), self.generator, self.coordinator]:
+        if getattr(self, "generators", None) is not None:
+            self.generators.close()
+        for handle in [*self.env.values(), *self.retiring.values(), self.coordinator]:
             if handle is not None:
                 try:
                     ray.kill(handle, no_restart=True)

@@ -53,7 +53,9 @@ def _generator(cfg, instantiate):
     from actors.chat import ChatTokenizer
 
     print(f"starting generator ({cfg.generator._target_.rsplit('.', 1)[-1]}, model={cfg.model.path}) ...", file=sys.stderr, flush=True)
-    generator = instantiate(cfg.generator)
+    from seal.generator_fleet import local_generator
+
+    generator = local_generator(cfg.generator)
     return generator, ChatTokenizer(generator.tokenizer)
 
 

@@ -56,10 +56,9 @@ class StepWindow:
         by_cat: dict[str, list] = defaultdict(list)
         for t in trajs:
             by_cat[t.category].append(t)
-        try:
-            busy = ray.get(pipeline.actors.generator.stats.remote())["busy_s"]
-        except ray.exceptions.RayActorError:  # restarting: its counters start over
-            busy = None
+        fleet = pipeline.actors.generators
+        replicas = fleet.stats()  # a replica that does not answer (restarting) is left out
+        busy = sum(r["busy_s"] for r in replicas.values()) if len(replicas) == len(fleet.handles) else None
         gen_idle = None
         if busy is not None and self._gen_busy0 is not None and busy >= self._gen_busy0:
             gen_idle = max(0.0, 1.0 - (busy - self._gen_busy0) / wall)
@@ -102,6 +101,7 @@ class StepWindow:
             "interface_version": interface["interface_version"],
             "active_guidelines": interface["active_guidelines"],
             "gen_tokens_per_s": sum(r.generated_tokens for r in reports) / wall,
+            **replica_metrics(fleet, replicas),
             "prefix_cache_hit_rate": sum(r.cached_prompt_tokens for r in reports) / prompt if prompt else 0.0,
             "env_steps_per_s": sum(r.env_steps for r in reports) / env_s if env_s else 0.0,
             "env_tool_calls": sum(r.tool_calls for r in reports),
@@ -155,3 +155,19 @@ def episode_stats(trajs, max_new_tokens: int) -> dict[str, Any]:
             "response_truncated_frac": sum(k >= max_new_tokens for k in segments) / len(segments) if segments else 0.0,
             "tool_calls_per_episode": sum(t.num_tool_calls for t in trajs) / len(trajs),
             "parse_failures_per_episode": sum(t.num_parse_errors for t in trajs) / len(trajs)}
+
+
+def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-replica counters since the replica started (requests, load, prefix hits) and the fleet's events."""
+    c = fleet.counters
+    failed, c.failed_replicas = list(c.failed_replicas), []
+    return {
+        "generator_replicas": len(fleet.router.replicas),
+        "replica_requests": {n: r.get("requests", 0) for n, r in replicas.items()},
+        "replica_outstanding_tokens": {n: r.get("outstanding_tokens", 0) for n, r in replicas.items()},
+        "replica_prefix_cache_hit_rate": {n: r["prefix_cache_hit_rate"] for n, r in replicas.items() if "prefix_cache_hit_rate" in r},
+        "replica_groups_routed": {n: load.routed for n, load in fleet.router.load.items()},
+        "weight_sync_timeouts": c.update_timeouts,
+        "weight_sync_failed_replicas": failed,
+        "generator_restores_total": c.restores,
+    }

@@ -106,8 +106,8 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
 def scale(args) -> int:
     from seal.control import send_control
 
-    reply = send_control(Path(args.run_dir), "scale", {"env": args.env})
+    reply = send_control(Path(args.run_dir), "scale", {args.what: args.count})
     if not reply.get("ok"):
         raise ValueError(reply.get("error", "refused"))
-    print(f"env actors: {reply['env_actors']}")
+    print(f"env actors: {reply['env_actors']}, generator replicas: {reply['generators']}")
     return 0

@@ -145,3 +145,14 @@ def test_learner_scale_reports_one_and_two_ranks(tmp_path):
     assert r["world_size"] == [1, 2] and len(r["samples_per_s"]) == len(r["comm_share"]) == len(r["peak_gb_per_rank"]) == 2
     assert all(map(positive, r["samples_per_s"] + r["peak_gb_per_rank"]))
     assert 0 <= r["comm_share"][0] <= r["comm_share"][1] < 1 and len(r["peak_gb_by_rank"]["2"]) == 2
+
+
+def test_generator_compares_blocking_and_continuous_batching(tmp_path):
+    r = bench(tmp_path, "generator", "--model", "tiny", "--concurrency", "1,2", "--turns", "2", "--episodes", "2",
+              "--min-new", "4", "--max-new", "24", "--env-ms", "0")
+    assert r["concurrency"] == [1, 2]
+    for key in ("blocking_tokens_per_s", "continuous_tokens_per_s", "speedup", "blocking_wait_per_call_s", "continuous_wait_per_call_s"):
+        assert len(r[key]) == 2 and all(map(positive, r[key])), key
+    assert set(r["update_s"]) == {"pause", "keep", "abort"} and all(map(positive, r["update_s"].values()))
+    assert set(r["replicas_tokens_per_s"]) == {"1", "2"} and r["update_bytes"] > 0
+    assert r["targets"][0]["measured"] is None  # no point at >= 8 episodes in this run

@@ -1,0 +1,308 @@
+"""The run's generator replicas, as the driver sees them.
+
+``generator.replicas=M`` Ray actors, each one engine (with its own
+tensor-parallel workers: ``generator.tensor_parallel_size`` on GPU), spread
+over the nodes. The blocking engine (actors/vllm_generator.py) is served by a
+``GeneratorServer``; the async engine (actors/async_vllm_generator.py) is its
+own Ray async actor. Both answer the same calls.
+
+The fleet owns:
+- routing (seal/replica_router.py): each group's replica is fixed at dispatch;
+- weight updates: every serving replica gets each version (object store or
+  the learner's broadcast group, which spans 1 + M x TP ranks); a replica
+  that does not confirm within ``update_timeout_s`` is named in the log,
+  taken out of the router and restarted (Ray restarts it), then re-synced;
+- restore: a restarted replica holds its requests until it has the latest
+  weights (probed every 2 s), and only then rejoins the router;
+- scaling: ``scale(M)`` starts replicas (current weights before they serve)
+  or retires the newest (out of the router first; stopped once its groups end).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from seal.replica_router import ReplicaRouter
+
+log = logging.getLogger(__name__)
+ASYNC_ENGINES = ("actors.async_vllm_generator.AsyncVllmGenerator",)
+
+
+@dataclass
+class FleetCounters:
+    update_timeouts: int = 0  # updates not confirmed in time (the replica was restarted)
+    restores: int = 0  # restarted replicas given the latest weights
+    started: int = 0
+    retired: int = 0
+    failed_replicas: list[str] = field(default_factory=list)  # named in the metrics of the step they failed in
+
+
+def split_generator_spec(spec: dict) -> tuple[dict, int]:
+    """The engine's constructor arguments and the replica count (a fleet setting, not the engine's)."""
+    spec = dict(spec)
+    replicas = spec.pop("replicas", 1)
+    if not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"generator.replicas must be an integer >= 1, got {replicas!r}")
+    return spec, replicas
+
+
+class GeneratorFleet:
+    def __init__(self, spec: dict, resources, prefix: str, max_restarts: int, update_timeout_s: float = 600.0,
+                 wait: bool = True) -> None:
+        """``wait``: return once every replica has started (else call ``wait_ready``)."""
+        self.spec, count = split_generator_spec(spec)
+        self.resources, self.prefix, self.max_restarts = resources, prefix, max_restarts
+        self.tp = int(self.spec.get("tensor_parallel_size", 1))
+        self.is_async = self.spec.get("_target_") in ASYNC_ENGINES
+        self.update_timeout_s = float(update_timeout_s)
+        self.handles: dict[str, Any] = {}
+        self.versions: dict[str, int] = {}
+        self.retiring: dict[str, Any] = {}
+        self.pending: dict[Any, tuple[str, int, float]] = {}  # update ref -> (replica, version, started)
+        self.probes: dict[str, tuple[Any, float]] = {}  # replica -> (awaiting_weights ref, sent)
+        self.restoring: set[str] = set()  # out of the router until they have the latest weights
+        self._probed: dict[str, float] = {}
+        self.counters = FleetCounters()
+        self._made = 0
+        names = [self._start(await_weights=False) for _ in range(count)]
+        self.router = ReplicaRouter(names)
+        if wait:
+            self.wait_ready(names)
+
+    # ------------------------------------------------------------ actors
+    def _start(self, await_weights: bool) -> str:
+        import ray
+
+        from actors.generator_server import GeneratorServer
+        from seal.config import instantiate_spec
+
+        name = f"{self.prefix}-generator-{self._made}"
+        self._made += 1
+        res = self.resources
+        options: dict[str, Any] = dict(name=name, max_concurrency=1024, max_restarts=self.max_restarts, max_task_retries=0,
+                                       runtime_env={"env_vars": res.env_vars()}, **res.ray_options())
+        if self._made > 1:
+            options["scheduling_strategy"] = "SPREAD"  # replicas on different nodes where there are several
+        if self.is_async:
+            from actors.async_vllm_generator import AsyncVllmGenerator
+
+            kwargs = {k: v for k, v in self.spec.items() if k != "_target_"}
+            handle = ray.remote(AsyncVllmGenerator).options(**options).remote(
+                **kwargs, await_weights=await_weights, setup=res.pinned(dict))
+        else:
+            handle = ray.remote(GeneratorServer).options(**options).remote(
+                res.pinned(functools.partial(instantiate_spec, self.spec)), await_weights=await_weights)
+        self.handles[name] = handle
+        self.versions[name] = -1 if await_weights else 0
+        self.counters.started += 1
+        return name
+
+    def wait_ready(self, names: list[str]) -> None:
+        import ray
+
+        try:
+            ray.get([self.handles[n].max_model_len.remote() for n in names])
+        except ray.exceptions.RayActorError as exc:
+            cause = getattr(exc, "error_msg", None) or str(exc)
+            raise RuntimeError(f"a generator replica failed to start: {cause.strip().splitlines()[-1]}") from None
+
+    @property
+    def first(self) -> Any:
+        return self.handles[self.names[0]]
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.handles, key=lambda n: int(n.rsplit("-", 1)[1]))
+
+    def serving(self) -> list[str]:
+        return [n for n in self.names if n in self.router.replicas]
+
+    def acked(self) -> int:
+        """The version every serving replica has (admission counts staleness from it)."""
+        live = [self.versions[n] for n in self.serving()]
+        return min(live) if live else max(self.versions.values(), default=0)
+
+    def all_down(self) -> bool:
+        return not self.router.replicas
+
+    # ----------------------------------------------------------- weights
+    def publish(self, version: int, weights_ref: Any = None, metadata: list | None = None) -> list:
+        """``version`` to every replica: from the broadcast group (``metadata``) or the object store."""
+        refs = []
+        for name in self.names:
+            if name in self.restoring:
+                continue  # it gets the latest weights when its restore runs
+            handle = self.handles[name]
+            if metadata is not None:
+                ref = handle.update_weights_from_group.remote(version, metadata)
+            else:
+                ref = handle.update_weights.remote(version, weights_ref)
+            self.pending[ref] = (name, version, time.perf_counter())
+            refs.append(ref)
+        return refs
+
+    def published(self, ref) -> float | None:
+        """A replica confirmed (or failed) an update; seconds it took from the publish, or None."""
+        import ray
+
+        name, version, started = self.pending.pop(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            log.warning("generator replica %s failed the update to v%d: %s", name, version, exc.__class__.__name__)
+            if name in self.handles:
+                self._take_out(name)
+            return None
+        self.versions[name] = max(self.versions.get(name, 0), version)
+        return time.perf_counter() - started
+
+    def overdue(self) -> None:
+        """Updates not confirmed within the timeout: name the replica, take it out, restart it."""
+        import ray
+
+        now = time.perf_counter()
+        for ref, (name, version, started) in list(self.pending.items()):
+            if now - started < self.update_timeout_s:
+                continue
+            del self.pending[ref]
+            self.counters.update_timeouts += 1
+            self.counters.failed_replicas.append(name)
+            log.error("generator replica %s did not confirm the update to v%d within %.0f s: taken out of the router "
+                      "and restarted", name, version, self.update_timeout_s)
+            self._take_out(name)
+            if name in self.handles:
+                ray.kill(self.handles[name], no_restart=False)  # Ray restarts it; the probe re-syncs it
+
+    def _take_out(self, name: str) -> None:
+        self.router.remove(name)
+        self.restoring.add(name)
+
+    def replica_lost(self, name: str) -> None:
+        """A group failed because its replica is gone (GeneratorUnavailable): restore it when it is back."""
+        if name in self.handles:
+            self._take_out(name)
+
+    def check(self, latest: Callable[[], tuple[Any, int]], force: bool = False, every_s: float = 2.0) -> list[str]:
+        """Probe every replica (every ``every_s``; at once when ``force``): one Ray restarted
+        comes back with the base weights and holds its requests, so it leaves the router and
+        gets the latest weights (``latest()`` -> (weights ref, version)) before it rejoins.
+        Returns the replicas restored now."""
+        import ray
+
+        now = time.monotonic()
+        for name in self.names:
+            if name not in self.probes and (force or name in self.restoring or now - self._probed.get(name, 0.0) > every_s):
+                self.probes[name] = (self.handles[name].awaiting_weights.remote(), now)
+                self._probed[name] = now
+        restored = []
+        for name, (ref, _) in list(self.probes.items()):
+            ready, _ = ray.wait([ref], timeout=30.0 if force else 0)
+            if not ready:
+                continue
+            del self.probes[name]
+            try:
+                awaiting = ray.get(ref)
+            except ray.exceptions.RayActorError:  # restarting: out of the router until it answers
+                if name in self.handles:
+                    self._take_out(name)
+                continue
+            if name not in self.handles or not (awaiting or name in self.restoring):
+                continue
+            self._take_out(name)
+            try:
+                weights, version = latest()
+                ray.get(self.handles[name].update_weights.remote(version, weights), timeout=self.update_timeout_s)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                log.warning("restoring generator replica %s failed (%s); retrying", name, exc.__class__.__name__)
+                continue
+            self.versions[name] = version
+            self.restoring.discard(name)
+            self.router.add(name)
+            self.counters.restores += 1
+            restored.append(name)
+            log.warning("generator replica %s is serving with policy v%d", name, version)
+        return restored
+
+    def join_weight_group(self, host: str, port: int, backend: str) -> tuple[int, list]:
+        """Every replica joins the learner's group: replica i's workers are ranks 1 + i x TP ..;
+        returns (world size, the join refs: they block until the learner joins too)."""
+        world = 1 + len(self.names) * self.tp
+        refs = [self.handles[n].join_weight_group.remote(host, port, world, backend, 1 + i * self.tp)
+                for i, n in enumerate(self.names)]
+        return world, refs
+
+    # ------------------------------------------------------------ scaling
+    def scale(self, count: int, latest: Callable[[], tuple[Any, int]]) -> None:
+        """Serve with ``count`` replicas: new ones get the current weights before they serve;
+        the newest retire (no new group; stopped by ``reap`` once their groups end)."""
+        if count < 1:
+            raise ValueError(f"generators must be >= 1, got {count}")
+        while len(self.handles) < count:
+            name = self._start(await_weights=True)
+            self.wait_ready([name])
+            self.restoring.add(name)  # check() gives it the weights, then the router takes it
+            self.router.remove(name)
+            self.check(latest, force=True)
+        while len(self.handles) > count:
+            name = self.names[-1]
+            self.router.remove(name)
+            self.restoring.discard(name)
+            self.retiring[name] = self.handles.pop(name)
+            log.info("generator replica %s retiring", name)
+
+    def reap(self) -> None:
+        import ray
+
+        for name in list(self.retiring):
+            if self.router.groups_on(name) or any(n == name for n, _, _ in self.pending.values()):
+                continue
+            ray.kill(self.retiring.pop(name), no_restart=True)
+            self.versions.pop(name, None)
+            self.counters.retired += 1
+            log.info("generator replica %s retired", name)
+
+    # ------------------------------------------------------------ metrics
+    def stats(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Each replica's counters (requests, tokens, load, prefix hits); a replica that does not answer is left out."""
+        import ray
+
+        refs = {name: self.handles[name].stats.remote() for name in self.names}
+        out = {}
+        for name, ref in refs.items():
+            try:
+                out[name] = ray.get(ref, timeout=timeout_s)
+            except (ray.exceptions.RayError, TimeoutError):
+                continue
+        return out
+
+    def close(self) -> None:
+        import ray
+
+        for handle in [*self.handles.values(), *self.retiring.values()]:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+
+ASYNC_ONLY_KEYS = ("update_mode", "update_timeout_s", "max_num_seqs")
+
+
+def local_generator(node, **overrides) -> Any:
+    """A generator for this process alone (`seal rollout`, `seal eval`, `seal evaluate`):
+    one engine with blocking calls. An async-engine config maps to the blocking engine
+    with the same model, dtype and cache settings (greedy evaluation batches gain nothing
+    from continuous batching); the fleet's replica count does not apply."""
+    from omegaconf import OmegaConf
+
+    from seal.config import instantiate_spec
+
+    spec = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
+    spec, _ = split_generator_spec(spec)
+    if spec.get("_target_") in ASYNC_ENGINES:
+        spec = {k: v for k, v in spec.items() if k not in ASYNC_ONLY_KEYS}
+        spec["_target_"] = "actors.vllm_generator.VllmGenerator"
+    return instantiate_spec(spec)
