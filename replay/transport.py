@@ -152,11 +152,18 @@ class ReplayServer:
         # reports and recv never returns (tests/unit/test_transport_auth.py): 2 at least.
         self._socket.setsockopt(zmq.RCVHWM, max(cfg.hwm, 2) if self._guard else cfg.hwm)
         self._socket.setsockopt(zmq.LINGER, 0)
-        if cfg.port:
-            self._socket.bind(f"tcp://{cfg.host}:{cfg.port}")
-            port = cfg.port
-        else:
-            port = self._socket.bind_to_random_port(f"tcp://{cfg.host}")
+        try:
+            if cfg.port:
+                self._socket.bind(f"tcp://{cfg.host}:{cfg.port}")
+                port = cfg.port
+            else:
+                port = self._socket.bind_to_random_port(f"tcp://{cfg.host}")
+        except zmq.ZMQError:  # a port in use: no ZAP or monitor thread outlives the failed start
+            self._socket.close()
+            if self._guard:
+                self._guard.close()
+            self._context.term()
+            raise
         self.address = f"tcp://{self._advertised_host()}:{port}"
         self._thread = threading.Thread(target=self._receive, name="replay-receiver", daemon=True)
         self._thread.start()

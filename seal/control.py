@@ -88,7 +88,14 @@ class ControlServer:
         if self._guard:
             self._guard.secure(self._socket)
         self._socket.setsockopt(zmq.LINGER, 0)
-        port = self._socket.bind_to_random_port(f"tcp://{host}")
+        try:
+            port = self._socket.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError:  # no ZAP or monitor thread outlives the failed start
+            self._socket.close()
+            if self._guard:
+                self._guard.close()
+            self._context.term()
+            raise
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "*") else host
         self.address = f"tcp://{connect_host}:{port}"
         self.key_file = write_key_file(keys.control) if keys else None

@@ -105,3 +105,13 @@ def test_a_curve_server_with_a_receive_hwm_of_1_still_delivers():
     finally:
         sender.close()
         server.close()
+
+
+def test_a_port_in_use_fails_cleanly(server):
+    import threading
+
+    port = int(server.address.rsplit(":", 1)[1])
+    before = threading.active_count()
+    with pytest.raises(Exception, match="[Aa]ddress already in use"):
+        ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(port=port))
+    assert threading.active_count() == before  # no ZAP or monitor thread left behind
