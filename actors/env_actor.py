@@ -22,6 +22,7 @@ from actors.generator import SamplingConfig
 from actors.rollout import GroupStats, run_group
 from env_pool.base import Environment
 from env_pool.interface.state import InterfaceState
+from replay.auth import ClientKeys
 from replay.messages import GroupJob, GroupReport, InterfaceUpdate
 from replay.transport import TrajectorySender
 
@@ -29,7 +30,8 @@ from replay.transport import TrajectorySender
 class EnvActor:
     def __init__(self, name: str, make_env: Callable[[], Environment], make_tokenizer: Callable[[], Any],
                  generator: Any, coordinator: Any, replay_address: str, sampling: SamplingConfig,
-                 hwm: int = 64, send_timeout_s: float = 600.0) -> None:
+                 hwm: int = 64, send_timeout_s: float = 600.0, keys: ClientKeys | None = None) -> None:
+        """``keys``: this run's CURVE keys for the replay stream (None when it runs without CURVE)."""
         import ray
 
         from actors.generator_server import RemoteGenerator
@@ -44,7 +46,7 @@ class EnvActor:
         self._generators: dict[str, RemoteGenerator] = {}  # replica name -> client (the router picks per group)
         self._default_generator = generator if isinstance(generator, str) else ""
         self.generator = self._generator_for("") if isinstance(generator, str) else RemoteGenerator(generator)
-        self.sender = TrajectorySender(replay_address, hwm=hwm, send_timeout_s=send_timeout_s)
+        self.sender = TrajectorySender(replay_address, hwm=hwm, send_timeout_s=send_timeout_s, keys=keys)
         self._lock = threading.Lock()
         update: InterfaceUpdate = ray.get(coordinator.interface.remote())
         self.interface = InterfaceState.from_dict(update.state)

@@ -65,11 +65,11 @@ def make_trajectories(tokens: int, count: int, seed: int = 0) -> list:
     return out
 
 
-def _zmq_producer(address: str, tokens: int, count: int, seed: int, ready, start) -> None:
+def _zmq_producer(address: str, keys, tokens: int, count: int, seed: int, ready, start) -> None:
     from replay.transport import TrajectorySender
 
     trajs = make_trajectories(tokens, count, seed)
-    sender = TrajectorySender(address, hwm=64, send_timeout_s=120)
+    sender = TrajectorySender(address, hwm=64, send_timeout_s=120, keys=keys)
     ready.set()
     start.wait()
     for t in trajs:
@@ -99,7 +99,8 @@ def _zmq(tokens: int, count: int, seed: int) -> float:
     ctx = mp.get_context("spawn")
     server = ReplayServer(ReplayQueue(GROUP, 1, max_staleness=10**6), TransportConfig(hwm=64, max_ready_groups=64))
     ready, start = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_zmq_producer, args=(server.address, tokens, count, seed, ready, start), daemon=True)
+    # With CURVE, as a run streams (the default transport.curve): the timing includes the encryption.
+    proc = ctx.Process(target=_zmq_producer, args=(server.address, server.client_keys, tokens, count, seed, ready, start), daemon=True)
     proc.start()
     try:
         _wait_ready(proc, ready)

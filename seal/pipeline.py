@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from replay.auth import RunKeys
 from replay.messages import GroupJob, GroupReport, TagSummary
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer
@@ -53,6 +54,7 @@ class Pipeline:
         self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, staleness, cfg.seed, oversample=int(t.oversample))
         queue = ReplayQueue(cfg.n, t.groups_per_step, max_staleness=staleness, stale_policy=t.stale_policy,
                             reissue_after_s=t.reissue_after_s, filter_groups=t.filter_groups)
+        self.keys: RunKeys | None = None
         self.replay: ReplayServer | None = None
         self.actors: ActorSet | None = None
         self.control: ControlServer | None = None
@@ -66,9 +68,14 @@ class Pipeline:
             with self.progress.timed("ray", f"starting Ray ({self.cluster.address or 'local'})", "Ray up"):
                 start_ray(self.cluster)
             check_reachable(self.cluster)
-            self.replay = ReplayServer(queue, instantiate(cfg.transport))
+            transport = instantiate(cfg.transport)
+            # This run's CURVE keys (replay/auth.py), in this process's memory: env actors get
+            # theirs through Ray, `seal scale` from a 0600 file outside the run dir (seal/control.py).
+            self.keys = RunKeys.generate() if transport.curve else None
+            self.replay = ReplayServer(queue, transport, self.keys)
             with self.progress.timed("engine", f"starting {engines_text(cfg)}", "generator and learner ready"):
-                self.actors = ActorSet(cfg, self.cluster, self.replay.address, storage=str(run_dir))
+                self.actors = ActorSet(cfg, self.cluster, self.replay.address, storage=str(run_dir),
+                                       replay_keys=self.replay.client_keys)
             self._start(resume)
         except BaseException:
             self.close()  # no actor, socket or Ray session outlives a failed start
@@ -110,7 +117,7 @@ class Pipeline:
             self.snapshot(initial=True)
         with self.progress.timed("env", f"starting {self.cluster.env_actors} env actors", "env actors ready"):
             self.actors.scale_env(self.cluster.env_actors)
-        self.control = ControlServer(self.run_dir, self.cluster.bind_host)
+        self.control = ControlServer(self.run_dir, self.cluster.bind_host, self.keys)
 
     # ------------------------------------------------------------ main loop
     def run(self, steps: int) -> list[dict[str, Any]]:
@@ -375,7 +382,8 @@ class Pipeline:
         if command == "status":
             return {"step": self.step, "policy_version": self.version, "env_actors": self.actors.target_env,
                     "generators": len(self.actors.generators.handles),
-                    "in_flight": len(self.jobs), **self.ledger.counters.__dict__}
+                    "in_flight": len(self.jobs), **self.ledger.counters.__dict__,
+                    "unauthorized": {"replay": self.replay.counters()["unauthorized"], "control": self.control.unauthorized}}
         raise ValueError(f"unknown control command {command!r} (scale, status)")
 
     # ------------------------------------------------------------ state

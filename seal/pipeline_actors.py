@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from actors.coordinator import Coordinator
+from replay.auth import ClientKeys
 from seal.config import instantiate, instantiate_spec
 from seal.placement import ClusterConfig
 
@@ -36,13 +37,15 @@ def _spec(node) -> dict:
 
 
 class ActorSet:
-    def __init__(self, cfg, cluster: ClusterConfig, replay_address: str, storage: str | None = None) -> None:
+    def __init__(self, cfg, cluster: ClusterConfig, replay_address: str, storage: str | None = None,
+                 replay_keys: ClientKeys | None = None) -> None:
+        """``replay_keys``: the env actors' CURVE keys for the replay stream (None: a plain stream)."""
         import ray
 
         from seal.generator_fleet import GeneratorFleet
         from seal.learner_group import GroupSettings, LearnerGroup
 
-        self.cfg, self.cluster, self.replay_address = cfg, cluster, replay_address
+        self.cfg, self.cluster, self.replay_address, self.replay_keys = cfg, cluster, replay_address, replay_keys
         self.prefix = f"seal-{uuid.uuid4().hex[:8]}"  # actor names unique to this pipeline
         self.sampling = instantiate(cfg.sampling)
         transport = instantiate(cfg.transport)
@@ -119,7 +122,10 @@ class ActorSet:
             handle = ray.remote(EnvActor).options(**options).remote(
                 # The actor's constructor calls the tokenizer factory before any env work: it pins the process.
                 name, functools.partial(instantiate_spec, _spec(self.cfg.env)), res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
-                self.generators.names[0], f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s)
+                self.generators.names[0], f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s,
+                # The keys travel as a constructor argument: in memory, through Ray (whose token
+                # auth guards the cluster, README), never in a file; Ray keeps them to restart the actor.
+                self.replay_keys)
             self.env[name] = handle
             self.coordinator.register_env_actor.remote(name, handle)
             started.append(handle)

@@ -12,10 +12,12 @@ import functools
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
 
 T = TypeVar("T")
 ACTORS = ("env_actor", "generator", "learner", "coordinator")  # the ClusterConfig fields that are ActorResources
+RAY_AUTH_MODES = ("disabled", "token")  # the values of Ray's RAY_AUTH_MODE this config chooses between
 _CPU_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
@@ -122,6 +124,7 @@ class ClusterConfig:
     max_restarts: int = 3  # per env/generator actor; its in-flight groups are re-issued
     object_store_gb: float = 4.0  # local start only (weights pass through it)
     actor_logs: bool = False  # stream actors' stdout/stderr (vLLM, DeepSpeed) to this terminal; else only in Ray's log dir
+    ray_auth: str = "disabled"  # Ray's RAY_AUTH_MODE for this driver: "token" (multinode) or "disabled" (see ray_auth_env)
     env_actor: ActorResources = field(default_factory=lambda: ActorResources(num_cpus=0.5, threads=1))
     generator: ActorResources = field(default_factory=ActorResources)
     learner: ActorResources = field(default_factory=ActorResources)
@@ -134,6 +137,8 @@ class ClusterConfig:
             raise ValueError(f"cluster.env_actors must be >= 1, got {self.env_actors}")
         if self.max_restarts < 0:
             raise ValueError(f"cluster.max_restarts must be >= 0, got {self.max_restarts}")
+        if self.ray_auth not in RAY_AUTH_MODES:
+            raise ValueError(f"cluster.ray_auth must be one of {', '.join(RAY_AUTH_MODES)}, got {self.ray_auth!r}")
         for name in ACTORS:
             value = getattr(self, name)
             if isinstance(value, dict):  # hydra passes nested plain dicts
@@ -205,15 +210,65 @@ def check_reachable(cfg: ClusterConfig) -> None:
                          "use cluster=multinode or cluster.bind_host=0.0.0.0")
 
 
+def ray_token_source(environ: Mapping[str, str], home: Path) -> str | None:
+    """Where Ray (2.60) would read its auth token from, as it looks: RAY_AUTH_TOKEN,
+    then the file RAY_AUTH_TOKEN_PATH names, then ~/.ray/auth_token; None: nowhere."""
+    if environ.get("RAY_AUTH_TOKEN", "").strip():
+        return "RAY_AUTH_TOKEN"
+    if environ.get("RAY_AUTH_TOKEN_PATH"):
+        path = Path(environ["RAY_AUTH_TOKEN_PATH"]).expanduser()
+        return f"RAY_AUTH_TOKEN_PATH={path}" if path.is_file() and path.read_text().strip() else None
+    default = home / ".ray" / "auth_token"
+    return str(default) if default.is_file() and default.read_text().strip() else None
+
+
+def ray_auth_env(cfg: ClusterConfig, environ: Mapping[str, str], home: Path | None = None) -> dict[str, str]:
+    """The environment Ray's token authentication needs for this config, checked
+    before anything starts (preflight and start_ray).
+
+    ``token``: RAY_AUTH_MODE=token, and joining a cluster needs its token here
+    (a local start makes one, ~/.ray/auth_token). A RAY_AUTH_MODE of another value
+    in the environment is refused rather than silently overridden either way.
+    ``disabled``: RAY_AUTH_MODE=disabled unless the environment sets it (a local
+    run needs no token file; a user who exports RAY_AUTH_MODE=token keeps it)."""
+    current = environ.get("RAY_AUTH_MODE")
+    if cfg.ray_auth == "disabled":
+        return {} if current else {"RAY_AUTH_MODE": "disabled"}
+    if current is not None and current.lower() != "token":
+        raise ValueError(f"cluster.ray_auth=token but RAY_AUTH_MODE={current} in the environment: "
+                         "unset it, or run with cluster.ray_auth=disabled")
+    if cfg.address and ray_token_source(environ, home or Path.home()) is None:
+        raise ValueError(f"cluster.ray_auth=token joins the cluster at {cfg.address} with Ray's token authentication, "
+                         "but no token is here: copy the head node's ~/.ray/auth_token (made by `ray get-auth-token --generate`), "
+                         "or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (README: On a multi-node Ray cluster)")
+    return {"RAY_AUTH_MODE": "token"}
+
+
+def _apply_ray_auth(cfg: ClusterConfig) -> None:
+    env = ray_auth_env(cfg, os.environ)
+    os.environ.update(env)
+    if env.get("RAY_AUTH_MODE") == "token":
+        # Ray reads its config (the auth mode included) once, at import: reload it, as
+        # Ray itself does when it turns token auth on (authentication_token_setup.py).
+        try:
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except (ImportError, AttributeError):  # another Ray: it reads the variable at init
+            pass
+
+
 def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
     """Start or join Ray; returns the cluster's resources."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token file under ~/.ray for a local run
-    if ray.is_initialized():
+    if ray.is_initialized():  # a session the caller started (tests, benchmarks): its authentication is settled
+        if cfg.ray_auth == "disabled":
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         return ray.cluster_resources()
     # Actors find the repo's packages through the installed (editable) package;
     # the driver's working directory does not matter.
+    _apply_ray_auth(cfg)
     if cfg.address:
         ray.init(address=cfg.address, log_to_driver=cfg.actor_logs)
     else:

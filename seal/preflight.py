@@ -186,7 +186,12 @@ def _check_resume(cfg) -> None:
 
 
 def _check_cluster(cfg) -> None:
+    import os
+
+    from seal.placement import ray_auth_env
+
     cluster = _build(cfg, "cluster")
+    ray_auth_env(cluster, os.environ)  # token auth without a token to join with: say so before anything starts
     if cluster.address:  # joining a cluster: its nodes' cores and GPUs are not this machine's
         return
     cluster.check_local_cpus()

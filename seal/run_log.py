@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 SCALARS = ("reward_mean", "policy_version", "prefix_cache_hit_rate", "env_tool_calls", "staleness_mean", "staleness_max", "mean_scale", "interface_version", "gen_tokens_per_s",
            "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s", "publish_s", "dropped", "reissued",
-           "rejected", "abandoned", "loss", "kl", "env_actors", "step_s",
+           "rejected", "unauthorized", "abandoned", "loss", "kl", "env_actors", "step_s",
            # off-policy control and episodes (learner/step_stats.py, seal/step_metrics.py)
            "filtered_groups", "filtered_total", "trained_groups", "trained_reward_mean", "mismatch_kl", "mismatch_kl_max",
            "mismatch_abs_logprob_diff", "offpolicy_kl", "is_weight_mean", "is_weight_max", "is_truncated_frac", "ess",

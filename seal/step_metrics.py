@@ -116,6 +116,8 @@ class StepWindow:
             "dropped": counters["dropped_stale"],
             "reissued": pipeline.ledger.counters.reissued,
             "rejected": counters["rejected"],
+            # Refused CURVE handshakes on the replay stream and the control socket (replay/auth.py).
+            "unauthorized": counters["unauthorized"] + (pipeline.control.unauthorized if pipeline.control else 0),
             "abandoned": counters["abandoned"],
             "duplicates": counters["duplicates"],
             "lost_groups": dict(self.failures),

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ REPO = Path(__file__).resolve().parent.parent
 # temp area when the tests run in a fresh clone.
 os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "seal" / "bfcl_root"))
 Path(os.environ["BFCL_PROJECT_ROOT"]).mkdir(parents=True, exist_ok=True)
+# The control key files runs leave for `seal scale` (seal/control.py) go to a temp dir, not
+# the user's ~/.seal; child processes (`seal train`, `seal scale`) inherit it.
+os.environ.setdefault("SEAL_KEY_DIR", tempfile.mkdtemp(prefix="seal-keys-"))
 
 
 def pytest_collection_modifyitems(config, items):

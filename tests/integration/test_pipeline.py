@@ -66,18 +66,23 @@ def test_async_end_to_end_rejects_bad_frames_and_resumes(tmp_path):
 
     p = make_pipeline(tmp_path / "run", "learner=zero2", "trainer.mode=async", "trainer.max_staleness=1")
     sock = zmq.Context.instance().socket(zmq.PUSH)
+    p.replay.client_keys.apply(sock)  # an env actor's keys: its bad frames arrive and are rejected
     sock.connect(p.replay.address)
     for frame in (b"not msgpack \xc1", b"\x93\x01\x02\x03", b"\x83\xa1v\x63\xa4kind\xa3foo\xa4body\x80"):
         sock.send(frame)
     sock.close(linger=2000)
+    stranger = zmq.Context.instance().socket(zmq.PUSH)  # no CURVE keys: refused, counted, nothing arrives
+    stranger.connect(p.replay.address)
+    stranger.send(b"not msgpack \xc1")
     rows = run(p, 3)
+    stranger.close(linger=0)
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["policy_version"] for r in rows] == [1, 2, 3]
     assert all(ROW_KEYS <= set(r) for r in rows)
     assert all(math.isfinite(r[k]) for r in rows for k in FINITE_KEYS)
     # The first step trains on what version 0 generated: vLLM and the learner at the same weights.
     assert 0 <= rows[0]["mismatch_kl"] <= rows[0]["mismatch_kl_max"] < 1e-3
     assert all(r["mode"] == "async" and r["staleness_max"] <= 1 for r in rows)
-    assert rows[-1]["rejected"] == 3 and rows[-1]["reissued"] == 0
+    assert rows[-1]["rejected"] == 3 and rows[-1]["reissued"] == 0 and rows[-1]["unauthorized"] >= 1
     assert rows[-1]["interface_version"] == 1 and rows[-1]["active_guidelines"] == ["active_respond"]
     assert_exactly_once(p, 3)
     run_dir = tmp_path / "run"

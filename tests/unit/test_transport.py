@@ -34,7 +34,7 @@ def server():
 
 
 def test_trajectories_stream_into_complete_groups(server):
-    sender = TrajectorySender(server.address)
+    sender = TrajectorySender(server.address, keys=server.client_keys)
     for g in range(3):
         for i in range(2):
             sender.send(traj(group=f"g{g}", index=i, n_tokens=5000))
@@ -46,7 +46,7 @@ def test_trajectories_stream_into_complete_groups(server):
 
 
 def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
-    sender = TrajectorySender(server.address)
+    sender = TrajectorySender(server.address, keys=server.client_keys)
     sender.send_frame(b"\xc1 not msgpack")
     sender.send_frame(encode(TagSummary("t", "c", [], [], 0.0, False, 0.0, 0)))  # a message of the wrong kind
     sender.send(traj(group="g", index=5))  # rollout index outside the group
@@ -59,7 +59,7 @@ def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
 
 def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
     server = ReplayServer(ReplayQueue(group_size=1, groups_per_batch=1), TransportConfig(hwm=1, max_ready_groups=1))
-    sender = TrajectorySender(server.address, hwm=1, send_timeout_s=0.5, linger_s=0.5)  # close() gives up on the undeliverable rest
+    sender = TrajectorySender(server.address, hwm=1, send_timeout_s=0.5, linger_s=0.5, keys=server.client_keys)  # close() gives up on the undeliverable rest
     with pytest.raises(TransportTimeout, match="took no frame"):
         for g in range(200):  # nobody takes batches: the receiver stops reading, buffers fill, send times out
             sender.send(traj(group=f"g{g}", index=0, n_tokens=20_000))
@@ -70,7 +70,7 @@ def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
 
 
 def test_abandoned_groups_ignore_late_rollouts(server):
-    sender = TrajectorySender(server.address)
+    sender = TrajectorySender(server.address, keys=server.client_keys)
     sender.send(traj(group="dead", index=0))
     assert wait_for(lambda: server.counters()["accepted"] == 1)
     assert server.abandon("dead") is True
@@ -82,9 +82,11 @@ def test_abandoned_groups_ignore_late_rollouts(server):
 PRODUCER = """
 import sys
 sys.path[:0] = [{unit!r}]
+from replay.auth import ClientKeys, KeyPair
 from replay.transport import TrajectorySender
 from test_replay import traj
-sender = TrajectorySender({address!r}, hwm=8)
+keys = ClientKeys({server_public!r}, KeyPair({public!r}, {secret!r}))  # as an env actor gets them through Ray
+sender = TrajectorySender({address!r}, hwm=8, keys=keys)
 for g in range({groups}):
     for i in range(2):
         sender.send(traj(group=f"g{{g}}", index=i, n_tokens=8192))
@@ -97,7 +99,9 @@ def test_a_producer_that_closes_and_exits_has_delivered_every_frame():
     # send lost the frames still queued (up to the high-water marks) or crashed in teardown.
     server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(hwm=8, max_ready_groups=1000))
     try:
-        code = PRODUCER.format(unit=str(Path(__file__).parent), address=server.address, groups=150)
+        keys = server.client_keys
+        code = PRODUCER.format(unit=str(Path(__file__).parent), address=server.address, groups=150,
+                               server_public=keys.server_public, public=keys.client.public, secret=keys.client.secret)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert wait_for(lambda: server.ready() == 150, timeout=30), server.counters()
@@ -108,7 +112,7 @@ def test_a_producer_that_closes_and_exits_has_delivered_every_frame():
 
 def test_a_closed_sender_refuses_to_send():
     server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1))
-    sender = TrajectorySender(server.address)
+    sender = TrajectorySender(server.address, keys=server.client_keys)
     sender.close()
     sender.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
