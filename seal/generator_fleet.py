@@ -49,6 +49,23 @@ def split_generator_spec(spec: dict) -> tuple[dict, int]:
     return spec, replicas
 
 
+def check_fleet_spec(spec: dict) -> dict:
+    """The fleet's settings checked before anything starts; returns the engine's arguments."""
+    spec, _ = split_generator_spec(spec)
+    if spec.get("_target_") in ASYNC_ENGINES:
+        from actors.async_vllm_generator import UPDATE_MODES
+
+        mode = spec.get("update_mode", "pause")
+        if mode not in UPDATE_MODES:
+            raise ValueError(f"generator.update_mode must be one of {', '.join(UPDATE_MODES)}, got {mode!r}")
+        if float(spec.get("update_timeout_s", 600.0)) <= 0:
+            raise ValueError(f"generator.update_timeout_s must be > 0, got {spec.get('update_timeout_s')}")
+    elif "update_mode" in spec:
+        raise ValueError("generator.update_mode needs the async engine (generator=vllm_async_cpu or vllm_async_gpu): "
+                         "the blocking engine always finishes a batch before its weights change")
+    return spec
+
+
 class GeneratorFleet:
     def __init__(self, spec: dict, resources, prefix: str, max_restarts: int, update_timeout_s: float = 600.0,
                  wait: bool = True) -> None:

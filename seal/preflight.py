@@ -137,6 +137,11 @@ def _check_signatures(cfg) -> None:
     for group in HEAVY:
         node = OmegaConf.to_container(cfg[group], resolve=True)
         target = node.pop("_target_")
+        if group == "generator":  # the fleet's keys (seal/generator_fleet.py) are not the engine's
+            from seal.generator_fleet import check_fleet_spec
+
+            node = check_fleet_spec({"_target_": target, **node})
+            node.pop("_target_")
         try:
             inspect.signature(get_class(target)).bind(**node)
         except TypeError as exc:

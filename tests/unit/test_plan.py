@@ -145,7 +145,8 @@ def test_each_recipe_has_the_papers_hyperparameters_and_fits_its_hardware(name):
     assert plan.fits, plan.problems
     assert plan.model.name == model and not plan.layout.unplaced
     used = sum(n.capacity["GPU"] - n.free["GPU"] for n in plan.layout.nodes)
-    assert used == cfg.learner.world_size + cfg.generator.tensor_parallel_size <= nodes * gpus
+    replicas = cfg.generator.get("replicas", 1)
+    assert used == cfg.learner.world_size + replicas * cfg.generator.tensor_parallel_size <= nodes * gpus
     assert plan.learner_est.device_bytes / GB < 0.85 * 80  # headroom over the estimate
 
 
