@@ -124,3 +124,28 @@ def test_scale_replicas_1_to_2_to_1_during_training(tmp_path):
     assert requests_on_new > 0
     assert_exactly_once(p, 4)
     assert rows[-1]["generator_replicas"] == 1 and fleet.counters.retired == 1
+
+
+def test_a_replica_that_never_answers_an_update_is_named_and_replaced(tmp_path, caplog):
+    p = make_pipeline(tmp_path / "run", "generator.replicas=2", "generator.update_timeout_s=15", "trainer.groups_per_step=1")
+    pids = _replica_pids(p)
+    victim = sorted(pids)[1]
+    try:
+        p.run(1)
+        os.kill(pids[victim], signal.SIGSTOP)  # alive, but never answers again: the fault a hang is made of
+        started = time.monotonic()
+        rows = p.run(2)
+        elapsed = time.monotonic() - started
+        after = _replica_pids(p)
+    finally:
+        try:
+            os.kill(pids[victim], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        p.close()
+    failed = [name for r in rows for name in r["weight_sync_failed_replicas"]]
+    assert failed == [victim] and rows[-1]["weight_sync_timeouts"] == 1
+    assert f"generator replica {victim} did not confirm the update" in caplog.text
+    assert after[victim] != pids[victim] and victim in p.actors.generators.router.replicas
+    assert elapsed < 600  # replaced within the timeout and a restart, not waited on
+    assert_exactly_once(p, 3)
