@@ -89,6 +89,10 @@ class GeneratorServer:
     def policy_version(self) -> int:
         return self.generator.policy_version
 
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The weight-sync canary, between batches like every engine call."""
+        return self._on_engine("call", lambda: self.generator.prompt_logprobs(token_ids))
+
     def dtype(self) -> str:
         """The generator's resolved dtype (bfloat16 | float32): the learner sends weights in it."""
         return str(getattr(self.generator, "dtype", "float32"))

@@ -174,6 +174,16 @@ class VllmGenerator(Generator):
         self.policy_version = version
         return time.perf_counter() - t0
 
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Logprob of each token after the first under the loaded weights (the weight-sync canary)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        res = self._llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)[0]
+        steps = res.prompt_logprobs or []
+        return [float(step[tok].logprob) for tok, step in zip(list(token_ids)[1:], steps[1:])]
+
     def reset_prefix_cache(self) -> None:
         self._llm.reset_prefix_cache()
 

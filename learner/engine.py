@@ -259,6 +259,17 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
+    def canary_logprobs(self, token_ids) -> list[float]:
+        """log p of each token after the first under the current weights, as the generator
+        reports prompt logprobs (the weight-sync canary); every rank runs it under ZeRO-3."""
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        with torch.no_grad(), self._autocast():
+            logits = self.model(input_ids=ids).logits[0].float()
+        logp = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
+        return logp.tolist()
+
     def _entropy_mode(self, model) -> str:
         """none (reference model) | grad (in the loss) | metric (logged only: no graph kept)."""
         if model is not self.model:

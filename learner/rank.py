@@ -74,6 +74,9 @@ class LearnerRank(LearnerWorker):
         got = self.learner.bucketed_weights(dtype)
         return None if got is None else to_wire_arrays(got.items())
 
+    def canary_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self.learner.canary_logprobs(token_ids)
+
     def broadcast_weights(self) -> float:
         """Rank 0 sends over the weight group; the other ranks only join the ZeRO-3 bucket gathers."""
         if self.rank == 0 and self.broadcaster is None:

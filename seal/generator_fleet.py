@@ -38,6 +38,8 @@ class FleetCounters:
     started: int = 0
     retired: int = 0
     failed_replicas: list[str] = field(default_factory=list)  # named in the metrics of the step they failed in
+    canary_failures: int = 0  # replicas whose logprobs after an update did not match the learner's
+    canary_max_diff: float | None = None  # max |logprob difference| over the canaries since the last metrics row
 
 
 def split_generator_spec(spec: dict) -> tuple[dict, int]:
@@ -83,6 +85,12 @@ class GeneratorFleet:
         self.restoring: set[str] = set()  # out of the router until they have the latest weights
         self._probed: dict[str, float] = {}
         self.counters = FleetCounters()
+        # The weight-sync canary: after each confirmed update the replica scores canary_ids and
+        # its logprobs must be within canary_max_diff of the learner's (``expect``) at that version.
+        self.canary_ids: list[int] = []
+        self.canary_max_diff = 1.0
+        self._expected: tuple[int, list[float]] | None = None
+        self.canaries: dict[Any, tuple[str, int]] = {}  # prompt_logprobs ref -> (replica, version)
         self._made = 0
         names = [self._start(await_weights=False) for _ in range(count)]
         self.router = ReplicaRouter(names)
@@ -174,7 +182,48 @@ class GeneratorFleet:
                 self._take_out(name)
             return None
         self.versions[name] = max(self.versions.get(name, 0), version)
+        self._send_canary(name, version)
         return time.perf_counter() - started
+
+    # ------------------------------------------------------------ canary
+    def expect(self, version: int, logprobs: list[float]) -> None:
+        """The learner's canary logprobs at ``version`` (the version about to be published)."""
+        self._expected = (int(version), [float(x) for x in logprobs])
+
+    def _send_canary(self, name: str, version: int) -> None:
+        if self.canary_ids and self._expected is not None and self._expected[0] == version and name in self.handles:
+            self.canaries[self.handles[name].prompt_logprobs.remote(self.canary_ids)] = (name, version)
+
+    def poll_canaries(self) -> None:
+        """Compare the replicas' canaries that are in; one off by more than canary_max_diff is
+        treated as failed: named, taken out of the router, restarted and re-synced."""
+        import ray
+
+        if not self.canaries:
+            return
+        ready, _ = ray.wait(list(self.canaries), num_returns=len(self.canaries), timeout=0)
+        for ref in ready:
+            name, version = self.canaries.pop(ref)
+            try:
+                got = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue  # the replica died; its restore re-syncs it
+            if self._expected is None or self._expected[0] != version:
+                continue  # a newer version is out already
+            want = self._expected[1]
+            if len(got) != len(want):
+                diff = float("inf")
+            else:
+                diff = max((abs(a - b) for a, b in zip(got, want)), default=0.0)
+            prev = self.counters.canary_max_diff
+            self.counters.canary_max_diff = diff if prev is None else max(prev, diff)
+            if diff > self.canary_max_diff and name in self.handles:
+                self.counters.canary_failures += 1
+                self.counters.failed_replicas.append(name)
+                log.error("generator replica %s: logprobs after the update to v%d differ from the learner's by %.3g "
+                          "(> %.3g): treated as failed, restarted and re-synced", name, version, diff, self.canary_max_diff)
+                self._take_out(name)
+                ray.kill(self.handles[name], no_restart=False)
 
     def overdue(self) -> None:
         """Updates not confirmed within the timeout: name the replica, take it out, restart it."""

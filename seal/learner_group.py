@@ -197,6 +197,11 @@ class LearnerGroup:
         self._collect(call, block=True)
         return call.refs[0]
 
+    def canary_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The learner's logprobs of a fixed sequence at its current weights (every rank
+        joins the forward: ZeRO-3 gathers), what each replica's must match after an update."""
+        return self._all(lambda a: a.canary_logprobs.remote(list(token_ids)), "weight canary")[0]
+
     def publish(self, out_dir: str, version: int) -> tuple[str, float]:
         return self._all(lambda a: a.publish.remote(out_dir, version), "publish")[0]
 

@@ -35,6 +35,9 @@ from seal.step_metrics import StepWindow
 from seal.task_fit import select_tasks
 
 log = logging.getLogger(__name__)
+# Scored by the learner and by every replica after each update (the weight-sync canary).
+CANARY_TEXT = ("The canary checks that every generator replica loaded the learner's weights: "
+               "call get_weather(city='Paris') and report the temperature in Celsius.")
 
 
 class Pipeline:
@@ -100,6 +103,11 @@ class Pipeline:
         # Weights go to the generator in its dtype (bf16 on a CPU with it: half the bytes).
         self.weight_dtype = ray.get(self.actors.generator.dtype.remote())
         fleet = self.actors.generators
+        if self.cfg.trainer.get("weight_canary", True):
+            from actors.model_assets import load_tokenizer
+
+            fleet.canary_ids = list(load_tokenizer(str(self.cfg.model.path))(CANARY_TEXT)["input_ids"])[:48]
+            fleet.canary_max_diff = float(self.cfg.trainer.get("canary_max_logprob_diff", 1.0))
         if extra:
             self.ledger.restore(extra["slots"], self.version)
             self.replay.set_policy_version(self.version)
@@ -228,6 +236,7 @@ class Pipeline:
         for ref in [r for r in self.publishing if r not in fleet.pending]:
             self.publishing.pop(ref)  # given up as overdue
         fleet.overdue()
+        fleet.poll_canaries()
         fleet.reap()
         restored = fleet.check(self._latest_weights, force=force, every_s=0.5 if fleet.all_down() else 2.0)
         if restored:
@@ -320,6 +329,9 @@ class Pipeline:
         self.step += 1
         self.replay.set_policy_version(self.version)
         self.progress.learner_phase(f"publish policy v{self.version} to the generator")
+        fleet = self.actors.generators
+        if fleet.canary_ids:  # the learner's view of the new weights, before they leave it
+            fleet.expect(self.version, self.actors.learners.canary_logprobs(fleet.canary_ids))
         publish = self._publish()
         for ref in publish:
             self.publishing[ref] = self.version
@@ -447,6 +459,8 @@ def check_trainer_config(cfg) -> None:
         raise ValueError(f"learner.world_size must be an integer >= 1, got {world!r}")
     if world > 1 and cfg.learner.cfg.backend != "deepspeed":
         raise ValueError(f"learner.world_size={world} needs a DeepSpeed learner (learner=zero2 or learner=zero3)")
+    if t.get("canary_max_logprob_diff", 1.0) <= 0:
+        raise ValueError(f"trainer.canary_max_logprob_diff must be > 0, got {t.canary_max_logprob_diff}")
     if t.fill_patience < 1 or t.oversample < 0:
         raise ValueError("trainer.fill_patience must be >= 1 (batches of filtered groups) and trainer.oversample >= 0")
     instantiate(cfg.guideline_policy)  # built in the coordinator actor: fail here, before anything starts

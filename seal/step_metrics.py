@@ -163,6 +163,7 @@ def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[st
     """Per-replica counters since the replica started (requests, load, prefix hits) and the fleet's events."""
     c = fleet.counters
     failed, c.failed_replicas = list(c.failed_replicas), []
+    canary, c.canary_max_diff = c.canary_max_diff, None
     return {
         "generator_replicas": len(fleet.router.replicas),
         "replica_requests": {n: r.get("requests", 0) for n, r in replicas.items()},
@@ -171,5 +172,7 @@ def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[st
         "replica_groups_routed": {n: load.routed for n, load in fleet.router.load.items()},
         "weight_sync_timeouts": c.update_timeouts,
         "weight_sync_failed_replicas": failed,
+        "weight_sync_max_logprob_diff": canary,  # None: no canary came back since the last row
+        "weight_sync_canary_failures": c.canary_failures,
         "generator_restores_total": c.restores,
     }
