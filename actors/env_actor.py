@@ -30,8 +30,11 @@ from replay.transport import TrajectorySender
 class EnvActor:
     def __init__(self, name: str, make_env: Callable[[], Environment], make_tokenizer: Callable[[], Any],
                  generator: Any, coordinator: Any, replay_address: str, sampling: SamplingConfig,
-                 hwm: int = 64, send_timeout_s: float = 600.0, keys: ClientKeys | None = None) -> None:
-        """``keys``: this run's CURVE keys for the replay stream (None when it runs without CURVE)."""
+                 hwm: int = 64, send_timeout_s: float = 600.0, keys: ClientKeys | None = None,
+                 lockstep: bool = True) -> None:
+        """``keys``: this run's CURVE keys for the replay stream (None when it runs without CURVE).
+        ``lockstep``: a group's turns go out as one batch (blocking engines); False: each
+        episode's as soon as it is ready (continuous batching)."""
         import ray
 
         from actors.generator_server import RemoteGenerator
@@ -42,6 +45,7 @@ class EnvActor:
         self.name = name
         self.make_env = make_env
         self.sampling = sampling
+        self.lockstep = lockstep
         self.chat = ChatTokenizer(make_tokenizer())
         self._generators: dict[str, RemoteGenerator] = {}  # replica name -> client (the router picks per group)
         self._default_generator = generator if isinstance(generator, str) else ""
@@ -66,7 +70,7 @@ class EnvActor:
         stats = GroupStats()
         generator = self._generator_for(job.generator) if job.generator else self.generator
         trajectories = run_group(self.make_env, generator, self.chat, job.task_id, job.n, self.sampling, interface,
-                                 group_id=job.group_id, seed=job.seed, stats=stats)
+                                 group_id=job.group_id, seed=job.seed, stats=stats, lockstep=self.lockstep)
         t_send = time.perf_counter()
         for traj in trajectories:
             self.sender.send(traj)

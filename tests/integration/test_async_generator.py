@@ -168,3 +168,39 @@ def test_bad_update_mode_is_refused_before_anything_changes(replica, tiny_weight
     with pytest.raises(ValueError, match="older than the loaded"):
         loop.run(gen.update_weights(v - 1, tiny_weights))
     assert loop.run(_call(gen.policy_version)) == v
+
+
+class _Blocking:
+    """The Generator interface over the replica's coroutines (what RemoteGenerator is over its actor)."""
+
+    def __init__(self, gen, loop, tokenizer) -> None:
+        self.gen, self.loop, self.tokenizer, self.max_model_len = gen, loop, tokenizer, 2048
+        self.calls = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.loop.run(_call(self.gen.policy_version))
+
+    def generate(self, requests, sampling):
+        self.calls += 1
+        return self.loop.run(self.gen.generate(requests, sampling))
+
+
+def test_a_group_plays_its_episodes_independently(replica, tiny_path):
+    from actors.chat import ChatTokenizer
+    from actors.model_assets import load_tokenizer
+    from actors.rollout import GroupStats, run_group
+    from env_pool.toy.env import ToyToolEnv
+
+    gen, loop = replica
+    tok = load_tokenizer(tiny_path)
+    client = _Blocking(gen, loop, tok)
+    stats = GroupStats()
+    group = run_group(lambda: ToyToolEnv(), client, ChatTokenizer(tok), "toy_0", 4, SamplingConfig(max_new_tokens=32),
+                      seed=3, stats=stats, lockstep=False)
+    assert len(group) == 4 and len({t.group_id for t in group}) == 1
+    for t in group:
+        t.validate()
+        assert t.num_steps >= 1 and all(s.policy_version == t.start_version for s in t.segments)
+    # One call per turn of each episode, not one per step of the group.
+    assert client.calls == sum(t.num_steps for t in group) and stats.generated_tokens > 0
