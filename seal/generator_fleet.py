@@ -90,7 +90,7 @@ class GeneratorFleet:
         self.canary_ids: list[int] = []
         self.canary_max_diff = 1.0
         self._expected: tuple[int, list[float]] | None = None
-        self.canaries: dict[Any, tuple[str, int]] = {}  # prompt_logprobs ref -> (replica, version)
+        self.canaries: dict[Any, tuple[str, int, list[float]]] = {}  # prompt_logprobs ref -> (replica, version, expected)
         self._made = 0
         names = [self._start(await_weights=False) for _ in range(count)]
         self.router = ReplicaRouter(names)
@@ -192,7 +192,7 @@ class GeneratorFleet:
 
     def _send_canary(self, name: str, version: int) -> None:
         if self.canary_ids and self._expected is not None and self._expected[0] == version and name in self.handles:
-            self.canaries[self.handles[name].prompt_logprobs.remote(self.canary_ids)] = (name, version)
+            self.canaries[self.handles[name].prompt_logprobs.remote(self.canary_ids)] = (name, version, self._expected[1])
 
     def poll_canaries(self) -> None:
         """Compare the replicas' canaries that are in; one off by more than canary_max_diff is
@@ -203,14 +203,11 @@ class GeneratorFleet:
             return
         ready, _ = ray.wait(list(self.canaries), num_returns=len(self.canaries), timeout=0)
         for ref in ready:
-            name, version = self.canaries.pop(ref)
+            name, version, want = self.canaries.pop(ref)
             try:
                 got = ray.get(ref)
             except ray.exceptions.RayError:
                 continue  # the replica died; its restore re-syncs it
-            if self._expected is None or self._expected[0] != version:
-                continue  # a newer version is out already
-            want = self._expected[1]
             if len(got) != len(want):
                 diff = float("inf")
             else:

@@ -67,6 +67,10 @@ def test_two_replicas_share_the_groups_and_each_group_stays_on_one(tmp_path):
     # Every replica has the last published version before its next group.
     assert {s["policy_version"] for s in stats.values()} == {3}
     assert last["weight_sync_timeouts"] == 0
+    # The canary: every replica's logprobs after each update match the learner's (both in the same dtype here).
+    diffs = [r["weight_sync_max_logprob_diff"] for r in rows[1:]]
+    assert all(d is not None and d < 0.5 for d in diffs), diffs
+    assert last["weight_sync_canary_failures"] == 0
 
 
 def _replica_pids(p):
@@ -130,11 +134,16 @@ def test_a_replica_that_never_answers_an_update_is_named_and_replaced(tmp_path, 
     p = make_pipeline(tmp_path / "run", "generator.replicas=2", "generator.update_timeout_s=15", "trainer.groups_per_step=1")
     pids = _replica_pids(p)
     victim = sorted(pids)[1]
+    fleet = p.actors.generators
     try:
         p.run(1)
         os.kill(pids[victim], signal.SIGSTOP)  # alive, but never answers again: the fault a hang is made of
         started = time.monotonic()
         rows = p.run(2)
+        deadline = time.monotonic() + 300
+        while not (fleet.counters.update_timeouts and victim in fleet.router.replicas) and time.monotonic() < deadline:
+            p._check_generator()  # the run may end before the timeout; the driver's loop would go on like this
+            time.sleep(0.2)
         elapsed = time.monotonic() - started
         after = _replica_pids(p)
     finally:
@@ -143,9 +152,46 @@ def test_a_replica_that_never_answers_an_update_is_named_and_replaced(tmp_path, 
         except ProcessLookupError:
             pass
         p.close()
-    failed = [name for r in rows for name in r["weight_sync_failed_replicas"]]
-    assert failed == [victim] and rows[-1]["weight_sync_timeouts"] == 1
+    failed = [name for r in rows for name in r["weight_sync_failed_replicas"]] + fleet.counters.failed_replicas
+    assert failed == [victim] and fleet.counters.update_timeouts == 1
     assert f"generator replica {victim} did not confirm the update" in caplog.text
     assert after[victim] != pids[victim] and victim in p.actors.generators.router.replicas
     assert elapsed < 600  # replaced within the timeout and a restart, not waited on
     assert_exactly_once(p, 3)
+
+
+def test_a_replica_whose_canary_disagrees_is_treated_as_failed(tmp_path, caplog):
+    import ray
+
+    p = make_pipeline(tmp_path / "run", "generator.replicas=2", "trainer.groups_per_step=1")
+    fleet = p.actors.generators
+    try:
+        p.run(1)
+        victim = fleet.names[1]
+        pid = ray.get(fleet.handles[victim].pid.remote())
+        deadline = time.monotonic() + 60
+        while fleet.canaries and time.monotonic() < deadline:  # the run's own canaries first
+            fleet.poll_canaries()
+            time.sleep(0.1)
+        assert fleet.counters.canary_failures == 0
+        learner = p.actors.learners.canary_logprobs(fleet.canary_ids)
+        # The fault is on the comparison side: what the learner would say of different weights.
+        fleet.expect(p.version, [x - 3.0 for x in learner])
+        fleet._send_canary(victim, p.version)
+        fleet.expect(p.version, learner)  # what the next canaries compare with again
+        deadline = time.monotonic() + 60
+        while fleet.canaries and time.monotonic() < deadline:
+            fleet.poll_canaries()
+            time.sleep(0.1)
+        assert fleet.counters.canary_failures == 1 and victim not in fleet.router.replicas
+        assert f"generator replica {victim}: logprobs after the update to v{p.version} differ" in caplog.text
+        rows = p.run(1)  # the run goes on without it
+        deadline = time.monotonic() + 180
+        while victim not in fleet.router.replicas and time.monotonic() < deadline:
+            p._check_generator()  # restarted by Ray, then given the current weights
+            time.sleep(0.2)
+        assert victim in fleet.router.replicas and ray.get(fleet.handles[victim].pid.remote()) != pid
+        assert ray.get(fleet.handles[victim].policy_version.remote()) == p.version
+    finally:
+        p.close()
+    assert rows[-1]["weight_sync_canary_failures"] == 1
