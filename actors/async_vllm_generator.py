@@ -29,7 +29,9 @@ Weights reach the engine's workers (another process) three ways: a
 safetensors directory; name -> array records through ``collective_rpc``
 (vLLM's RPC encodes tensors as lists, so they travel as raw bytes:
 ``WeightSyncExtension.load_weight_records``); or the learner's broadcast
-group (``join_weight_group`` / ``update_weights_from_group``).
+group through vLLM's weight-transfer interface (``join_weight_group`` /
+``update_weights_from_group``: vLLM's NCCL engine on CUDA, ``seal_gloo`` on
+CPU, actors/weight_transfer.py).
 """
 from __future__ import annotations
 
@@ -140,6 +142,13 @@ class AsyncVllmGenerator:
         )
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # broadcast: weights through vLLM's weight-transfer interface (its NCCL engine on CUDA,
+        # our gloo one on CPU: actors/weight_transfer.py), one group with the learner's rank 0.
+        from actors.weight_transfer import cpu_or_cuda_backend
+
+        self._transfer_backend = cpu_or_cuda_backend(device)
+        if weight_sync == "broadcast":
+            self._engine_kwargs["weight_transfer_config"] = {"backend": self._transfer_backend}
         if device == "cuda":
             self._engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
@@ -174,6 +183,10 @@ class AsyncVllmGenerator:
             if self._engine is None:
                 from vllm.engine.arg_utils import AsyncEngineArgs
                 from vllm.v1.engine.async_llm import AsyncLLM
+
+                from actors.weight_transfer import register
+
+                register()  # seal_gloo must be known before the engine's config is checked
 
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs))
                 await engine.update_weight_version(str(self._version))
@@ -275,14 +288,19 @@ class AsyncVllmGenerator:
         """Join the learner's weight group; this replica's workers take ranks rank .. rank + TP - 1."""
         if self.weight_sync != "broadcast":
             raise RuntimeError("join_weight_group needs weight_sync=broadcast in the generator config")
-        engine = await self._ready()
-        ranks = await engine.collective_rpc("init_weight_group", kwargs=dict(
-            host=host, port=int(port), rank=int(rank), world_size=int(world_size), backend=backend, timeout_s=float(timeout_s)))
-        self._group_ready = True
-        return list(ranks)
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-    async def update_weights_from_group(self, version: int, metadata: list, mode: str | None = None,
-                                        bucket_mb: float = 1024) -> float:
+        from actors.weight_transfer import init_info
+
+        if backend != ("nccl" if self._transfer_backend == "nccl" else "gloo"):
+            raise ValueError(f"this replica transfers weights over {self._transfer_backend}; the learner asked for {backend}")
+        engine = await self._ready()
+        info = init_info(host, port, rank, world_size, self._transfer_backend, timeout_s)
+        await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+        self._group_ready = True
+        return list(range(int(rank), int(rank) + int(self._engine_kwargs["tensor_parallel_size"])))
+
+    async def update_weights_from_group(self, version: int, metadata: list, mode: str | None = None) -> float:
         """Receive one broadcast round (the learner sends concurrently) under ``mode``."""
         from actors.weight_sync import WeightMeta
 
@@ -290,10 +308,17 @@ class AsyncVllmGenerator:
             raise RuntimeError("update_weights_from_group before join_weight_group")
         if not metadata:
             raise ValueError("empty metadata: a round carries every weight of the model")
-        wire = [WeightMeta.from_wire(m).to_wire() for m in metadata]
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        from actors.weight_transfer import update_info
+
+        payload = update_info(WeightMeta.from_wire(m) for m in metadata)
 
         async def load(engine) -> None:
-            await engine.collective_rpc("receive_weights", kwargs={"metadata": wire, "bucket_bytes": int(bucket_mb * 2**20)})
+            # vLLM's weight-transfer lifecycle: layerwise reload around the received tensors.
+            await engine.start_weight_update()
+            await engine.update_weights(WeightTransferUpdateRequest(update_info=payload))
+            await engine.finish_weight_update()
 
         return await self._update(version, mode, load)
 

@@ -250,3 +250,17 @@ class WeightSyncExtension:
         if unread:
             raise RuntimeError(f"the model loader did not take {len(unread)} tensors, e.g. {unread[:3]}")
         return state["received"]
+
+
+def _register_transfer_engine() -> None:
+    """In a vLLM worker (which imports this module as its extension) make ``seal_gloo``
+    known before the worker builds its weight-transfer engine; elsewhere do nothing."""
+    import sys
+
+    if "vllm" in sys.modules:
+        from actors.weight_transfer import register
+
+        register()
+
+
+_register_transfer_engine()

@@ -43,7 +43,7 @@ def replica(tiny_path):
     from actors.async_vllm_generator import AsyncVllmGenerator
 
     loop = Loop()
-    gen = AsyncVllmGenerator(tiny_path, max_model_len=2048, cpu_kv_cache_gb=1, dtype="float32")
+    gen = AsyncVllmGenerator(tiny_path, max_model_len=2048, cpu_kv_cache_gb=1, dtype="float32", weight_sync="broadcast")
     loop.run(gen.max_model_len())
     yield gen, loop
     loop.run(gen.close())
@@ -141,22 +141,53 @@ def test_update_modes_stamp_each_span_with_its_version(replica, tiny_weights, mo
         assert stats["continued"] >= 1
 
 
-def test_logprobs_after_an_update_equal_an_hf_forward_at_those_weights(replica, tiny_weights, tiny_path):
+def _hf_logprobs(tiny_path, weights) -> list[float]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, torch_dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)
+    model.tie_weights()
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(PROMPT[1:])[:, None])[:, 0].tolist()
+
+
+def test_logprobs_after_an_update_equal_an_hf_forward_at_those_weights(replica, tiny_weights, tiny_path):
     gen, loop = replica
     version = loop.run(_call(gen.policy_version)) + 1
     new = _perturbed(tiny_weights, 0.97)
     loop.run(gen.update_weights(version, new))
     got = loop.run(gen.prompt_logprobs(PROMPT))
-    model = AutoModelForCausalLM.from_pretrained(tiny_path, torch_dtype=torch.float32)
-    model.load_state_dict(new, strict=False)
-    model.tie_weights()
-    with torch.no_grad():
-        logits = model(torch.tensor([PROMPT])).logits[0].float()
-    want = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(PROMPT[1:])[:, None])[:, 0].tolist()
+    want = _hf_logprobs(tiny_path, new)
     assert len(got) == len(want)
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+
+
+def test_weights_through_vllms_weight_transfer_interface_on_gloo(replica, tiny_weights, tiny_path):
+    """seal_gloo, registered in vLLM's factory: the learner's broadcaster as rank 0, the replica's worker rank 1."""
+    import socket
+
+    from actors.weight_sync import weight_metadata
+    from learner.weight_broadcast import WeightBroadcaster
+
+    gen, loop = replica
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    joined = loop.submit(gen.join_weight_group("127.0.0.1", port, 2, "gloo", 1, 60.0))
+    sender = WeightBroadcaster("127.0.0.1", port, 2, "gloo", timeout_s=60)
+    try:
+        assert joined.result(120) == [1]
+        new = _perturbed(tiny_weights, 1.03)
+        version = loop.run(_call(gen.policy_version)) + 1
+        received = loop.submit(gen.update_weights_from_group(version, [m.to_wire() for m in weight_metadata(new.items())]))
+        sender.broadcast(new)
+        assert received.result(120) > 0
+    finally:
+        sender.close()
+    assert loop.run(_call(gen.policy_version)) == version
+    got, want = loop.run(gen.prompt_logprobs(PROMPT)), _hf_logprobs(tiny_path, new)
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
 
 

@@ -1,0 +1,133 @@
+"""The gloo weight group as a vLLM weight-transfer engine (``seal_gloo``), so CPU and CUDA go through one interface.
+
+vLLM 0.32 moves weights from a trainer into its workers through
+``vllm.distributed.weight_transfer``: a worker-side engine per backend, made
+by ``WeightTransferEngineFactory`` from ``weight_transfer_config.backend``,
+driven by ``init_weight_transfer_engine`` / ``start_weight_update`` /
+``update_weights`` / ``finish_weight_update`` on the engine. Its NCCL backend
+needs CUDA; on CPU there is none, so this module registers one: the same
+trainer-rooted broadcast as ``actors/weight_sync.py`` (a ProcessGroupGloo on a
+TCPStore, the learner's rank 0 as root, each worker at ``rank_offset`` + its
+worker rank), with the NCCL backend's update info (names, dtype names,
+shapes, in sending order), so the learner's broadcaster (learner/weight_broadcast.py)
+feeds either backend unchanged (the NCCL one with ``packed=False``).
+
+Weights load through vLLM's layerwise reload (``start``/``finish_weight_update``),
+as the NCCL backend does; on CPU a tied lm_head is re-derived after it
+(``refresh_tied_cpu_weights``). Registration happens when this module is
+imported: in the replica's process before its engine starts, and in each
+worker through the worker extension (actors/weight_sync.py imports it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BACKEND = "seal_gloo"
+
+
+def cpu_or_cuda_backend(device: str) -> str:
+    """vLLM's own NCCL engine on CUDA; ours on CPU."""
+    return "nccl" if device == "cuda" else BACKEND
+
+
+def register() -> None:
+    """Make ``seal_gloo`` known to vLLM's factory (idempotent)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, __name__, "GlooWeightTransferEngine")
+
+
+def init_info(host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0) -> dict:
+    """The payload of ``init_weight_transfer_engine`` for ``backend`` (TCPStore rendezvous on host:port)."""
+    if backend == BACKEND:
+        return {"host": host, "port": int(port), "rank_offset": int(rank_offset), "world_size": int(world_size),
+                "timeout_s": float(timeout_s)}
+    return {"master_address": host, "master_port": int(port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "packed": False}
+
+
+def update_info(metadata) -> dict:
+    """The payload of ``update_weights``: the round's tensors in sending order (NCCL's field names)."""
+    from actors.weight_sync import WeightMeta
+
+    metas = [WeightMeta.from_wire(m) for m in metadata]
+    return {"names": [m.name for m in metas], "dtype_names": [m.dtype for m in metas],
+            "shapes": [list(m.shape) for m in metas]}
+
+
+try:  # the engine classes need vLLM; the helpers above do not
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
+except ImportError:  # pragma: no cover - vLLM is part of every install of this repo
+    WeightTransferEngine = WeightTransferInitInfo = WeightTransferUpdateInfo = object
+
+
+@dataclass
+class GlooInitInfo(WeightTransferInitInfo):
+    host: str
+    port: int
+    rank_offset: int
+    world_size: int
+    timeout_s: float = 600.0
+
+
+@dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(f"names, dtype_names and shapes differ in length: "
+                             f"{len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)}")
+        if not self.names:
+            raise ValueError("an update carries at least one tensor")
+
+
+class GlooWeightTransferEngine(WeightTransferEngine):
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        from actors.weight_sync import WeightGroup
+
+        p = self.parallel_config
+        rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
+        if self.group is not None:  # a new learner (restarted): the old group's root is gone
+            self.group.close()
+        self.group = WeightGroup(init_info.host, init_info.port, rank, init_info.world_size, "gloo", self.device,
+                                 init_info.timeout_s)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("seal_gloo weight transfer: update_weights before init_weight_transfer_engine")
+        for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
+            weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
+            self.group.broadcast(weight)
+            self.model.load_weights([(name, weight)])
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        from actors.weight_sync import refresh_tied_cpu_weights
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        refresh_tied_cpu_weights(self.model)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
