@@ -141,15 +141,24 @@ class ControlServer:
 
 
 def send_control(run_dir: Path, command: str, args: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
-    import msgpack
-    import zmq
-
     path = Path(run_dir) / CONTROL_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no running pipeline for {run_dir} (no {CONTROL_FILE}; is `seal train run_dir={run_dir}` running?)")
     record = json.loads(path.read_text())
     address, curve = record["address"], record.get("curve")
     keys = ClientKeys(curve["server_key"], read_key_file(Path(curve["key_file"]))) if curve else None
+    reply = request(address, keys, command, args, timeout_s)
+    if reply is None:
+        why = " (or refused this client's CURVE key)" if keys else ""
+        raise RuntimeError(f"the pipeline at {address} did not answer within {timeout_s:.0f} s{why}")
+    return reply
+
+
+def request(address: str, keys: ClientKeys | None, command: str, args: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+    """One command to a control socket; its reply, or None when none came within ``timeout_s``."""
+    import msgpack
+    import zmq
+
     context = zmq.Context()  # own context: term() below leaves nothing behind in the caller's
     sock = context.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
@@ -161,8 +170,7 @@ def send_control(run_dir: Path, command: str, args: dict[str, Any], timeout_s: f
         sock.send(encode(Control(command, args)))
         return msgpack.unpackb(sock.recv(), raw=False)
     except zmq.Again:
-        why = " (or refused this client's CURVE key)" if keys else ""
-        raise RuntimeError(f"the pipeline at {address} did not answer within {timeout_s:.0f} s{why}") from None
+        return None
     finally:
         sock.close()
         context.term()

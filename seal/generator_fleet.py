@@ -84,6 +84,8 @@ class GeneratorFleet:
         self.probes: dict[str, tuple[Any, float]] = {}  # replica -> (awaiting_weights ref, sent)
         self.restoring: set[str] = set()  # out of the router until they have the latest weights
         self._probed: dict[str, float] = {}
+        self.restores: dict[str, tuple[Any, int, float]] = {}  # replica -> (update ref, version, started)
+        self.published_version = 0
         self.counters = FleetCounters()
         # The weight-sync canary: after each confirmed update the replica scores canary_ids and
         # its logprobs must be within canary_max_diff of the learner's (``expect``) at that version.
@@ -157,6 +159,7 @@ class GeneratorFleet:
     def publish(self, version: int, weights_ref: Any = None, metadata: list | None = None) -> list:
         """``version`` to every replica: from the broadcast group (``metadata``) or the object store."""
         refs = []
+        self.published_version = max(self.published_version, int(version))
         for name in self.names:
             if name in self.restoring:
                 continue  # it gets the latest weights when its restore runs
@@ -173,6 +176,8 @@ class GeneratorFleet:
         """A replica confirmed (or failed) an update; seconds it took from the publish, or None."""
         import ray
 
+        if ref not in self.pending:
+            return None  # given up as overdue
         name, version, started = self.pending.pop(ref)
         try:
             ray.get(ref)
@@ -228,9 +233,12 @@ class GeneratorFleet:
 
         now = time.perf_counter()
         for ref, (name, version, started) in list(self.pending.items()):
-            if now - started < self.update_timeout_s:
+            if ref not in self.pending or now - started < self.update_timeout_s:
                 continue
-            del self.pending[ref]
+            if ray.wait([ref], timeout=0)[0]:
+                continue  # it did answer; the driver has not read it yet (published() will)
+            for other in [r for r, (n, _, _) in self.pending.items() if n == name]:
+                del self.pending[other]  # its later updates too: the restore brings it the latest weights
             self.counters.update_timeouts += 1
             self.counters.failed_replicas.append(name)
             log.error("generator replica %s did not confirm the update to v%d within %.0f s: taken out of the router "
@@ -252,15 +260,17 @@ class GeneratorFleet:
         """Probe every replica (every ``every_s``; at once when ``force``): one Ray restarted
         comes back with the base weights and holds its requests, so it leaves the router and
         gets the latest weights (``latest()`` -> (weights ref, version)) before it rejoins.
-        Returns the replicas restored now."""
+        Restores run while the driver goes on (``force`` waits for them). Returns the
+        replicas restored now."""
         import ray
 
         now = time.monotonic()
         for name in self.names:
-            if name not in self.probes and (force or name in self.restoring or now - self._probed.get(name, 0.0) > every_s):
+            if name in self.restores or name in self.probes:
+                continue
+            if force or name in self.restoring or now - self._probed.get(name, 0.0) > every_s:
                 self.probes[name] = (self.handles[name].awaiting_weights.remote(), now)
                 self._probed[name] = now
-        restored = []
         for name, (ref, _) in list(self.probes.items()):
             ready, _ = ray.wait([ref], timeout=30.0 if force else 0)
             if not ready:
@@ -275,11 +285,35 @@ class GeneratorFleet:
             if name not in self.handles or not (awaiting or name in self.restoring):
                 continue
             self._take_out(name)
+            weights, version = latest()
+            self.restores[name] = (self.handles[name].update_weights.remote(version, weights), version, time.monotonic())
+        return self._finish_restores(latest, block=force)
+
+    def _finish_restores(self, latest: Callable[[], tuple[Any, int]], block: bool) -> list[str]:
+        import ray
+
+        restored = []
+        for name, (ref, version, started) in list(self.restores.items()):
+            ready, _ = ray.wait([ref], timeout=self.update_timeout_s if block else 0)
+            if not ready:
+                if time.monotonic() - started > self.update_timeout_s:
+                    del self.restores[name]
+                    log.error("generator replica %s did not load the weights to restore within %.0f s: restarted",
+                              name, self.update_timeout_s)
+                    if name in self.handles:
+                        ray.kill(self.handles[name], no_restart=False)
+                continue
+            del self.restores[name]
             try:
-                weights, version = latest()
-                ray.get(self.handles[name].update_weights.remote(version, weights), timeout=self.update_timeout_s)
-            except (ray.exceptions.RayError, TimeoutError) as exc:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
                 log.warning("restoring generator replica %s failed (%s); retrying", name, exc.__class__.__name__)
+                continue
+            if name not in self.handles:
+                continue  # retired meanwhile
+            if version < self.published_version:  # a publish went out while it loaded: catch up first
+                weights, newest = latest()
+                self.restores[name] = (self.handles[name].update_weights.remote(newest, weights), newest, time.monotonic())
                 continue
             self.versions[name] = version
             self.restoring.discard(name)
@@ -313,6 +347,7 @@ class GeneratorFleet:
             name = self.names[-1]
             self.router.remove(name)
             self.restoring.discard(name)
+            self.restores.pop(name, None)
             self.retiring[name] = self.handles.pop(name)
             log.info("generator replica %s retiring", name)
 

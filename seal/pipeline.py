@@ -233,9 +233,9 @@ class Pipeline:
         """Replicas whose update is overdue are restarted; restarted ones get the latest
         weights before they serve again (seal/generator_fleet.py)."""
         fleet = self.actors.generators
+        fleet.overdue()
         for ref in [r for r in self.publishing if r not in fleet.pending]:
             self.publishing.pop(ref)  # given up as overdue
-        fleet.overdue()
         fleet.poll_canaries()
         fleet.reap()
         restored = fleet.check(self._latest_weights, force=force, every_s=0.5 if fleet.all_down() else 2.0)

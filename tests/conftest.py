@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -35,3 +36,18 @@ def pytest_collection_modifyitems(config, items):
 def seal_bin() -> list[str]:
     """The installed `seal` entry point of this interpreter's environment."""
     return [sys.executable, "-m", "seal.cli"]
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int, object_store_bytes: int):
+    """A Ray session of this process alone for one test module (address="local": never
+    join a cluster another process left on this machine)."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             object_store_memory=object_store_bytes)
+    try:
+        yield
+    finally:
+        ray.shutdown()

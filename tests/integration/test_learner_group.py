@@ -17,6 +17,7 @@ from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 from seal.learner_group import GroupSettings, LearnerGroup, LearnerGroupError
 from seal.placement import ActorResources
+from tests.conftest import local_ray
 from tests.integration.test_learner_engine import assert_same_update, make_batch, update_gap
 
 pytestmark = pytest.mark.integration
@@ -26,12 +27,8 @@ TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=2**30)
-    yield
-    ray.shutdown()
+    with local_ray(num_cpus=4, object_store_bytes=2**30):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from seal.config import compose
+from tests.conftest import local_ray
 from seal.control import send_control
 from seal.run_dir import create_run_dir
 
@@ -28,13 +29,8 @@ ROW_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stalenes
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # address="local": never join a cluster another process left on this machine.
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 2**30)
-    yield
-    ray.shutdown()
+    with local_ray(num_cpus=8, object_store_bytes=2 * 2**30):
+        yield
 
 
 def make_pipeline(run_dir, *overrides, resume=None):

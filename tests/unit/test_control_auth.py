@@ -12,8 +12,6 @@ import threading
 import pytest
 
 from replay.auth import ClientKeys, KeyPair, RunKeys
-from replay.messages import Control
-from replay.wire import encode
 from seal.control import CONTROL_FILE, ControlServer, read_key_file, send_control
 
 
@@ -44,24 +42,9 @@ class Serving:
 
 
 def raw_request(address: str, keys: ClientKeys | None, timeout_s: float = 0.5):
-    import msgpack
-    import zmq
+    from seal.control import request
 
-    context = zmq.Context()
-    sock = context.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
-    if keys is not None:
-        keys.apply(sock)
-    sock.connect(address)
-    try:
-        sock.send(encode(Control("scale", {"env": 99})))
-        return msgpack.unpackb(sock.recv(), raw=False)
-    except zmq.Again:
-        return None
-    finally:
-        sock.close()
-        context.term()
+    return request(address, keys, "scale", {"env": 99}, timeout_s)
 
 
 def test_only_the_runs_control_key_is_answered(tmp_path, keys_dir):
