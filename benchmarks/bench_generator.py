@@ -67,8 +67,13 @@ def _plan(args, episodes: int, seed: int) -> list[tuple[list[int], list[int]]]:
 
 
 def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str, Any]:
-    """Run the planned episodes, ``concurrency`` at a time; generate(requests, sampling) -> outputs."""
+    """Run the planned episodes, ``concurrency`` at a time; generate(requests, sampling) -> outputs.
+
+    One sampling config for every call, as in a run (the blocking server merges only calls
+    with equal sampling); each turn's budget is the request's max_new_tokens."""
     from actors.generator import GenerationRequest, SamplingConfig
+
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=max(b for _, budgets in plan for b in budgets))
 
     waits: list[float] = []
     tokens = [0]
@@ -80,7 +85,7 @@ def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str
         for turn, budget in enumerate(budgets):
             req = GenerationRequest(f"e{seed}-{i}-{turn}", ids, budget, seed=seed * 7919 + i * 31 + turn)
             t0 = time.perf_counter()
-            out = generate([req], SamplingConfig(temperature=1.0, max_new_tokens=budget))[0]
+            out = generate([req], sampling)[0]
             with lock:
                 waits.append(time.perf_counter() - t0)
                 tokens[0] += len(out.token_ids)
@@ -136,7 +141,7 @@ def _continuous(args, levels: list[int]) -> tuple[dict[int, list[dict]], dict[st
             def generate(reqs, s, m=m):  # a group's requests to one replica, groups spread by id
                 i = hash(reqs[0].request_id.split("-")[1]) % m
                 return loops[i].run(gens[i].generate(reqs, s))
-            rows = [_play(generate, _plan(args, args.episodes or 2 * k, 5000 + r), k, args.env_ms / 1000, 5000 + r)
+            rows = [_play(generate, _plan(args, args.episodes or k, 5000 + r), k, args.env_ms / 1000, 5000 + r)
                     for r in range(args.repeats)]
             replicas[str(m)] = {"tokens_per_s": summary([x["tokens_per_s"] for x in rows])}
             log(f"[{NAME}] {m} replica(s) x{k}: {replicas[str(m)]['tokens_per_s']['median']:.1f} tokens/s")
