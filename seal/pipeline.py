@@ -390,6 +390,8 @@ class Pipeline:
                 self.actors.scale_env(args["env"])
             if "generators" in args:
                 self.actors.generators.scale(args["generators"], self._latest_weights)
+                if self.broadcast:  # the group's membership changed: re-form it with the replicas serving now
+                    self._form_weight_group()
             return {"env_actors": self.actors.target_env, "generators": len(self.actors.generators.handles)}
         if command == "status":
             return {"step": self.step, "policy_version": self.version, "env_actors": self.actors.target_env,

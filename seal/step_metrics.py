@@ -168,6 +168,7 @@ def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[st
         "generator_replicas": len(fleet.router.replicas),
         "replica_requests": {n: r.get("requests", 0) for n, r in replicas.items()},
         "replica_outstanding_tokens": {n: r.get("outstanding_tokens", 0) for n, r in replicas.items()},
+        "replica_queue_depth": {n: r.get("outstanding", 0) for n, r in replicas.items()},  # requests in the engine or waiting
         "replica_prefix_cache_hit_rate": {n: r["prefix_cache_hit_rate"] for n, r in replicas.items() if "prefix_cache_hit_rate" in r},
         "replica_groups_routed": {n: load.routed for n, load in fleet.router.load.items()},
         "weight_sync_timeouts": c.update_timeouts,
