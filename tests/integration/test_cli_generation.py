@@ -208,6 +208,6 @@ def test_train_refuses_what_it_cannot_do(tmp_path):
     proc = seal("scale", str(tmp_path), "env=2")
     assert proc.returncode == 2 and "no running pipeline" in proc.stderr
     proc = seal("scale", str(tmp_path), "env=0")
-    assert proc.returncode == 2 and "env=N with N >= 1" in proc.stderr
+    assert proc.returncode == 2 and "env=N or generators=M with N, M >= 1" in proc.stderr
     proc = seal("train", f"resume={tmp_path}")
     assert proc.returncode == 2 and "nothing to resume" in proc.stderr

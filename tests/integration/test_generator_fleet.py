@@ -76,6 +76,7 @@ def _replica_pids(p):
     return {name: ray.get(h.pid.remote()) for name, h in p.actors.generators.handles.items()}
 
 
+@pytest.mark.slow  # a replica restart (about a minute on two cores)
 def test_kill_9_of_one_replica_mid_run_loses_no_slot_and_it_comes_back(tmp_path):
     p = make_pipeline(tmp_path / "run", "generator.replicas=2", "trainer.groups_per_step=2")
     pids = _replica_pids(p)
@@ -125,6 +126,10 @@ def test_scale_replicas_1_to_2_to_1_during_training(tmp_path):
         fleet.scale(1, p._latest_weights)
         assert fleet.router.replicas == [fleet.names[0]]
         rows = p.run(1)
+        deadline = time.monotonic() + 120
+        while fleet.retiring and time.monotonic() < deadline:  # stopped once its last group is done
+            p._check_generator()
+            time.sleep(0.2)
     finally:
         p.close()
     assert requests_on_new > 0
@@ -132,6 +137,7 @@ def test_scale_replicas_1_to_2_to_1_during_training(tmp_path):
     assert rows[-1]["generator_replicas"] == 1 and fleet.counters.retired == 1
 
 
+@pytest.mark.slow  # a replica restart (about a minute on two cores)
 def test_a_replica_that_never_answers_an_update_is_named_and_replaced(tmp_path, caplog):
     p = make_pipeline(tmp_path / "run", "generator.replicas=2", "generator.update_timeout_s=40", "trainer.groups_per_step=1")
     pids = _replica_pids(p)
@@ -162,6 +168,7 @@ def test_a_replica_that_never_answers_an_update_is_named_and_replaced(tmp_path, 
     assert_exactly_once(p, 3)
 
 
+@pytest.mark.slow  # a replica restart (about a minute on two cores)
 def test_a_replica_whose_canary_disagrees_is_treated_as_failed(tmp_path, caplog):
     import ray
 
