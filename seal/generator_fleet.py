@@ -342,7 +342,12 @@ class GeneratorFleet:
             self.wait_ready([name])
             self.restoring.add(name)  # check() gives it the weights, then the router takes it
             self.router.remove(name)
-            self.check(latest, force=True)
+            deadline = time.monotonic() + self.update_timeout_s
+            while name not in self.router.replicas and time.monotonic() < deadline:
+                self.check(latest, force=True)  # a probe or load that fails (or is slow) is retried
+            if name not in self.router.replicas:
+                raise ValueError(f"generator replica {name} did not load the current weights within "
+                                   f"{self.update_timeout_s:.0f} s; the run goes on with {len(self.router.replicas)}")
         while len(self.handles) > count:
             name = self.names[-1]
             self.router.remove(name)
