@@ -35,7 +35,6 @@ ASYNC_ENGINES = ("actors.async_vllm_generator.AsyncVllmGenerator",)
 class FleetCounters:
     update_timeouts: int = 0  # updates not confirmed in time (the replica was restarted)
     restores: int = 0  # restarted replicas given the latest weights
-    started: int = 0
     retired: int = 0
     failed_replicas: list[str] = field(default_factory=list)  # named in the metrics of the step they failed in
     canary_failures: int = 0  # replicas whose logprobs after an update did not match the learner's
@@ -124,7 +123,6 @@ class GeneratorFleet:
                 res.pinned(functools.partial(instantiate_spec, self.spec)), await_weights=await_weights)
         self.handles[name] = handle
         self.versions[name] = -1 if await_weights else 0
-        self.counters.started += 1
         return name
 
     def wait_ready(self, names: list[str]) -> None:

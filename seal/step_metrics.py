@@ -42,8 +42,6 @@ class StepWindow:
     def row(self, pipeline, groups, result: Mapping[str, Any] | None, interface: Mapping[str, Any],
             t_learn: float) -> dict[str, Any]:
         """``result`` is the learner's, or None for a step skipped for want of reward variance."""
-        import ray
-
         now = time.perf_counter()
         wall = max(now - self.started, 1e-9)
         reports = self.reports
