@@ -104,6 +104,9 @@ class WeightGroup:
             from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
             from torch.distributed.distributed_c10d import ProcessGroupGloo
 
+            from actors.netif import use_node_interface
+
+            use_node_interface()  # reachable from the other nodes, not the hostname's 127.0.0.1 (actors/netif.py)
             timeout = timedelta(seconds=timeout_s)
             store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
             self._pg = ProcessGroupGloo(PrefixStore(_STORE_PREFIX, store), rank, world_size, timeout)

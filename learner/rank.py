@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from learner.engine import Learner
@@ -51,13 +50,6 @@ class LearnerRank(LearnerWorker):
             raise ValueError(f"the learner was configured for world_size={self.learner.world_size}, the group has {rendezvous.world_size}")
         self.rank = rendezvous.rank
         return self.rank
-
-    def write_probe(self, directory: str, token: str) -> str:
-        """A file under the run's storage path, for the driver to read back (shared storage check)."""
-        path = Path(directory) / ".probe" / f"rank{self.rank}-{token}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{self.node()['ip']}\n")
-        return str(path)
 
     def train_shard(self, shard: RankShard, tag_weights: Mapping[str, float], group_weights: Mapping[str, float] | None,
                     policy_version: int | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from replay.auth import ClientKeys, CurveGuard, RunKeys
@@ -115,9 +115,40 @@ class ServerStats:
     rejected: int = 0
     backpressure_s: float = 0.0  # time the receiver held back because the learner lagged
     unauthorized: int = 0  # refused CURVE handshakes (peers that are not this run's env actors)
+    # Frames by the IP they arrived from (libzmq's Peer-Address): which hosts feed the run, and
+    # that other nodes' trajectories cross the network, not the loopback.
+    frames_by_peer: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {**vars(self), "frames_by_peer": dict(self.frames_by_peer)}
+
+
+def _peer_address(msg) -> str:
+    try:
+        return msg.get("Peer-Address")
+    except Exception:  # a transport without it (ipc://, inproc://) or an older libzmq
+        return "unknown"
+
+
+def routable_ip() -> str:
+    """The address other nodes reach this one by: its IP in the Ray cluster when this process
+    has joined one; else the address of its default route (a UDP connect sends nothing, it
+    only picks the route); 127.0.0.1 only on a host with no route out."""
+    import socket
+
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
 
 
 class ReplayServer:
@@ -177,9 +208,10 @@ class ReplayServer:
         if self.cfg.advertise_host:
             return self.cfg.advertise_host
         if self.cfg.host in ("0.0.0.0", "*"):
-            import socket
-
-            return socket.gethostbyname(socket.gethostname())
+            # Not gethostbyname(gethostname()): on many hosts (and in the two-host test's network
+            # namespaces) the hostname resolves to 127.0.0.1, which no other node can reach. The
+            # address other nodes route to this one by is the one the default route leaves from.
+            return routable_ip()
         return self.cfg.host
 
     def _receive(self) -> None:
@@ -196,11 +228,14 @@ class ReplayServer:
             if not poller.poll(100):
                 continue
             try:  # never block: a receiver stuck in recv could not be stopped, and close() would race it
-                frame = self._socket.recv(copy=True, flags=zmq.NOBLOCK)
+                msg = self._socket.recv(copy=False, flags=zmq.NOBLOCK)
             except zmq.Again:
                 continue
+            frame = msg.bytes
             self.stats.frames += 1
             self.stats.bytes += len(frame)
+            peer = _peer_address(msg)
+            self.stats.frames_by_peer[peer] = self.stats.frames_by_peer.get(peer, 0) + 1
             try:
                 message = decode(frame)
                 if not isinstance(message, Trajectory):

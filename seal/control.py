@@ -78,8 +78,9 @@ def read_key_file(path: Path) -> KeyPair:
 
 
 class ControlServer:
-    def __init__(self, run_dir: Path, host: str = "127.0.0.1", keys: RunKeys | None = None) -> None:
-        """``keys``: the run's keys (CURVE, only their control key admitted); None: a plain socket."""
+    def __init__(self, run_dir: Path, host: str = "127.0.0.1", keys: RunKeys | None = None, replay: str | None = None) -> None:
+        """``keys``: the run's keys (CURVE, only their control key admitted); None: a plain socket.
+        ``replay``: the trajectory stream's address, recorded beside the control socket's."""
         import zmq
 
         self._guard = CurveGuard(keys.server, [keys.control.public], "control") if keys else None
@@ -101,7 +102,7 @@ class ControlServer:
         self.key_file = write_key_file(keys.control) if keys else None
         curve = {"server_key": keys.server.public.decode(), "key_file": str(self.key_file)} if keys else None
         self.path = run_dir / CONTROL_FILE
-        self.path.write_text(json.dumps({"address": self.address, "pid": os.getpid(), "curve": curve}))
+        self.path.write_text(json.dumps({"address": self.address, "replay": replay, "pid": os.getpid(), "curve": curve}))
 
     @property
     def unauthorized(self) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -225,14 +224,20 @@ class LearnerGroup:
         return self._all(lambda a: a.load_checkpoint.remote(path), "resume")[0]
 
     def check_storage(self, storage: Path) -> None:
-        """Every rank writes a probe under the run's storage path; the driver must read each back."""
-        token = uuid.uuid4().hex[:8]
-        paths = self._all(lambda a: a.write_probe.remote(str(storage), token), "storage probe")
-        for rank, path in enumerate(paths):
-            if not Path(path).is_file():
-                self._fail(f"{self._name(rank)} wrote its probe to {path} but the driver cannot see it: "
-                           f"the run's storage path {storage} must be shared by every node")
-            Path(path).unlink()
+        """Every rank's node writes a probe under the run's storage path; the driver must read each back."""
+        from seal.storage import StorageError, check_nodes_see
+
+        try:
+            check_nodes_see(storage, self.node_roles(), self.settings.timeout_s)
+        except StorageError as exc:
+            self._fail(str(exc))
+
+    def node_roles(self) -> dict[str, str]:
+        """Ray node id -> the ranks on it ("learner ranks 0, 1")."""
+        ranks: dict[str, list[str]] = {}
+        for r, node in enumerate(self.nodes):
+            ranks.setdefault(node["node_id"], []).append(str(r))
+        return {node: f"learner rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}" for node, rs in ranks.items()}
 
     def pids(self) -> list[int]:
         return self._all(lambda a: a.pid.remote(), "pid")

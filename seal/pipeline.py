@@ -32,6 +32,7 @@ from seal.run_log import RunLog
 from seal.slots import SlotLedger
 from seal.snapshots import next_name, snapshot_root, write_snapshot
 from seal.step_metrics import StepWindow
+from seal.storage import checkpoint_dir, record_storage, resume_checkpoint, run_storage
 from seal.task_fit import select_tasks
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class Pipeline:
         self.progress = progress or Progress(quiet=True)
         self.cluster = instantiate(cfg.cluster)
         self.task_ids, self.skipped_overlong = tasks or select_tasks(cfg)
+        # Checkpoints and snapshot weights (trainer.storage: a path every node sees; seal/storage.py).
+        self.storage = run_storage(run_dir, t.get("storage"))
+        record_storage(run_dir, self.storage)
         self._owns_ray = not ray.is_initialized()  # tests share one Ray session across pipelines
         staleness = 0 if self.sync else int(t.max_staleness)
         self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, staleness, cfg.seed, oversample=int(t.oversample))
@@ -77,7 +81,7 @@ class Pipeline:
             self.keys = RunKeys.generate() if transport.curve else None
             self.replay = ReplayServer(queue, transport, self.keys)
             with self.progress.timed("engine", f"starting {engines_text(cfg)}", "generator and learner ready"):
-                self.actors = ActorSet(cfg, self.cluster, self.replay.address, storage=str(run_dir),
+                self.actors = ActorSet(cfg, self.cluster, self.replay.address, storage=str(self.storage),
                                        replay_keys=self.replay.client_keys)
             self._start(resume)
         except BaseException:
@@ -89,7 +93,7 @@ class Pipeline:
 
         extra = None
         if resume is not None:
-            extra = self.actors.learners.load_checkpoint(str(resume / "checkpoints" / "latest"))
+            extra = self.actors.learners.load_checkpoint(str(resume_checkpoint(resume)))
         self.actors.start_coordinator(extra["coordinator"] if extra else None)
         self.step = int(extra["step"]) if extra else 0
         self.version = int(extra["policy_version"]) if extra else 0
@@ -125,7 +129,20 @@ class Pipeline:
             self.snapshot(initial=True)
         with self.progress.timed("env", f"starting {self.cluster.env_actors} env actors", "env actors ready"):
             self.actors.scale_env(self.cluster.env_actors)
-        self.control = ControlServer(self.run_dir, self.cluster.bind_host, self.keys)
+        self._record_placement()
+        self.control = ControlServer(self.run_dir, self.cluster.bind_host, self.keys, replay=self.replay.address)
+
+    def _record_placement(self) -> None:
+        """RUN_DIR/placement.json and one progress line: which node each actor started on."""
+        import json
+
+        where = self.actors.placement()
+        (self.run_dir / "placement.json").write_text(json.dumps(where, indent=2))
+        by_node: dict[str, list[str]] = {}
+        for kind, actors in where.items():
+            for name, ip in actors.items():
+                by_node.setdefault(ip, []).append(name if kind in ("env", "generator", "coordinator") else f"{kind} {name}")
+        self.progress.emit("placement", "; ".join(f"{ip}: {', '.join(names)}" for ip, names in sorted(by_node.items())))
 
     # ------------------------------------------------------------ main loop
     def run(self, steps: int) -> list[dict[str, Any]]:
@@ -397,14 +414,15 @@ class Pipeline:
             return {"step": self.step, "policy_version": self.version, "env_actors": self.actors.target_env,
                     "generators": len(self.actors.generators.handles),
                     "in_flight": len(self.jobs), **self.ledger.counters.__dict__,
-                    "unauthorized": {"replay": self.replay.counters()["unauthorized"], "control": self.control.unauthorized}}
+                    "unauthorized": {"replay": self.replay.counters()["unauthorized"], "control": self.control.unauthorized},
+                    "replay_frames_by_peer": self.replay.counters()["frames_by_peer"]}
         raise ValueError(f"unknown control command {command!r} (scale, status)")
 
     # ------------------------------------------------------------ state
     def checkpoint(self) -> Path:
         import ray
 
-        path = self.run_dir / "checkpoints" / "latest"
+        path = checkpoint_dir(self.storage)
         self.progress.learner_phase(f"checkpoint step {self.step} to {path}")
         totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
         extra = {"coordinator": ray.get(self.actors.coordinator.state_dict.remote()), "step": self.step,
@@ -423,10 +441,11 @@ class Pipeline:
         weights = str(self.cfg.model.path)
         if not initial:
             self.progress.learner_phase(f"snapshot {name} (step {self.step}, policy v{self.version})")
-            out = snapshot_root(self.run_dir) / name
+            out = snapshot_root(self.storage) / name
             path, _ = self.actors.learners.publish(str(out), self.version)
             load_tokenizer(str(self.cfg.model.path)).save_pretrained(path)  # vLLM loads the directory alone
-            weights = str(Path(path).relative_to(self.run_dir))
+            # Relative inside the run dir (it can move); absolute on a storage of its own.
+            weights = str(Path(path).relative_to(self.run_dir)) if Path(path).is_relative_to(self.run_dir) else str(path)
         totals = {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
         record = {"name": name, "step": self.step, "policy_version": self.version, "interface_version": state["interface"]["version"],
                   "weights": weights, **totals}

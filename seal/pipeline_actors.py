@@ -65,9 +65,30 @@ class ActorSet:
         # The learner group: world_size ranks, each with cluster.learner's resources; `learner` is rank 0.
         spec = _spec(cfg.learner)
         self.learners = LearnerGroup(functools.partial(instantiate_spec, spec), GroupSettings.from_spec(spec), cluster.learner,
-                                     storage=storage, env_vars=cluster.learner.env_vars())
+                                     env_vars=cluster.learner.env_vars())
         self.learner = self.learners.actors[0]
         self.generators.wait_ready(self.generators.names)
+        if storage is not None:
+            self.check_storage(storage)
+
+    def check_storage(self, storage: str) -> None:
+        """Every node with a learner rank or a generator replica must see the run's storage (seal/storage.py)."""
+        from seal.placement import actor_nodes
+        from seal.storage import check_nodes_see
+
+        roles = self.learners.node_roles()
+        for name, node in actor_nodes(self.generators.handles, key="NodeID").items():
+            if node != "?":
+                roles[node] = f"{roles[node]}, {name}" if node in roles else name
+        check_nodes_see(storage, roles, timeout_s=float(self.cfg.learner.get("timeout_s", 600.0)))
+
+    def placement(self) -> dict[str, dict[str, str]]:
+        """Where each actor runs now: {"learner": {"rank-0": ip}, "generator": {...}, "env": {...}, "coordinator": ...}."""
+        from seal.placement import actor_nodes
+
+        return {"learner": {f"rank-{r}": node["ip"] for r, node in enumerate(self.learners.nodes)},
+                "generator": actor_nodes(self.generators.handles), "env": actor_nodes(self.env),
+                "coordinator": actor_nodes({"coordinator": self.coordinator}) if self.coordinator is not None else {}}
 
     @property
     def generator(self) -> Any:

@@ -279,3 +279,21 @@ def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
         ray.init(address="local", num_cpus=cfg.local_cpus(), include_dashboard=False, log_to_driver=cfg.actor_logs,
                  object_store_memory=int(cfg.object_store_gb * 2**30))
     return ray.cluster_resources()
+
+
+def actor_nodes(handles: Mapping[str, Any], key: str = "IPAddress") -> dict[str, str]:
+    """name -> the node each actor runs on, by ``key`` of its address (IPAddress, or NodeID);
+    "?" where Ray does not say (not yet placed, dead). From the GCS's actor table: no
+    dashboard needed."""
+    try:
+        from ray._private import state
+    except ImportError:
+        return {name: "?" for name in handles}
+    out = {}
+    for name, handle in handles.items():
+        try:
+            info = state.actors(actor_id=handle._actor_id.hex())
+            out[name] = (info.get("Address") or {}).get(key) or "?"
+        except Exception:  # a private API: never let the record stop a run
+            out[name] = "?"
+    return out

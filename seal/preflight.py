@@ -183,8 +183,12 @@ def check_model(path: str) -> None:
 
 
 def _check_resume(cfg) -> None:
-    if cfg.resume and not (Path(cfg.resume) / "checkpoints" / "latest").is_dir():
-        raise FileNotFoundError(f"nothing to resume: no checkpoint in {cfg.resume}/checkpoints/latest")
+    if cfg.resume:
+        from seal.storage import resume_checkpoint, run_storage
+
+        run_storage(Path(cfg.resume), cfg.trainer.get("storage"))  # a storage other than the one it started with: one line
+        if not resume_checkpoint(Path(cfg.resume)).is_dir():
+            raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume_checkpoint(Path(cfg.resume))}")
     # A fresh run into an old run's directory would append steps 1.. to its metrics and snapshots.
     if not cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "run.json").is_file():
         raise FileExistsError(f"run_dir={cfg.run_dir} already holds a run: resume={cfg.run_dir} continues it, or choose another run_dir")

@@ -117,6 +117,7 @@ class StepWindow:
             # Refused CURVE handshakes on the replay stream and the control socket (replay/auth.py).
             "unauthorized": counters["unauthorized"] + (pipeline.control.unauthorized if pipeline.control else 0),
             "abandoned": counters["abandoned"],
+            "replay_frames_by_peer": counters["frames_by_peer"],  # cumulative, by the IP each frame came from
             "duplicates": counters["duplicates"],
             "lost_groups": dict(self.failures),
             "generator_restores": self.generator_restores,

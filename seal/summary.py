@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from seal.progress import duration
+from seal.storage import resume_checkpoint
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 16
@@ -128,7 +129,7 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
         _row("throughput", f"{gen / gen_s if gen_s else 0.0:.1f} generated tokens/s, {learner}"),
         _row("TensorBoard", f".venv/bin/tensorboard --logdir {shlex.quote(str(Path(run_dir) / 'tensorboard'))}"),
         _row("snapshots", f"{shlex.quote(str(Path(run_dir) / 'snapshots'))} ({', '.join(r['name'] for r in snapshots) or 'none'})"),
-        _row("checkpoint", shlex.quote(str(Path(run_dir) / "checkpoints" / "latest")) if checkpoint
+        _row("checkpoint", shlex.quote(str(resume_checkpoint(Path(run_dir)))) if checkpoint
              else "none (trainer.checkpoint_every=0)"),
         _row("metrics", shlex.quote(str(Path(run_dir) / "metrics.jsonl"))
              + (f", curves {shlex.quote(str(Path(run_dir) / CURVES_FILE))}" if curves else "")),

@@ -1,5 +1,7 @@
 """Several raylets on one machine (ray.cluster_utils.Cluster): env actors
-spread over the nodes and the pipeline trains across them."""
+spread over the nodes and the pipeline trains across them. `slow`: the real
+two-host test (test_two_hosts.py, separate addresses) covers this and more in
+the default run; this one stays for machines without network namespaces."""
 from __future__ import annotations
 
 import os
@@ -26,6 +28,7 @@ def cluster():
     c.shutdown()
 
 
+@pytest.mark.slow
 def test_env_actors_spread_over_nodes_and_training_runs(tmp_path, cluster):
     import ray
 

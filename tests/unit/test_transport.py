@@ -118,3 +118,23 @@ def test_a_closed_sender_refuses_to_send():
     with pytest.raises(RuntimeError, match="closed"):
         sender.send(traj(group="g", index=0))
     server.close()
+
+
+def test_frames_are_counted_by_the_address_they_came_from(server):
+    sender = TrajectorySender(server.address, keys=server.client_keys)
+    for i in range(2):
+        sender.send(traj(group="g0", index=i))
+    assert wait_for(lambda: server.counters()["frames_by_peer"].get("127.0.0.1") == 2)
+    sender.close()
+
+
+def test_a_wildcard_bind_advertises_a_routable_address_not_the_hostnames():
+    """On many hosts the hostname resolves to 127.0.0.1, which no other node reaches."""
+    from replay.transport import routable_ip
+
+    s = ReplayServer(ReplayQueue(group_size=1, groups_per_batch=1), TransportConfig(host="0.0.0.0"))
+    try:
+        assert s.address.startswith(f"tcp://{routable_ip()}:")
+        assert TransportConfig(host="0.0.0.0", advertise_host="10.1.2.3").advertise_host == "10.1.2.3"
+    finally:
+        s.close()
