@@ -28,7 +28,8 @@ and a finished output carries the spans (``CompletionOutput.weight_versions``).
 Weights reach the engine's workers (another process) three ways: a
 safetensors directory; name -> array records through ``collective_rpc``
 (vLLM's RPC encodes tensors as lists, so they travel as raw bytes:
-``WeightSyncExtension.load_weight_records``); or the learner's broadcast
+``WeightSyncExtension.load_weight_records``), one bucket of the learner's
+``WeightManifest`` at a time (actors/weight_buckets.py); or the learner's broadcast
 group through vLLM's weight-transfer interface (``join_weight_group`` /
 ``update_weights_from_group``: vLLM's NCCL engine on CUDA, ``seal_gloo`` on
 CPU, actors/weight_transfer.py).
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from actors.generator import GenerationOutput, GenerationRequest, SamplingConfig, VersionSpan
+from actors.weight_buckets import WeightManifest
 
 UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
 
@@ -268,9 +270,13 @@ class AsyncVllmGenerator:
         )
 
     # ------------------------------------------------------------ weights
-    async def update_weights(self, version: int, source: str | Mapping[str, Any], mode: str | None = None) -> float:
-        """Load new weights under ``mode`` (default: the configured update_mode); seconds taken."""
+    async def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest,
+                             mode: str | None = None) -> float:
+        """Load new weights under ``mode`` (default: the configured update_mode); seconds taken.
+        ``source``: a snapshot directory, the learner's WeightManifest (actors/weight_buckets.py)
+        or a name -> tensor mapping (callers in this process)."""
         from actors.generator_server import _as_tensors
+        from actors.weight_buckets import fetch_bucket_async
 
         async def load(engine) -> None:
             tensors = _as_tensors(source)
@@ -278,8 +284,19 @@ class AsyncVllmGenerator:
                 if not os.path.isdir(tensors):
                     raise FileNotFoundError(f"weights directory not found: {tensors}")
                 await engine.collective_rpc("reload_weights", kwargs={"weights_path": tensors})
+                return
+            # One reload in the workers across every bucket; here one bucket at a time: fetched
+            # (awaited: the actor's loop keeps serving), turned into records, sent, dropped.
+            await engine.collective_rpc("begin_weight_records")
+            if isinstance(tensors, WeightManifest):
+                who = f"generator replica loading v{version}"
+                for i in range(len(tensors.buckets)):
+                    records = _weight_records(await fetch_bucket_async(tensors, i, who, self.update_timeout_s))
+                    await engine.collective_rpc("load_weight_records", kwargs={"records": records})
+                    del records
             else:
                 await engine.collective_rpc("load_weight_records", kwargs={"records": _weight_records(tensors)})
+            await engine.collective_rpc("finish_weight_records")
 
         return await self._update(version, mode, load)
 

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from actors.weight_buckets import WeightManifest
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,11 @@ class Generator(abc.ABC):
         each output was produced by one version, stamped on it."""
 
     @abc.abstractmethod
-    def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
-        """Load new weights (a safetensors directory or a name -> tensor mapping)
-        without restarting; returns seconds taken. Later outputs carry ``version``."""
+    def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
+        """Load new weights without restarting: a safetensors directory, a WeightManifest
+        (the learner's buckets in Ray's object store, loaded one at a time) or, for callers in
+        the same process, a name -> tensor mapping; returns seconds taken. Later outputs carry
+        ``version``."""
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

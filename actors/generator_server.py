@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from actors.generator import GenerationOutput, GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
+from actors.weight_buckets import WeightManifest
 
 
 @dataclass
@@ -69,7 +70,9 @@ class GeneratorServer:
         self._jobs.put(job)
         return job.future.result()
 
-    def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
+    def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
+        """A snapshot directory, the learner's WeightManifest (its buckets fetched and loaded one
+        at a time on the engine thread) or a name -> array mapping; seconds the load took."""
         return self._on_engine("update", lambda: self.generator.update_weights(version, _as_tensors(source)))
 
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1) -> list[int]:
@@ -189,11 +192,12 @@ def _restarted_by_ray() -> bool:
         return False
 
 
-def _as_tensors(source: str | Mapping[str, Any]) -> str | dict[str, Any]:
-    """Weights arrive from the learner as numpy arrays (read-only, zero-copy out
-    of Ray's object store; bf16 as int16 bits, actors/precision.py); the engine
-    copies them into its own parameters, so wrapping without a copy is safe."""
-    if isinstance(source, str):
+def _as_tensors(source: str | Mapping[str, Any] | WeightManifest) -> str | WeightManifest | dict[str, Any]:
+    """A name -> numpy array mapping (read-only, zero-copy out of Ray's object store; bf16
+    as int16 bits, actors/precision.py) as tensors over the same memory: the engine copies
+    them into its own parameters, so wrapping without a copy is safe. A path or a manifest
+    (fetched bucket by bucket by the engine) passes through."""
+    if isinstance(source, (str, WeightManifest)):
         return source
     import warnings
 
@@ -238,7 +242,7 @@ class RemoteGenerator(Generator):
 
         return self._call(lambda: ray.get(self._handle.generate.remote(list(requests), sampling)))
 
-    def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
+    def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
         import ray
 
         return self._call(lambda: ray.get(self._handle.update_weights.remote(version, source)))

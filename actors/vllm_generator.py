@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from actors.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
+
+if TYPE_CHECKING:
+    from actors.weight_buckets import WeightManifest
 
 
 class VllmGenerator(Generator):
@@ -116,13 +119,24 @@ class VllmGenerator(Generator):
             ))
         return outputs
 
-    def update_weights(self, version: int, source: str | Mapping[str, Any]) -> float:
+    def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
+        """A snapshot directory, a WeightManifest (actors/weight_buckets.py) or a name -> tensor
+        mapping (callers in this process); seconds taken."""
+        from actors.weight_buckets import WeightManifest, manifest_weights
+
         self._check_version(version)
         t0 = time.perf_counter()
         if isinstance(source, str):
             if not os.path.isdir(source):
                 raise FileNotFoundError(f"weights directory not found: {source}")
             self._llm.collective_rpc("reload_weights", kwargs={"weights_path": source})
+        elif isinstance(source, WeightManifest):
+            # One reload over every bucket, fetched lazily as the loader walks the iterator (the
+            # in-process engine calls it here): a layer whose weights span two buckets is still
+            # processed once, whole; held meanwhile: the bucket being loaded and the tensors of a
+            # layer not yet complete, never the whole model.
+            weights = manifest_weights(source, f"generator loading v{version}")
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         else:
             items = list(source.items())
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})

@@ -181,18 +181,50 @@ class WeightSyncExtension:
     def refresh_tied_weights(self) -> int:
         return refresh_tied_cpu_weights(self.get_model())
 
+    def begin_weight_records(self) -> None:
+        """Open one in-place reload that ``load_weight_records`` calls feed bucket after bucket
+        and ``finish_weight_records`` closes: vLLM's layerwise reload processes a layer once all
+        of its weights have come, so a layer split over two buckets is still processed whole
+        (a reload per bucket would process it half loaded). A round left open by a failed
+        update is closed first, so this one starts from a clean state."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        if getattr(self, "_seal_records_open", False):
+            self.finish_weight_records()
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.get_model())
+        self._seal_records_open = True
+
     def load_weight_records(self, records: list[Mapping[str, Any]]) -> int:
-        """Load name/dtype/shape/raw-bytes records in place (vLLM's multiprocess RPC
+        """Load name/dtype/shape/raw-bytes records into the open reload (vLLM's multiprocess RPC
         turns tensors into lists; bytes cross it as they are); returns how many."""
+        from vllm.config import set_current_vllm_config
+
+        if not getattr(self, "_seal_records_open", False):
+            raise RuntimeError("load_weight_records before begin_weight_records")
+
         def tensors():
             for r in records:
                 dtype = getattr(torch, str(r["dtype"]))
                 flat = torch.frombuffer(bytearray(r["data"]), dtype=dtype)  # bytearray: writable, owned
                 yield str(r["name"]), flat.reshape(tuple(r["shape"])).to(self.device)
 
-        self.reload_weights(weights_iterator=tensors())
-        refresh_tied_cpu_weights(self.get_model())
+        with set_current_vllm_config(self.vllm_config):
+            self.get_model().load_weights(tensors())
         return len(records)
+
+    def finish_weight_records(self) -> None:
+        """Close the reload: layers that got no weights keep theirs; a tied CPU lm_head is re-derived."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        self._seal_records_open = False
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(self.get_model(), self.vllm_config.model_config)
+        for reset in ("reset_encoder_cache", "reset_mm_cache"):  # what the runner's reload_weights does after
+            getattr(self.model_runner, reset, lambda: None)()
+        refresh_tied_cpu_weights(self.get_model())
 
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                           timeout_s: float = 600.0) -> int:

@@ -3,8 +3,9 @@
 For each model the pipeline's own generator and learner actors are started
 (seal/pipeline_actors.ActorSet: same classes, options and placement as in a
 training run) and a publish is timed exactly as the pipeline does it:
-learner.weights() (gather, into Ray's object store) -> generator
-update_weights(version, weights) (vLLM reload in place, prefix cache reset) ->
+learner.weights() (gathered bucket by bucket, each bucket into Ray's object store;
+a manifest of them returned) -> generator update_weights(version, manifest)
+(buckets fetched and loaded one at a time: vLLM reload in place, prefix cache reset) ->
 a 1-token greedy request whose output must carry the new version.
 The memory-copy bound is measured in the same run on the same bytes: the
 published arrays cloned once (torch) in this process. One warm-up publish
@@ -29,12 +30,15 @@ def _model_overrides(model: str) -> list[str]:
     return [f"model={model}"] if model in ("tiny", "embedded") else ["model=local", f"model.path={model}"]
 
 
-def _memcpy_s(arrays: dict[str, Any], repeats: int) -> list[float]:
+def _memcpy_s(manifest, repeats: int) -> list[float]:
     import time
 
+    import numpy as np
+    import ray
     import torch
 
-    tensors = [torch.from_numpy(a.copy()) for a in arrays.values()]  # writable, in this process
+    tensors = [torch.from_numpy(a.copy()) for ref in manifest.buckets  # writable, in this process
+               for a in ray.get(ref, timeout=600).values() if isinstance(a, np.ndarray)]
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
@@ -59,28 +63,28 @@ def _measure_model(cfg, repeats: int) -> dict[str, Any]:
         greedy = SamplingConfig(temperature=0.0, max_new_tokens=1)
         probe = [GenerationRequest("probe", list(range(1000, 1000 + PROBE_TOKENS)), 1)]
         ray.get(actors.generator.generate.remote(probe, greedy))
-        arrays = ray.get(actors.learner.weights.remote())
-        model_bytes = int(sum(a.nbytes for a in arrays.values()))
-        memcpy = _memcpy_s(arrays, repeats)
-        del arrays
+        manifest = actors.learners.weights()
+        model_bytes, buckets = manifest.total_bytes, len(manifest.buckets)
+        log(f"[{NAME}] {manifest.describe()}")
+        memcpy = _memcpy_s(manifest, repeats)
+        del manifest
         runs = []
         for version in range(1, repeats + 2):
             t0 = time.perf_counter()
-            ref = actors.learner.weights.remote()
-            ray.wait([ref], fetch_local=False)
+            manifest = actors.learners.weights()  # every rank gathers; rank 0 puts the buckets
             t1 = time.perf_counter()
-            engine_s = ray.get(actors.generator.update_weights.remote(version, ref))
+            engine_s = ray.get(actors.generator.update_weights.remote(version, manifest), timeout=600)
             t2 = time.perf_counter()
             out = ray.get(actors.generator.generate.remote(probe, greedy))[0]
             t3 = time.perf_counter()
             if out.policy_version != version:
                 raise RuntimeError(f"first token after publishing v{version} came from v{out.policy_version}")
             runs.append({"publish_s": t3 - t0, "gather_s": t1 - t0, "update_s": t2 - t1, "engine_load_s": engine_s, "first_token_s": t3 - t2})
-            del ref
+            del manifest
         runs = runs[1:]  # the first publish is the warm-up
     finally:
         actors.close()
-    return {"model_bytes": model_bytes, "memcpy": summary(memcpy), "runs": runs,
+    return {"model_bytes": model_bytes, "buckets": buckets, "memcpy": summary(memcpy), "runs": runs,
             **{k: summary([r[k] for r in runs]) for k in ("publish_s", "gather_s", "update_s", "engine_load_s", "first_token_s")},
             "publish_over_memcpy": summary([r["publish_s"] / m for r, m in zip(runs, memcpy)])}
 
@@ -102,6 +106,7 @@ def run(args) -> dict[str, Any]:
         "publish_s": [per_model[m]["publish_s"]["median"] for m in models],
         "memcpy_s": [per_model[m]["memcpy"]["median"] for m in models],
         "model_bytes": [per_model[m]["model_bytes"] for m in models],
+        "buckets": [per_model[m]["buckets"] for m in models],
         "publish_over_memcpy": [per_model[m]["publish_over_memcpy"]["median"] for m in models],
         "breakdown": {m: {k: per_model[m][k]["median"] for k in ("gather_s", "update_s", "engine_load_s", "first_token_s")} for m in models},
         "spread": {m: {k: per_model[m][k] for k in ("publish_s", "memcpy", "publish_over_memcpy")} for m in models},
@@ -109,7 +114,8 @@ def run(args) -> dict[str, Any]:
         "learner": f"{compose_cfg(args.overrides).learner.cfg.backend}",
         "notes": ["publish_s: learner.weights() -> object store -> generator update_weights (vLLM reload, prefix-cache reset) -> "
                   "first token carrying the new version; the pipeline's path (its rows report the same as publish_s)",
-                  "gather_s: the learner's full fp32 state dict into the object store; update_s: transfer + load as the driver sees it",
+                  "gather_s: the learner's weights into the object store, bucket by bucket (learner.cfg.weight_bucket_mb); "
+                  "update_s: fetching and loading the buckets as the driver sees it",
                   "memcpy_s: the same arrays cloned once in one process (torch), the floor for moving these bytes"],
     }
     embedded = [p for m, p in zip(models, report["publish_s"]) if m == "embedded"]

@@ -58,14 +58,6 @@ class LearnerRank(LearnerWorker):
         out["tag_weights"] = dict(tag_weights)
         return out
 
-    def weights(self, dtype: str | None = None) -> dict[str, Any] | None:
-        """Rank 0: name -> numpy array in the generator's ``dtype``, gathered bucket by bucket;
-        other ranks join the gathers, None."""
-        from actors.precision import to_wire_arrays
-
-        got = self.learner.bucketed_weights(dtype)
-        return None if got is None else to_wire_arrays(got.items())
-
     def canary_logprobs(self, token_ids: list[int]) -> list[float]:
         return self.learner.canary_logprobs(token_ids)
 

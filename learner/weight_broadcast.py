@@ -13,43 +13,45 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
+from actors.weight_buckets import bucket_bounds
 from actors.weight_sync import WeightGroup, WeightMeta
 
 
-def weight_buckets(params: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int) -> list[list[tuple[str, torch.nn.Parameter]]]:
+def weight_buckets(params: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int,
+                   element_size: int = 0) -> list[list[tuple[str, torch.nn.Parameter]]]:
     """Consecutive parameters in buckets of at most ``bucket_bytes`` (full sizes: ZeRO-3's ds_numel);
-    a parameter larger than a bucket is a bucket of its own."""
-    out: list[list[tuple[str, torch.nn.Parameter]]] = []
-    size = 0
-    for name, p in params:
-        nbytes = getattr(p, "ds_numel", p.numel()) * p.element_size()
-        if not out or size + nbytes > bucket_bytes:
-            out.append([])
-            size = 0
-        out[-1].append((name, p))
-        size += nbytes
-    return out
+    a parameter larger than a bucket is a bucket of its own. ``element_size``: count at least this
+    many bytes per element (the copy sent in a wider dtype than the one trained)."""
+    sizes = [getattr(p, "ds_numel", p.numel()) * max(p.element_size(), element_size) for _, p in params]
+    return [params[r.start:r.stop] for r in bucket_bounds(sizes, bucket_bytes)]
 
 
-def model_weights(model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) per parameter, in a fixed order, a tied parameter once.
+def model_weight_buckets(model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20,
+                         element_size: int = 0) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Bucket by bucket, (name, full tensor) per parameter, in a fixed order, a tied parameter once.
 
     Under ZeRO-3 one bucket of parameters is gathered at a time and released
-    before the next (the caller uses each tensor before asking for the next
-    bucket): no rank ever holds the full model on top of its shard. The
+    before the next (the caller uses a bucket's tensors before asking for the
+    next one): no rank ever holds the full model on top of its shard. The
     gather is a collective of the training group, so every learner rank must
     walk this iterator in step.
     """
+    buckets = weight_buckets(list(model.named_parameters()), bucket_bytes, element_size)
     if not zero3:
-        for name, param in model.named_parameters():
-            yield name, param.data
+        for bucket in buckets:
+            yield [(name, param.data) for name, param in bucket]
         return
     import deepspeed
 
-    for bucket in weight_buckets(list(model.named_parameters()), bucket_bytes):
+    for bucket in buckets:
         with deepspeed.zero.GatheredParameters([p for _, p in bucket], modifier_rank=None):
-            for name, param in bucket:
-                yield name, param.data
+            yield [(name, param.data) for name, param in bucket]
+
+
+def model_weights(model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model_weight_buckets`` one tensor at a time (the broadcast sends them in this order)."""
+    for bucket in model_weight_buckets(model, zero3, bucket_bytes):
+        yield from bucket
 
 
 def model_metadata(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[WeightMeta]:

@@ -1,5 +1,6 @@
 """Weights out of a learner: full or bucket-by-bucket gathers (ZeRO-3), the generator's copy in its
-dtype, safetensors snapshots and the broadcast group. A mixin of learner.engine.Learner, which
+dtype (bucket by bucket into Ray's object store, or whole for an in-process generator), safetensors
+snapshots and the broadcast group. A mixin of learner.engine.Learner, which
 holds the model, engine, rank and config these read."""
 from __future__ import annotations
 
@@ -25,21 +26,33 @@ class WeightsOut:
     def bucket_bytes(self) -> int:
         return int(self.cfg.weight_bucket_mb * 2**20)
 
-    def bucketed_weights(self, dtype: str | None = None) -> dict[str, Any] | None:
-        """``generator_weights`` gathered bucket by bucket (``weight_bucket_mb``), cast to the
-        generator's ``dtype`` (None: fp32 as trained): every rank calls it in step; rank 0 gets
-        the host copy, the others None."""
+    def weight_manifest(self, dtype: str | None = None):
+        """The generator's weights into Ray's object store, bucket by bucket (``weight_bucket_mb``):
+        every rank walks the bucketed gathers in step (a ZeRO-3 collective); rank 0 casts each
+        bucket to the generator's ``dtype`` (None: fp32 as trained), puts it into the store as
+        its own object and drops its host copy before the next gather. Rank 0 returns the
+        ``WeightManifest`` (actors/weight_buckets.py), the other ranks None."""
         import torch
 
-        from learner.weight_broadcast import model_weights
+        from actors.weight_buckets import put_buckets
+        from learner.weight_broadcast import model_weight_buckets
 
         zero3 = self.engine is not None and self.cfg.zero_stage == 3
         target = getattr(torch, dtype) if dtype else None
-        out = {}
-        for name, tensor in model_weights(self.model, zero3, self.bucket_bytes):
-            if self.rank == 0:
-                out[name] = tensor.detach().cpu().to(target or tensor.dtype, copy=True)
-        return out if self.rank == 0 else None
+        # Cut buckets to the larger of the trained and the sent element: neither the gathered
+        # bucket on the device nor the object in the store exceeds the bucket size.
+        element_size = torch.empty((), dtype=target).element_size() if target is not None else 0
+        buckets = model_weight_buckets(self.model, zero3, self.bucket_bytes, element_size)
+        if self.rank != 0:
+            for _ in buckets:
+                pass
+            return None
+
+        def host(bucket):
+            return [(name, t.detach().cpu().to(target or t.dtype, copy=True)) for name, t in bucket]
+
+        sent = dtype or str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return put_buckets((host(b) for b in buckets), sent, self.cfg.weight_bucket_mb)
 
     def full_state_dict(self) -> dict[str, Any]:
         """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""

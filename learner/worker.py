@@ -1,10 +1,10 @@
 """The learner as a service (a Ray actor in the pipeline): train on batches of
 complete groups, hand out weight snapshots, checkpoint and restore.
 
-Weights leave as a name -> numpy array mapping: Ray's object store then
-carries them to the generator without pickling tensor by tensor, and the
-generator reads them zero-copy. They go in the generator's dtype (bf16: half
-the bytes), as bits where numpy has no such type (actors/precision.py).
+Weights leave through Ray's object store in buckets (actors/weight_buckets.py),
+each a name -> numpy array mapping the generator reads zero-copy, one bucket at
+a time; the call returns their manifest. They go in the generator's dtype (bf16:
+half the bytes), as bits where numpy has no such type (actors/precision.py).
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ class LearnerWorker:
         out["tag_weights"] = dict(tag_weights)
         return out
 
-    def weights(self, dtype: str | None = None) -> dict[str, Any]:
-        """The generator's weights as numpy arrays; ``dtype``: the generator's (None: fp32 as trained)."""
-        from actors.precision import to_wire_arrays
-
-        return to_wire_arrays(self.learner.generator_weights(dtype).items())
+    def weights(self, dtype: str | None = None):
+        """The generator's weights in its ``dtype`` (None: fp32 as trained), put into the object
+        store bucket by bucket: rank 0 returns the ``WeightManifest`` (actors/weight_buckets.py),
+        the other ranks of a group join the gathers and return None."""
+        return self.learner.weight_manifest(dtype)
 
     def publish(self, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""

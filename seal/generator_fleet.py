@@ -154,8 +154,10 @@ class GeneratorFleet:
         return not self.router.replicas
 
     # ----------------------------------------------------------- weights
-    def publish(self, version: int, weights_ref: Any = None, metadata: list | None = None) -> list:
-        """``version`` to every replica: from the broadcast group (``metadata``) or the object store."""
+    def publish(self, version: int, weights: Any = None, metadata: list | None = None) -> list:
+        """``version`` to every replica: from the broadcast group (``metadata``) or the object store
+        (``weights``: the learner's WeightManifest, actors/weight_buckets.py; each replica fetches and
+        loads its buckets one at a time)."""
         refs = []
         self.published_version = max(self.published_version, int(version))
         for name in self.names:
@@ -165,7 +167,7 @@ class GeneratorFleet:
             if metadata is not None:
                 ref = handle.update_weights_from_group.remote(version, metadata)
             else:
-                ref = handle.update_weights.remote(version, weights_ref)
+                ref = handle.update_weights.remote(version, weights)
             self.pending[ref] = (name, version, time.perf_counter())
             refs.append(ref)
         return refs

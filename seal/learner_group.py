@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from actors.weight_buckets import WeightManifest
 from learner.group import RankShard, Rendezvous, merge_results, shard_batch
 from seal.placement import ActorResources
 
@@ -189,12 +190,17 @@ class LearnerGroup:
         return self.result(self.train(trajectories, tag_weights, group_weights, policy_version, partial))
 
     # -------------------------------------------------------------- weights
-    def weights(self, dtype: str | None = None):
-        """An object ref to rank 0's arrays in the generator's ``dtype`` (gathered bucket by bucket on every rank)."""
+    def weights(self, dtype: str | None = None) -> WeightManifest:
+        """The weights in the generator's ``dtype`` through the object store: every rank joins the
+        bucketed gathers, rank 0 puts each bucket as its own object; their manifest (small: refs)."""
         self._check_pending()
         call = self._start(lambda a: a.weights.remote(dtype), "weight gather")
         self._collect(call, block=True)
-        return call.refs[0]
+        manifest = call.results[0]
+        if not isinstance(manifest, WeightManifest):
+            self._fail(f"{self._name(0)} returned {type(manifest).__name__} from the weight gather at step {self.step}, "
+                       "not a weight manifest")
+        return manifest
 
     def canary_logprobs(self, token_ids: list[int]) -> list[float]:
         """The learner's logprobs of a fixed sequence at its current weights (every rank

@@ -102,7 +102,9 @@ class Pipeline:
         for key in ("wall_s", "update_tokens", "rollout_tokens"):
             self.totals.setdefault(key, 0.0)
         self.started = time.perf_counter()
-        self.weights_ref = None  # the last arrays published through the object store, and their version
+        # The manifest of the last weights published through the object store, and their version:
+        # holding it keeps their buckets in the store for replicas that restore or join later.
+        self.weights_manifest = None
         self.weights_version = 0
         # Weights go to the generator in its dtype (bf16 on a CPU with it: half the bytes).
         self.weight_dtype = ray.get(self.actors.generator.dtype.remote())
@@ -115,8 +117,8 @@ class Pipeline:
         if extra:
             self.ledger.restore(extra["slots"], self.version)
             self.replay.set_policy_version(self.version)
-            self.weights_ref, self.weights_version = self.actors.learners.weights(self.weight_dtype), self.version
-            for ref in fleet.publish(self.version, self.weights_ref):
+            self.weights_manifest, self.weights_version = self.actors.learners.weights(self.weight_dtype), self.version
+            for ref in fleet.publish(self.version, self.weights_manifest):
                 ray.wait([ref], timeout=None)
                 fleet.published(ref)
         fleet.versions = {name: self.version for name in fleet.versions}
@@ -263,10 +265,10 @@ class Pipeline:
         self.acked = max(self.acked, fleet.acked()) if not fleet.all_down() else self.acked
 
     def _latest_weights(self) -> tuple[Any, int]:
-        """What a restored or new replica loads: the last published arrays when the object
-        store carried them; with broadcast (or before any publish) the learner's current weights."""
-        if self.weights_ref is not None and not self.broadcast:
-            return self.weights_ref, self.weights_version
+        """What a restored or new replica loads: the last published manifest when the object
+        store carried it; with broadcast (or before any publish) the learner's current weights."""
+        if self.weights_manifest is not None and not self.broadcast:
+            return self.weights_manifest, self.weights_version
         return self.actors.learners.weights(self.weight_dtype), self.version
 
     def _record_tags(self, trajs) -> None:
@@ -377,8 +379,9 @@ class Pipeline:
 
     def _publish(self) -> list:
         """New weights to every replica: by broadcast over the weight group, or through the
-        object store (the learner's arrays, read zero-copy). A group missing a replica being
-        restored cannot carry a round: that round goes through the object store."""
+        object store (the learner's buckets, each read zero-copy and loaded before the next). A
+        group missing a replica being restored cannot carry a round: that round goes through the
+        object store."""
         fleet = self.actors.generators
         if self.broadcast and not fleet.restoring:
             refs = fleet.publish(self.version, metadata=self.weight_meta)
@@ -387,8 +390,11 @@ class Pipeline:
         if self.broadcast:
             log.warning("weight group incomplete (%s being restored): v%d goes through the object store",
                         ", ".join(sorted(fleet.restoring)), self.version)
-        self.weights_ref, self.weights_version = self.actors.learners.weights(self.weight_dtype), self.version
-        return fleet.publish(self.version, self.weights_ref)
+        # Let the previous version's buckets go before the new ones are put (replicas still
+        # loading them hold refs of their own): the store holds one version where it can.
+        self.weights_manifest = None
+        self.weights_manifest, self.weights_version = self.actors.learners.weights(self.weight_dtype), self.version
+        return fleet.publish(self.version, self.weights_manifest)
 
     def _published(self, ref) -> None:
         self.publishing.pop(ref, None)

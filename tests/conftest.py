@@ -51,3 +51,34 @@ def local_ray(num_cpus: int, object_store_bytes: int):
         yield
     finally:
         ray.shutdown()
+
+
+def assert_manifest_loads_like_one_mapping(handle, manifest, version: int, timeout_s: float = 300.0) -> list[float]:
+    """A generator actor (blocking server or async replica) loading ``manifest`` bucket by bucket scores
+    a fixed prompt exactly as when the same weights come as one name -> array mapping (the old wire
+    form); a perturbed load in between shows each load takes effect. Returns the logprobs."""
+    import warnings
+
+    import ray
+
+    from actors.precision import from_wire_arrays, to_wire_arrays
+
+    whole: dict = {}
+    for ref in manifest.buckets:
+        whole.update(ray.get(ref, timeout=timeout_s))
+    with warnings.catch_warnings():  # the store's arrays are read-only; only read here
+        warnings.filterwarnings("ignore", message=".*non-writable.*")
+        perturbed = to_wire_arrays((k, t * 1.05) for k, t in from_wire_arrays(whole).items())
+    prompt = list(range(1000, 1032))
+
+    def load(v: int, source) -> list[float]:
+        ray.get(handle.update_weights.remote(v, source), timeout=timeout_s)
+        return ray.get(handle.prompt_logprobs.remote(prompt), timeout=timeout_s)
+
+    other = load(version, perturbed)
+    by_manifest = load(version + 1, manifest)
+    load(version + 2, perturbed)
+    by_mapping = load(version + 3, whole)
+    assert by_manifest == by_mapping, max(abs(a - b) for a, b in zip(by_manifest, by_mapping))
+    assert max(abs(a - b) for a, b in zip(by_manifest, other)) > 1e-3  # the loads changed the weights
+    return by_manifest

@@ -85,6 +85,7 @@ def test_weights_publish_against_memcpy(tmp_path):
     assert r["models"] == ["tiny"]
     assert all(len(r[k]) == 1 and positive(r[k][0]) for k in ("publish_s", "memcpy_s", "model_bytes"))
     assert 10 * 2**20 < r["model_bytes"][0] < 16 * 2**20  # ~3.2M fp32 parameters, the tied embedding sent once
+    assert r["buckets"] == [1]  # 256 MB buckets (the config's default): the tiny model in one
     assert r["breakdown"]["tiny"]["first_token_s"] > 0
 
 

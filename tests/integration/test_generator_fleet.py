@@ -10,7 +10,7 @@ import time
 import pytest
 
 from seal.config import compose
-from tests.conftest import local_ray
+from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
 from seal.run_dir import create_run_dir
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,8 @@ def assert_exactly_once(pipeline, groups):
 
 
 def test_two_replicas_share_the_groups_and_each_group_stays_on_one(tmp_path):
-    p = make_pipeline(tmp_path / "run", "generator.replicas=2", "trainer.groups_per_step=2", "generator.update_mode=keep")
+    p = make_pipeline(tmp_path / "run", "generator.replicas=2", "trainer.groups_per_step=2", "generator.update_mode=keep",
+                      "learner.cfg.weight_bucket_mb=0.1")  # weights in several buckets (the tiny model: 5)
     seen: dict[str, set] = {}
     route = p.actors.generators.router.route
 
@@ -52,6 +53,11 @@ def test_two_replicas_share_the_groups_and_each_group_stays_on_one(tmp_path):
     try:
         rows = p.run(3)
         stats = p.actors.generators.stats()
+        manifest = p.weights_manifest
+        assert len(manifest.buckets) >= 3
+        # An async replica (after the run: its loads no longer race the pipeline's publishes).
+        replica = p.actors.generators.handles[p.actors.generators.names[0]]
+        assert_manifest_loads_like_one_mapping(replica, manifest, p.version + 1)
     finally:
         p.close()
     assert_exactly_once(p, 6)

@@ -44,7 +44,10 @@ def batch(tiny_path):
     return make_batch(0, tiny_path) + make_batch(1, tiny_path)[:N]
 
 
-def config(stage: int, kl_coef: float = 0.1, bucket_mb: float = 0.5) -> LearnerConfig:
+BUCKET_MB = 0.1  # the tiny model's layers (0.28 MB fp32) in several buckets, its 12 MB embedding alone
+
+
+def config(stage: int, kl_coef: float = 0.1, bucket_mb: float = BUCKET_MB) -> LearnerConfig:
     return LearnerConfig(backend="deepspeed", zero_stage=stage, lr=1.0, optimizer="sgd", weight_decay=0.0,
                          mini_batch_groups=GROUPS, micro_batch_size=1, loss=LossConfig(kl_coef=kl_coef),
                          weight_bucket_mb=bucket_mb)
@@ -56,10 +59,30 @@ def group(tiny_path, cfg: LearnerConfig, world_size: int = 2, storage=None) -> L
     return LearnerGroup(make, settings, ActorResources(num_cpus=1, threads=1), storage=storage)
 
 
-def group_weights(g: LearnerGroup) -> dict[str, torch.Tensor]:
+def manifest_weights(manifest) -> dict[str, torch.Tensor]:
+    """The union of a manifest's buckets (each checked against the bucket size), as writable tensors."""
     import ray
 
-    return {k: torch.from_numpy(np.array(v)) for k, v in ray.get(g.weights()).items()}
+    from actors.precision import from_wire_arrays
+    from actors.weight_buckets import WeightManifest
+
+    assert isinstance(manifest, WeightManifest)
+    limit = manifest.bucket_mb * 2**20
+    out: dict[str, torch.Tensor] = {}
+    for ref, nbytes in zip(manifest.buckets, manifest.bucket_nbytes):
+        bucket = from_wire_arrays({k: np.array(v) if isinstance(v, np.ndarray) else v
+                                   for k, v in ray.get(ref, timeout=TIMEOUT_S).items()})
+        assert sum(t.numel() * t.element_size() for t in bucket.values()) == nbytes
+        assert nbytes <= limit or len(bucket) == 1, (nbytes, list(bucket))  # over the size: a tensor alone
+        assert not set(bucket) & set(out), "a tensor in two buckets"
+        out.update(bucket)
+    assert len(out) == manifest.num_params and sum(t.numel() for t in out.values()) == manifest.num_elements
+    return out
+
+
+def group_weights(g: LearnerGroup) -> dict[str, torch.Tensor]:
+    """The group's weights as the pipeline publishes them: through the object store, in buckets."""
+    return manifest_weights(g.weights())
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +101,18 @@ def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage
     after_one = one.generator_weights()
     two = zero3_group if stage == 3 else group(tiny_path, config(2))
     try:
-        assert all(torch.equal(before[k], v) for k, v in group_weights(two).items())  # same start
+        # Same start, by the object store: the 2-rank group's buckets add up to the 1-rank learner's weights,
+        # in the generator's dtype when it asks for one (bf16 as int16 bits in the store).
+        manifest = two.weights()
+        assert len(manifest.buckets) >= 3 and manifest.dtype == "float32"
+        embedding = before["model.embed_tokens.weight"]  # 12 MB: over the bucket size, a bucket of its own
+        assert max(manifest.bucket_nbytes) == embedding.numel() * embedding.element_size()
+        start = manifest_weights(manifest)
+        assert list(start) == list(before) and all(torch.equal(before[k], v) for k, v in start.items())
+        half = manifest_weights(two.weights("bfloat16"))
+        assert half.keys() == before.keys() and all(torch.equal(before[k].bfloat16(), v) for k, v in half.items())
+        print(f"zero{stage} weights: {manifest.describe()}")
+        del manifest
         got = two.train_now(batch, RELEASED_BASE_WEIGHTS)
         after_two = group_weights(two)
     finally:
@@ -104,7 +138,7 @@ def test_zero3_ranks_each_hold_half_of_policy_and_reference(zero3_group):
 
 def test_broadcast_from_two_ranks_sends_the_gathered_weights_bucket_by_bucket(zero3_group):
     """This process is the generator's end of the weight group (rank 1); the 2-rank ZeRO-3 group
-    gathers 0.5 MB buckets (the tiny model: several) and rank 0 sends them."""
+    gathers 0.1 MB buckets (the tiny model: several) and rank 0 sends them."""
     import ray
 
     from actors.weight_sync import WeightGroup, WeightMeta

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from seal.config import compose
-from tests.conftest import local_ray
+from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
 from seal.control import send_control
 from seal.run_dir import create_run_dir
 
@@ -111,13 +111,18 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
     # Also placement: generator and learner pinned to cores of their own (one each where there are two).
     cores = sorted(os.sched_getaffinity(0))
     gen_cpu, learn_cpu = cores[0], cores[min(1, len(cores) - 1)]
+    # Also weights through the object store in 0.1 MB buckets (the tiny model: 5).
     p = make_pipeline(tmp_path, "trainer.mode=sync", "trainer.groups_per_step=2", "cluster.env_actors=2",
-                      f"cluster.generator.cpus={gen_cpu}", f"cluster.learner.cpus={learn_cpu}")
+                      f"cluster.generator.cpus={gen_cpu}", f"cluster.learner.cpus={learn_cpu}",
+                      "learner.cfg.weight_bucket_mb=0.1")
     try:
         rows = p.run(2)
         # After generating and learning: every thread, the OpenMP pools included, on its stage's core.
         pinned = {"generator": _threads_affinity(ray.get(p.actors.generator.pid.remote())),
                   "learner": _threads_affinity(ray.get(p.actors.learner.pid.remote()))}
+        manifest = p.weights_manifest  # what the last step published (kept for replicas restoring later)
+        assert len(manifest.buckets) >= 3 and manifest.dtype == p.weight_dtype
+        assert_manifest_loads_like_one_mapping(p.actors.generator, manifest, p.version + 1)  # the blocking server
     finally:
         p.close()
     assert pinned == {"generator": {str(gen_cpu)}, "learner": {str(learn_cpu)}}

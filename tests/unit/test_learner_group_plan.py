@@ -101,3 +101,35 @@ def test_weight_buckets_hold_consecutive_parameters_up_to_the_size():
     buckets = weight_buckets(params, bucket_bytes=200 * 4)
     assert [[n for n, _ in b] for b in buckets] == [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5"]]  # p2, p5: over the size, alone
     assert [n for b in buckets for n, _ in b] == [n for n, _ in params]
+
+
+def test_bucket_bounds_split_in_order_and_a_large_item_goes_alone():
+    from actors.weight_buckets import bucket_bounds
+
+    assert bucket_bounds([100, 100, 300, 50, 10, 400], 200) == [range(0, 2), range(2, 3), range(3, 5), range(5, 6)]
+    assert bucket_bounds([500], 200) == [range(0, 1)] and bucket_bounds([], 200) == []
+    assert bucket_bounds([200, 0, 1], 200) == [range(0, 2), range(2, 3)]  # a full bucket still takes an item of no bytes
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        bucket_bounds([1], 0)
+
+
+def test_weight_buckets_count_the_wider_of_trained_and_sent_element():
+    import torch
+
+    from learner.weight_broadcast import weight_buckets
+
+    params = [(f"p{i}", torch.nn.Parameter(torch.zeros(100, dtype=torch.bfloat16))) for i in range(4)]
+    assert len(weight_buckets(params, bucket_bytes=400)) == 2  # bf16: 200 bytes each
+    assert len(weight_buckets(params, bucket_bytes=400, element_size=4)) == 4  # sent as fp32: 400 each
+
+
+def test_weight_manifest_is_checked_and_describes_itself():
+    from actors.weight_buckets import WeightManifest
+
+    m = WeightManifest(["a", "b"], [3 << 20, 1 << 20], "bfloat16", 5, 2 << 20, 2.0)
+    assert m.total_bytes == 4 << 20 and m.buckets == ("a", "b")
+    assert "5 tensors, 4.0 MiB bfloat16 in 2 buckets (largest 3.00 MiB" in m.describe()
+    with pytest.raises(ValueError, match="at least one bucket"):
+        WeightManifest((), (), "float32", 0, 0, 1.0)
+    with pytest.raises(ValueError, match="2 buckets but 1 sizes"):
+        WeightManifest(("a", "b"), (1,), "float32", 2, 1, 1.0)
