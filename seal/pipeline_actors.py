@@ -114,9 +114,15 @@ class ActorSet:
         factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), bool(t.closed_loop),
                                     bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary),
                                     _spec(self.cfg.guideline_policy))
-        self.coordinator = ray.remote(CoordinatorService).options(
-            name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()}, **self.cluster.coordinator.ray_options(),
-        ).remote(self.cluster.coordinator.pinned(factory), state)
+        options = dict(name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()},
+                       **self.cluster.coordinator.ray_options())
+        if not self.cluster.coordinator.resources:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            # On the driver's node: the coordinator is the run's state (capability, interface, tag
+            # weights) and has no restart; on another node, losing that node would end the run.
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.coordinator = ray.remote(CoordinatorService).options(**options).remote(self.cluster.coordinator.pinned(factory), state)
         self._wait_ready([self.coordinator.interface.remote()], "coordinator")
 
     # ---------------------------------------------------------- env actors

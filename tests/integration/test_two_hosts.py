@@ -51,9 +51,10 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
-def wait_for(path: Path, proc, timeout_s: float) -> None:
+def wait_for(path: Path, proc, timeout_s: float, rows: int = 0) -> None:
+    """Until ``path`` exists (and, for metrics.jsonl, holds ``rows`` steps)."""
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    while not path.exists() or (rows and len(metrics(path.parent)) < rows):
         if proc.poll() is not None:
             raise AssertionError(f"the run ended (rc {proc.returncode}) before {path.name} appeared")
         if time.monotonic() > deadline:
@@ -159,10 +160,14 @@ def test_losing_the_worker_host_mid_run_the_run_goes_on_with_the_head(hosts, tmp
     with exact accounting."""
     run_dir = tmp_path / "run"
     args = train_args(hosts, run_dir, "learner=torch", "generator.replicas=2", "trainer.steps=4", "trainer.mode=sync",
-                      "cluster.env_actors=2", "+cluster.learner.resources={host_head:1}")
+                      "cluster.env_actors=2", "+cluster.learner.resources={host_head:1}", "+cluster.generator.resources={generator_slot:1}",
+                      "generator.update_timeout_s=60")
     proc = hosts.popen_on(hosts.head, args, tmp_path / "train.log", cwd=tmp_path)
     try:
-        wait_for(run_dir / "metrics.jsonl", proc, 900)
+        wait_for(run_dir / "metrics.jsonl", proc, 900, rows=1)
+        placed = json.loads((run_dir / "placement.json").read_text())
+        assert hosts.worker.ip in placed["generator"].values() and hosts.worker.ip in placed["env"].values(), placed
+        assert set(placed["coordinator"].values()) == {hosts.head.ip}  # the driver's node: the run's state stays
         assert hosts.worker.kill_all() > 0
         assert proc.wait(timeout=900) == 0, (tmp_path / "train.log").read_text()[-4000:]
     finally:

@@ -79,8 +79,8 @@ class TwoHosts:
 
     def __post_init__(self) -> None:
         tag = f"{os.getpid() % 100000}"
-        self.head = Host(f"seal-h{tag}", f"{self.subnet}.1", {"host_head": 1, "learner_slot": 1}, 4)
-        self.worker = Host(f"seal-w{tag}", f"{self.subnet}.2", {"host_worker": 1, "learner_slot": 1}, 4)
+        self.head = Host(f"seal-h{tag}", f"{self.subnet}.1", {"host_head": 1, "learner_slot": 1, "generator_slot": 1}, 4)
+        self.worker = Host(f"seal-w{tag}", f"{self.subnet}.2", {"host_worker": 1, "learner_slot": 1, "generator_slot": 1}, 4)
         self.token = secrets.token_hex(32)
         self.temp_dir = self.root / "ray"
         self.private_dir = self.root / "worker-only"

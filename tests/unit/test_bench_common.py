@@ -48,26 +48,33 @@ def test_our_process_tree_is_counted_as_ours_not_as_outside_load():
     assert len(r["loadavg_before"]) == 3 and r["cpus"] >= 1
 
 
-def _orphan_spinner(seconds: float) -> None:
-    """Start a grandchild that spins, and exit at once: the grandchild is
-    reparented away from our tree, as Ray workers are when their raylet stops."""
-    if os.fork() == 0:
-        _spin(seconds)
+def _orphan_spinner(cpu_seconds: float, pids) -> None:
+    """Start a grandchild that burns ``cpu_seconds`` of CPU, and exit at once: the grandchild
+    is reparented away from our tree, as Ray workers are when their raylet stops."""
+    pid = os.fork()
+    if pid == 0:
+        end = time.process_time() + cpu_seconds  # CPU time, not wall: the same work on a loaded machine
+        while time.process_time() < end:
+            pass
         os._exit(0)
+    pids.put(pid)
     time.sleep(0.3)  # long enough for the probe to see the grandchild in our tree
 
 
 def test_a_reparented_grandchild_still_counts_as_ours():
     ctx = mp.get_context("fork")
+    pids = ctx.Queue()
     with LoadProbe(interval_s=0.05) as probe:
-        child = ctx.Process(target=_orphan_spinner, args=(1.5,))
+        child = ctx.Process(target=_orphan_spinner, args=(1.0, pids))
         child.start()
+        grandchild = pids.get(timeout=30)
         child.join()
-        time.sleep(1.4)  # the orphan spins and exits meanwhile
-    # 1.5 s of one core over ~1.8 s of wall: about 1.5 / (cpus * 1.8) of the machine; allow for
-    # the last interval lost at its exit and for a slow machine.
+        deadline = time.monotonic() + 60
+        while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the orphan has done its work and exited
+    # 1.0 s of CPU, whatever the load: allow for the last interval lost at its exit.
     r = probe.result
-    assert r["ours_cpu_share"] >= 0.5 * 1.5 / (r["cpus"] * r["wall_s"])
+    assert r["ours_cpu_share"] * r["cpus"] * r["wall_s"] >= 0.5
     assert r["our_processes_seen"] >= 3
 
 
