@@ -187,7 +187,7 @@ def test_a_learner_rank_lost_with_its_host_stops_the_run_named_and_it_resumes(ho
             "+cluster.generator.resources={host_head:1}", "cluster.env_actors=2", "trainer.mode=sync"]
     proc = hosts.popen_on(hosts.head, train_args(hosts, run_dir, *base, "trainer.steps=6"), tmp_path / "train.log", cwd=tmp_path)
     try:
-        wait_for(run_dir / "checkpoints" / "latest", proc, 900)
+        wait_for(run_dir / "metrics.jsonl", proc, 900, rows=2)  # step 2's row: step 1's checkpoint is complete
         killed_at = time.monotonic()
         hosts.worker.kill_all()
         rc = proc.wait(timeout=600)
