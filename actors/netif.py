@@ -23,15 +23,21 @@ def interface_with(ip: str) -> str | None:
     return None
 
 
+_CHOSEN: dict[str, str] = {}  # what use_interface_of set, so a later call may choose again
+
+
 def use_interface_of(ip: str | None) -> str | None:
     """Point gloo at the interface holding ``ip`` (this process's node IP), unless the user set
     GLOO_SOCKET_IFNAME or ``ip`` is the loopback (a single-machine group, where it works as is).
     Returns the interface chosen (None: left to gloo)."""
-    if not ip or ip.startswith("127.") or os.environ.get("GLOO_SOCKET_IFNAME"):
+    current = os.environ.get("GLOO_SOCKET_IFNAME")
+    if current and current != _CHOSEN.get("GLOO_SOCKET_IFNAME"):
+        return None  # the user's choice stands
+    if not ip or ip.startswith("127."):
         return None
     name = interface_with(ip)
     if name is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = name
+        os.environ["GLOO_SOCKET_IFNAME"] = _CHOSEN["GLOO_SOCKET_IFNAME"] = name
     return name
 
 

@@ -107,7 +107,9 @@ class TwoHosts:
 
     def env(self, token: str | None = None) -> dict[str, str]:
         """The environment of a process on either host: the cluster's token, this venv first on PATH."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        # Nothing of this process's Ray or collectives: a gloo/NCCL interface picked here (an
+        # earlier test in this process) names an interface the namespaces do not have.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GLOO_", "NCCL_"))}
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token or self.token, PATH=f"{self.venv_bin}:{env.get('PATH', '')}",
                    RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
         return env

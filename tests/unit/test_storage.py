@@ -46,3 +46,13 @@ def test_gloo_is_pointed_at_the_interface_holding_the_node_ip(monkeypatch):
     assert use_interface_of("203.0.113.77") is None and "GLOO_SOCKET_IFNAME" not in os.environ
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
     assert use_interface_of("127.0.0.2") is None and os.environ["GLOO_SOCKET_IFNAME"] == "eth9"  # the user's choice stands
+
+
+def test_an_interface_chosen_earlier_is_chosen_again_not_taken_for_the_users(monkeypatch):
+    import actors.netif as netif
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(netif, "_CHOSEN", {"GLOO_SOCKET_IFNAME": "eth0"})
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # set by an earlier call in this process
+    monkeypatch.setattr(netif, "interface_with", lambda ip: "veth1" if ip == "10.0.0.2" else None)
+    assert use_interface_of("10.0.0.2") == "veth1" and os.environ["GLOO_SOCKET_IFNAME"] == "veth1"
