@@ -93,6 +93,7 @@ class GeneratorFleet:
         self._expected: tuple[int, list[float]] | None = None
         self.canaries: dict[Any, tuple[str, int, list[float]]] = {}  # prompt_logprobs ref -> (replica, version, expected)
         self._made = 0
+        self.chosen_nodes: dict[str, str] = {}  # replica -> the node asked for at its start
         names = [self._start(await_weights=False) for _ in range(count)]
         self.router = ReplicaRouter(names)
         if wait:
@@ -110,8 +111,12 @@ class GeneratorFleet:
         res = self.resources
         options: dict[str, Any] = dict(name=name, max_concurrency=1024, max_restarts=self.max_restarts, max_task_retries=0,
                                        runtime_env={"env_vars": res.env_vars()}, **res.ray_options())
-        if self._made > 1:
-            options["scheduling_strategy"] = "SPREAD"  # replicas on different nodes where there are several
+        node = self._spread_node()
+        if node is not None:  # replicas on different nodes where there are several (soft: Ray may still move it)
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+            self.chosen_nodes[name] = node
         if self.is_async:
             from actors.async_vllm_generator import AsyncVllmGenerator
 
@@ -124,6 +129,22 @@ class GeneratorFleet:
         self.handles[name] = handle
         self.versions[name] = -1 if await_weights else 0
         return name
+
+    def _spread_node(self) -> str | None:
+        """The node that hosts the fewest of this fleet's replicas and can hold one more."""
+        import ray
+
+        from seal.placement import actor_nodes, least_used_node
+
+        opts = self.resources.ray_options()
+        ask = {"CPU": float(opts["num_cpus"] or 0), "GPU": float(opts["num_gpus"] or 0), **opts.get("resources", {})}
+        where = actor_nodes(self.handles, key="NodeID")
+        used: dict[str, int] = {}
+        for name, node in where.items():
+            node = node if node != "?" else self.chosen_nodes.get(name)
+            if node is not None:
+                used[node] = used.get(node, 0) + 1
+        return least_used_node(ray.nodes(), ask, used, prefer=ray.get_runtime_context().get_node_id())
 
     def wait_ready(self, names: list[str]) -> None:
         import ray

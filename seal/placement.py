@@ -297,3 +297,22 @@ def actor_nodes(handles: Mapping[str, Any], key: str = "IPAddress") -> dict[str,
         except Exception:  # a private API: never let the record stop a run
             out[name] = "?"
     return out
+
+
+def least_used_node(nodes: list[Mapping[str, Any]], ask: Mapping[str, float], used: Mapping[str, int],
+                    prefer: str | None = None) -> str | None:
+    """The node for one more actor of a kind that should spread (generator replicas): among the
+    alive nodes of ``ray.nodes()`` whose total resources can hold ``ask``, one that hosts the
+    fewest of ``used`` (node id -> actors of that kind already there); on a tie ``prefer`` (the
+    driver's node) if it is among them, else the first by node id. None when at most one node
+    can hold it (nothing to spread over: Ray places it, and says so when nothing fits).
+
+    Ray's own SPREAD is best-effort round-robin over an index every SPREAD request shares: two
+    replicas could land on one node while another stood empty (seen in CI)."""
+    able = sorted(n["NodeID"] for n in nodes if n.get("Alive")
+                  and all(float((n.get("Resources") or {}).get(k, 0.0)) >= v for k, v in ask.items() if v > 0))
+    if len(able) < 2:
+        return None
+    fewest = min(used.get(node, 0) for node in able)
+    candidates = [node for node in able if used.get(node, 0) == fewest]
+    return prefer if prefer in candidates else candidates[0]

@@ -86,3 +86,24 @@ def test_a_local_start_refuses_gpus_and_custom_resources_it_does_not_have():
     with pytest.raises(ValueError, match="cluster.generator.resources asks for big_node, which a local Ray start does not have"):
         ClusterConfig(generator={"resources": {"big_node": 1}}).check_local_resources(gpus=lambda: 0)
     ClusterConfig(generator={"resources": {"node:__internal_head__": 0.1}}).check_local_resources(gpus=lambda: 0)
+
+
+def _node(node_id: str, alive: bool = True, **resources: float) -> dict:
+    return {"NodeID": node_id, "Alive": alive, "Resources": resources}
+
+
+def test_least_used_node_spreads_replicas_over_the_nodes_that_can_hold_them():
+    from seal.placement import least_used_node
+
+    nodes = [_node("b", CPU=4), _node("a", CPU=4), _node("gpu", CPU=8, GPU=8), _node("dead", alive=False, CPU=64, GPU=8)]
+    cpu = {"CPU": 1.0, "GPU": 0.0}
+    # A tie goes to the preferred (driver's) node, else the first by id; then the emptiest node.
+    assert least_used_node(nodes, cpu, {}, prefer="b") == "b"
+    assert least_used_node(nodes, cpu, {}) == "a"
+    assert least_used_node(nodes, cpu, {"b": 1}, prefer="b") == "a"
+    assert least_used_node(nodes, cpu, {"a": 1, "b": 1, "gpu": 0}, prefer="b") == "gpu"
+    # Only nodes whose resources can hold the ask count; one such node leaves it to Ray.
+    assert least_used_node(nodes, {"CPU": 1.0, "GPU": 4.0}, {}) is None
+    assert least_used_node(nodes, {"CPU": 1.0, "generator_slot": 1.0}, {}) is None
+    slots = [_node("h", CPU=4, generator_slot=1), _node("w", CPU=4, generator_slot=1), _node("x", CPU=4)]
+    assert least_used_node(slots, {"CPU": 1.0, "generator_slot": 1.0}, {"h": 1}) == "w"
