@@ -110,7 +110,7 @@ class LearnerGroup:
             left = call.deadline - time.monotonic()
             ready, _ = ray.wait(waiting, num_returns=1, timeout=max(0.0, left) if block else 0)
             if not ready:
-                if left <= 0:
+                if block or time.monotonic() >= call.deadline:  # a blocking wait that returns empty has timed out
                     ranks = [r for r in range(len(call.refs)) if r not in call.results]
                     self._fail(f"learner {call.what} at step {call.step} did not finish in time: "
                                + ", ".join(self._name(r) for r in ranks) + " had not answered")

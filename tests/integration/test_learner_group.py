@@ -226,3 +226,14 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_start_past_the_timeout_names_the_rank_and_step_not_a_bare_key_error():
+    """A blocking call whose wait runs out raises the named timeout (it once fell through and
+    surfaced as ``KeyError: 0`` from the missing result)."""
+    settings = GroupSettings(1, timeout_s=3.0, step_timeout_s=3.0, mini_batch_groups=1, backend="gloo")
+    t0 = time.monotonic()
+    with pytest.raises(LearnerGroupError, match=r"learner start at step 0 did not finish in time: learner rank 0 on node \S+ .* had not answered"):
+        # A learner factory that outlives the timeout (a stuck model load, a rendezvous that never forms).
+        LearnerGroup(functools.partial(time.sleep, 600), settings, ActorResources(num_cpus=1, threads=1))
+    assert time.monotonic() - t0 < 60

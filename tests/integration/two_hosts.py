@@ -151,7 +151,9 @@ class TwoHosts:
         self.wait_nodes(2)
 
     def start_worker(self) -> None:
-        """(Re)start the worker host's raylet, after ``worker.kill_all``."""
+        """(Re)start the worker host's raylet: whatever of it still runs is killed first, so the
+        cluster ends with one worker node (the killed one is marked dead by the GCS's health check)."""
+        self.worker.kill_all()
         done = self._ray_start(self.worker, head=False)
         if done.returncode != 0:
             raise RuntimeError(f"ray start on the worker failed:\n{done.stderr[-2000:]}")
@@ -171,7 +173,8 @@ class TwoHosts:
 
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def wait_nodes(self, count: int, timeout_s: float = 90) -> None:
+    def wait_nodes(self, count: int, timeout_s: float = 180) -> None:
+        # A SIGKILLed raylet stays "alive" until the GCS's health check gives up on it (about a minute).
         deadline = time.monotonic() + timeout_s
         while True:
             nodes = self.alive_nodes()
