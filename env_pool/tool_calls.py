@@ -275,8 +275,11 @@ def _literal(node: ast.AST, where: str, depth: int) -> Any:
 
 
 # ------------------------------------------------------------------ rendering
-def render_calls(calls: list[ToolCall], fmt: str) -> str:
-    """The text a model would emit for these calls (used to replay ground truth)."""
+def render_calls(calls: list[ToolCall], fmt: str, bare: bool = False) -> str:
+    """The text a model would emit for these calls (used to replay ground truth).
+
+    ``bare``: python format, a single call without the list's brackets (``add(x=1)``); the
+    parser reads both, and a small model starts a bare call far more often (README)."""
     if fmt == "json":
         return "\n".join(
             f"{_TAG_OPEN}\n{json.dumps(c.to_dict(), ensure_ascii=False)}\n{_TAG_CLOSE}" for c in calls
@@ -286,7 +289,7 @@ def render_calls(calls: list[ToolCall], fmt: str) -> str:
             f"{c.name}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.arguments.items()) + ")"
             for c in calls
         )
-        return f"[{inner}]"
+        return inner if bare and len(calls) == 1 else f"[{inner}]"
     raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
 
 

@@ -39,13 +39,13 @@ def placeholder_exchange(tools: Sequence[dict[str, Any]]) -> Exchange | None:
     return None
 
 
-def exchange_messages(exchanges: Sequence[Exchange], fmt: str) -> list[dict[str, Any]]:
-    """The chat turns of the exchanges, in the active tool-call format."""
+def exchange_messages(exchanges: Sequence[Exchange], fmt: str, bare: bool = False) -> list[dict[str, Any]]:
+    """The chat turns of the exchanges, in the active tool-call format (``bare``: see render_calls)."""
     messages: list[dict[str, Any]] = []
     for request, call, result, reply in exchanges:
         messages += [
             {"role": "user", "content": request},
-            {"role": "assistant", "content": render_calls([call], fmt)},
+            {"role": "assistant", "content": render_calls([call], fmt, bare)},
             {"role": "tool", "name": call.name, "content": result},
             {"role": "assistant", "content": reply},
         ]

@@ -52,16 +52,20 @@ NO_CALL_EXCHANGE: tuple[Message, ...] = (
 )
 
 
-def worked_messages(fmt: str) -> list[Message]:
-    return (exchange_messages(WORKED_EXCHANGES, fmt) + [dict(m) for m in ASK_FIRST]
-            + exchange_messages([ASK_ANSWERED], fmt) + [dict(m) for m in NO_CALL_EXCHANGE])
+def worked_messages(fmt: str, bare: bool = False) -> list[Message]:
+    return (exchange_messages(WORKED_EXCHANGES, fmt, bare) + [dict(m) for m in ASK_FIRST]
+            + exchange_messages([ASK_ANSWERED], fmt, bare) + [dict(m) for m in NO_CALL_EXCHANGE])
 
 
 class ShoppingEnv(Environment):
     kind = "shopping"
 
     def __init__(self, tool_format: str = "python", step_limit: int = 3, instance_mismatch: str = "release",
-                 max_context_tokens: int | None = None, token_counter: TokenCounter | None = None) -> None:
+                 max_context_tokens: int | None = None, token_counter: TokenCounter | None = None,
+                 bare_calls: bool = True) -> None:
+        """``bare_calls``: the prompt shows a single python call without the list's brackets
+        (``add_item(...)``, not ``[add_item(...)]``); either parses. SmolLM2-135M starts a bare
+        call about 6x more often (README: the CPU default)."""
         super().__init__()
         if tool_format not in FORMATS:
             raise ValueError(f"tool_format must be one of {FORMATS}, got {tool_format!r}")
@@ -71,6 +75,7 @@ class ShoppingEnv(Environment):
             raise ValueError("max_context_tokens and token_counter go together")
         self.instance_mismatch = T.check_instance_mismatch_rule(instance_mismatch)
         self.tool_format = tool_format
+        self.bare_calls = bare_calls and tool_format == "python"
         self.step_limit = step_limit
         self.max_context_tokens = max_context_tokens
         self.token_counter = token_counter
@@ -82,7 +87,7 @@ class ShoppingEnv(Environment):
 
     def system_prompt(self, interface: InterfaceState, category: str | None = None) -> str:
         tools = "\n".join(json.dumps(t) for t in annotate_tools(TOOLS, interface))
-        example = render_calls([ToolCall("add_item", {"item": "pear", "quantity": 2})], self.tool_format)
+        example = render_calls([ToolCall("add_item", {"item": "pear", "quantity": 2})], self.tool_format, self.bare_calls)
         prompt = (
             "You are a shopping-list assistant with tools. To use a tool, reply with only the call, for example:\n"
             f"{example}\nAfter the tool answers, reply to the user in plain text. "
@@ -98,7 +103,7 @@ class ShoppingEnv(Environment):
         self._list = ShoppingList(dict(task.initial))
         self._messages: list[Message] = [{"role": "system", "content": self.system_prompt(self._interface, task.category)}]
         if self._interface.worked_examples:
-            self._messages += worked_messages(self.tool_format)
+            self._messages += worked_messages(self.tool_format, self.bare_calls)
         self._messages.append({"role": "user", "content": task.turns[0].user})
         self._turn = self._steps_in_turn = 0
         self._turn_texts: list[list[str]] = [[]]
@@ -121,7 +126,7 @@ class ShoppingEnv(Environment):
 
     def reference_turns(self, task_id: str) -> list[list[str]]:
         turns = get_task(task_id).turns
-        return [([render_calls(list(t.expected), self.tool_format)] if t.expected else []) + ["Done."] for t in turns]
+        return [([render_calls(list(t.expected), self.tool_format, self.bare_calls)] if t.expected else []) + ["Done."] for t in turns]
 
     def step(self, assistant_text: str) -> StepResult:
         if self._task is None or self._done:

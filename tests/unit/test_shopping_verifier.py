@@ -31,9 +31,9 @@ def _play(task, turns, fmt="python", interface=None, instance_mismatch="release"
     return play_scripted(ShoppingEnv(tool_format=fmt, instance_mismatch=instance_mismatch), task.id, turns, interface)
 
 
-@pytest.mark.parametrize("fmt", ["json", "python"])
-def test_reference_agent_solves_every_task_and_tasks_are_deterministic(fmt):
-    env = ShoppingEnv(tool_format=fmt)
+@pytest.mark.parametrize("fmt,bare", [("json", False), ("python", False), ("python", True)])
+def test_reference_agent_solves_every_task_and_tasks_are_deterministic(fmt, bare):
+    env = ShoppingEnv(tool_format=fmt, bare_calls=bare)
     results = [play_scripted(env, t, env.reference_turns(t)) for t in env.task_ids("all")]
     assert len(results) == NUM_TASKS and all(r.reward == 1 and r.progress == 1.0 for r in results)
     assert {r.category for r in results} == set(CATEGORIES)
@@ -142,3 +142,19 @@ def test_shopping_list_executor():
     assert "no such item" in items.execute(ToolCall("remove_item", {"item": "egg"}))
     items.execute(ToolCall("remove_item", {"item": "milk"}))
     assert items.snapshot() == {}
+
+
+def test_the_prompt_shows_bare_calls_unless_told_otherwise():
+    """The python format's calls are shown bare by default (the embedded model starts one far
+    more often); the bracketed list still parses, so both play the same."""
+    bare, listed = ShoppingEnv(), ShoppingEnv(bare_calls=False)
+    shown = [m["content"] for m in bare.reset("shop_0", TRAINING) if m["role"] == "assistant"]
+    assert "add_item(item='pear', quantity=2)" in shown and not any(c.startswith("[") for c in shown)
+    assert "\nadd_item(item='pear', quantity=2)\n" in bare.system_prompt(TRAINING)
+    assert "[add_item(item='pear', quantity=2)]" in listed.system_prompt(TRAINING)
+    task = _task_of("base", "add_item")
+    for env in (bare, listed):
+        first = _call(task.turns[0].expected[0].name, **task.turns[0].expected[0].arguments)
+        turns = [[first, "Done."]] + [[_call(c.name, **c.arguments) for c in t.expected] + ["Done."] for t in task.turns[1:]]
+        assert play_scripted(env, task.id, turns).reward == 1
+        assert play_scripted(env, task.id, [[first[1:-1], "Done."]] + turns[1:]).reward == 1

@@ -38,6 +38,15 @@ def test_render_then_parse_round_trips_exactly(fmt, calls):
         assert repr(got.arguments) == repr(want.arguments)
 
 
+@settings(max_examples=200, deadline=None)
+@given(calls=calls)
+def test_bare_python_calls_round_trip_and_only_a_single_call_goes_bare(calls):
+    text = render_calls(calls, "python", bare=True)
+    assert text.startswith("[") == (len(calls) > 1)
+    assert list(parse_step(text, "python").calls) == calls
+    assert render_calls(calls, "json", bare=True) == render_calls(calls, "json")  # json has no brackets to drop
+
+
 @pytest.mark.parametrize("fmt", ["json", "python"])
 @settings(max_examples=500, deadline=None)
 @given(text=st.text(max_size=300))
