@@ -136,15 +136,13 @@ class GeneratorFleet:
 
         from seal.placement import actor_nodes, least_used_node
 
-        opts = self.resources.ray_options()
-        ask = {"CPU": float(opts["num_cpus"] or 0), "GPU": float(opts["num_gpus"] or 0), **opts.get("resources", {})}
         where = actor_nodes(self.handles, key="NodeID")
         used: dict[str, int] = {}
         for name, node in where.items():
             node = node if node != "?" else self.chosen_nodes.get(name)
             if node is not None:
                 used[node] = used.get(node, 0) + 1
-        return least_used_node(ray.nodes(), ask, used, prefer=ray.get_runtime_context().get_node_id())
+        return least_used_node(ray.nodes(), self.resources.bundle(), used, prefer=ray.get_runtime_context().get_node_id())
 
     def wait_ready(self, names: list[str]) -> None:
         import ray

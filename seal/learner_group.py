@@ -63,8 +63,7 @@ class LearnerGroup:
         self.actors: list = []
         self.nodes: list[dict[str, Any]] = [{"ip": "?", "host": "?"}] * settings.world_size
         self._pending: list[GroupCall] = []  # fire-and-forget calls (broadcast), checked at the next call
-        bundle = {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.resources}
-        bundle = {k: v for k, v in bundle.items() if v}
+        bundle = {k: v for k, v in resources.bundle().items() if v}
         self.pg = placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None
         try:
             if self.pg is not None and not self.pg.wait(settings.timeout_s):

@@ -88,6 +88,10 @@ class ActorResources:
             opts["resources"] = dict(self.resources)
         return opts
 
+    def bundle(self) -> dict[str, float]:
+        """What one such actor asks of a node, in ray.nodes()' and placement groups' resource names."""
+        return {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus), **{k: float(v) for k, v in self.resources.items()}}
+
     def env_vars(self) -> dict[str, str]:
         threads = self.thread_count()
         return {"OMP_NUM_THREADS": str(threads)} if threads else {}
