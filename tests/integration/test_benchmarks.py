@@ -89,6 +89,7 @@ def test_weights_publish_against_memcpy(tmp_path):
     assert r["breakdown"]["tiny"]["first_token_s"] > 0
 
 
+@pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_sync_async_reports_step_times_overlap_and_staleness(tmp_path):
     r = bench(tmp_path, "sync-async", "--steps", "1", *TINY)
     for key in ("t_step_sync", "t_step_async", "t_generate", "t_learn", "overlap_efficiency", "speedup", "ideal_speedup"):
@@ -100,6 +101,7 @@ def test_sync_async_reports_step_times_overlap_and_staleness(tmp_path):
     assert {t["name"] for t in r["targets"]} >= {"async overlap efficiency", "async speedup / ideal speedup"}
 
 
+@pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_rollout_learn_times_each_stage_alone_and_in_the_pipeline(tmp_path):
     # Two measured steps: in async mode a single step can train on a group made during the
     # warm-up and generate nothing itself; the third group cannot start before the first
@@ -148,6 +150,7 @@ def test_learner_scale_reports_one_and_two_ranks(tmp_path):
     assert 0 <= r["comm_share"][0] <= r["comm_share"][1] < 1 and len(r["peak_gb_by_rank"]["2"]) == 2
 
 
+@pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_generator_compares_blocking_and_continuous_batching(tmp_path):
     r = bench(tmp_path, "generator", "--model", "tiny", "--concurrency", "1,2", "--turns", "2", "--episodes", "2",
               "--min-new", "4", "--max-new", "24", "--env-ms", "0")

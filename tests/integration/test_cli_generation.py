@@ -184,6 +184,7 @@ def test_tensorboard_has_every_scalar_the_readme_lists(first_run):
     assert acc.Scalars("tag_weights/empty_turn_model_response")[-1].value > 1.5
 
 
+@pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_train_resumes_quietly(first_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(first_run[0], run)  # the other tests read the first run as it was

@@ -116,6 +116,7 @@ def test_kill_9_of_one_replica_mid_run_loses_no_slot_and_it_comes_back(tmp_path)
     assert victim in fleet.router.replicas  # back in the router with the current weights
 
 
+@pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_scale_replicas_1_to_2_to_1_during_training(tmp_path):
     # sync mode: the test's pauses between runs (a replica starting) would otherwise let groups
     # admitted ahead go stale and be dropped (and refilled), which exact accounting does not allow.
