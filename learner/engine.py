@@ -95,10 +95,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def skip_inference_shm_op() -> None:
+    """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce op (deepspeed_shm_comm).
+
+    Its comm backend loads the op in every process that starts DeepSpeed comms, yet only
+    ``inference_all_reduce`` (DeepSpeed inference) calls it; ZeRO training never does. The load
+    runs ninja under a lock file in ~/.cache/torch_extensions, and torch's FileBaton waits on that
+    file with no timeout: a process killed inside the window (a test's timeout, a Ray actor kill)
+    leaves the file, and every later learner on the machine waits forever. CI hung for an hour
+    that way (2026-12-03). DeepSpeed keeps the probe's result in one dict so edits persist."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def init_distributed(device: str) -> None:
     """A one-process group unless a launcher (deepspeed/torchrun) already set one up."""
     import torch.distributed as dist
 
+    skip_inference_shm_op()  # before any DeepSpeed comm backend exists (deepspeed.initialize makes one too)
     if dist.is_initialized():
         # Someone (a launcher, or vLLM in the same process) made the group;
         # DeepSpeed still reads the rank variables.

@@ -17,6 +17,8 @@ Path(os.environ["BFCL_PROJECT_ROOT"]).mkdir(parents=True, exist_ok=True)
 # the user's ~/.seal; child processes (`seal train`, `seal scale`) inherit it.
 os.environ.setdefault("SEAL_KEY_DIR", tempfile.mkdtemp(prefix="seal-keys-"))
 
+SLOW_TEST_TIMEOUT_S = 3600
+
 
 def pytest_collection_modifyitems(config, items):
     try:
@@ -30,6 +32,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    # pytest.ini's `timeout` bounds every default test (a hang fails that test with its stacks
+    # instead of eating CI's 90 minutes); slow tests run whole training jobs: an hour each.
+    for item in items:
+        if "slow" in item.keywords and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -268,3 +268,25 @@ def test_the_one_process_group_leaves_no_rendezvous_port_to_children(tiny_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=True)
     assert out.stdout.split()[-2:] == ["True", "False"], out.stdout[-500:] + out.stderr[-2000:]
+
+
+def test_a_stale_torch_extension_lock_does_not_stop_a_learner(tiny_path, tmp_path):
+    """A lock file left in the torch extensions dir by a process killed mid-build (what hung CI
+    for an hour on 2026-12-03) must not make a DeepSpeed learner wait: training needs no JIT op."""
+    import subprocess
+    import sys
+
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    ext = tmp_path / "torch_extensions"
+    lock = ext / ShareMemCommBuilder.NAME / "lock"  # TORCH_EXTENSIONS_DIR holds the build dirs directly
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    code = ("from learner.engine import Learner, LearnerConfig; "
+            f"lrn = Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
+            "import deepspeed.comm.comm as c; print('shm op', c.cdb.shm_comm_op)")
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["TORCH_EXTENSIONS_DIR"] = str(ext)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=True)
+    assert out.stdout.split()[-3:] == ["shm", "op", "None"], out.stdout[-500:] + out.stderr[-2000:]
+    assert lock.exists() and not any(p.suffix == ".so" for p in lock.parent.iterdir())
