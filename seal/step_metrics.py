@@ -75,6 +75,7 @@ class StepWindow:
             "reward_mean": sum(t.reward for t in trajs) / len(trajs),
             "success_by_category": {c: sum(t.success for t in ts) / len(ts) for c, ts in sorted(by_cat.items())},
             "reward_by_category": {c: sum(t.reward for t in ts) / len(ts) for c, ts in sorted(by_cat.items())},
+            "rollouts_by_category": {c: len(ts) for c, ts in sorted(by_cat.items())},  # weights for pooling steps (seal/summary.py)
             "skipped": not groups,
             "trained_groups": len(groups),
             "trained_reward_mean": sum(t.reward for t in trained) / len(trained) if trained else None,

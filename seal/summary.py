@@ -3,6 +3,7 @@ RUN_DIR/summary.txt:
 
     done: 2 steps in 4 min 12 s; reward 0.00 -> 0.50; policy v2, interface v1; run dir runs/x
     reward by step   ▁█  0.00 -> 0.50 (range 0.00 to 0.50)
+    by category      base 0.00 -> 0.50 (first half -> second half of the steps; mean change +0.50)
     failure profile  step 1: empty_turn_model_response 0.75, pass 0.25
                      step 2: pass 0.50, empty_turn_model_response 0.50
     interface        v0 -> v1; guidelines turned on: active_respond (step 2)
@@ -64,6 +65,39 @@ def top_tags(fractions: Mapping[str, float] | None, k: int = 3) -> str:
     return text + (f", +{len(ranked) - k} more" if len(ranked) > k else "")
 
 
+def category_halves(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per task category, the training reward of the first half of the steps and of the second
+    (rollouts pooled by ``rollouts_by_category``; a row without it counts each step once). One
+    step's reward is mostly the category its groups drew (on the CPU default 0.00 to 0.83 by
+    category alone), so a category compared with itself is what shows the policy changing.
+    Categories missing from either half are left out; fewer than two steps: nothing."""
+    half = len(rows) // 2
+    if half < 1:
+        return {}
+    sums: list[dict[str, list[float]]] = [{}, {}]
+    for i, row in enumerate(rows):
+        part = sums[0 if i < half else 1]
+        counts = row.get("rollouts_by_category") or {}
+        for cat, reward in (row.get("reward_by_category") or {}).items():
+            if reward is None:
+                continue
+            weight = float(counts.get(cat, 1))
+            acc = part.setdefault(cat, [0.0, 0.0])
+            acc[0] += reward * weight
+            acc[1] += weight
+    return {cat: (sums[0][cat][0] / sums[0][cat][1], sums[1][cat][0] / sums[1][cat][1])
+            for cat in sorted(set(sums[0]) & set(sums[1])) if sums[0][cat][1] and sums[1][cat][1]}
+
+
+def category_text(halves: Mapping[str, tuple[float, float]]) -> str:
+    """``base 0.04 -> 0.27, miss_param 0.50 -> 0.83 (first half -> second half; mean change +0.28)``."""
+    if not halves:
+        return "no category in both halves of the run"
+    parts = ", ".join(f"{cat} {a:.2f} -> {b:.2f}" for cat, (a, b) in halves.items())
+    change = sum(b - a for a, b in halves.values()) / len(halves)
+    return f"{parts} (first half -> second half of the steps; mean change {change:+.2f})"
+
+
 def guidelines_turned_on(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
     """(guideline, the first step whose interface had it), in order of appearance."""
     seen: dict[str, int] = {}
@@ -118,8 +152,10 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
         result_line(rows, run_dir, wall_s, steps_now),
         _row("reward by step", f"{sparkline(rewards, lo=0.0, hi=1.0)}  {rewards[0]:.2f} -> {rewards[-1]:.2f} "
                                f"(range {min(rewards):.2f} to {max(rewards):.2f})"),
-        _row("failure profile", f"step {first['step']}: {top_tags(first.get('tag_fractions'))}"),
     ]
+    if len(rows) > 1:
+        lines.append(_row("by category", category_text(category_halves(rows))))
+    lines.append(_row("failure profile", f"step {first['step']}: {top_tags(first.get('tag_fractions'))}"))
     if len(rows) > 1:
         lines.append(_row("", f"step {last['step']}: {top_tags(last.get('tag_fractions'))}"))
     lines += [

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from seal.summary import (BLOCKS, guidelines_turned_on, interface_text, result_line, sparkline, summary_text, top_tags)
+from seal.summary import (BLOCKS, category_halves, category_text, guidelines_turned_on, interface_text, result_line, sparkline,
+                          summary_text, top_tags)
 
 
 SNAPSHOTS = [{"name": "A_0", "step": 0, "policy_version": 0, "interface_version": 0},
@@ -62,25 +63,46 @@ def test_summary_has_every_part_a_person_looks_for():
     lines = text.splitlines()
     assert lines[0] == result_line(rows(), "runs/my run", 412.0)
     assert lines[1] == "reward by step   " + BLOCKS[0] + BLOCKS[4] + BLOCKS[-1] + "  0.00 -> 1.00 (range 0.00 to 1.00)"
-    assert lines[2] == "failure profile  step 1: empty_turn_model_response 0.75, state_mismatch 0.25"
-    assert lines[3] == "                 step 3: pass 1.00"
-    assert lines[4] == "interface        v0 -> v2; guidelines turned on: active_respond (step 2), state_aware (step 3)"
-    assert lines[5] == "policy           v0 -> v2; 1 of 3 steps skipped, 3 groups filtered (equal rewards)"
+    assert lines[2] == "by category      no category in both halves of the run"  # rows() carry no categories
+    assert lines[3] == "failure profile  step 1: empty_turn_model_response 0.75, state_mismatch 0.25"
+    assert lines[4] == "                 step 3: pass 1.00"
+    assert lines[5] == "interface        v0 -> v2; guidelines turned on: active_respond (step 2), state_aware (step 3)"
+    assert lines[6] == "policy           v0 -> v2; 1 of 3 steps skipped, 3 groups filtered (equal rewards)"
     # (4 x 100 + 8 x 100 + 6 x 200) / 400 generated tokens per second; learner rate over trained steps only.
-    assert lines[6] == "throughput       6.0 generated tokens/s, 0.60 learner samples/s"
-    assert lines[7] == "TensorBoard      .venv/bin/tensorboard --logdir 'runs/my run/tensorboard'"
-    assert lines[8] == "snapshots        'runs/my run/snapshots' (A_0, A_1)"
-    assert lines[9] == "checkpoint       'runs/my run/checkpoints/latest'"
-    assert lines[10] == "metrics          'runs/my run/metrics.jsonl', curves 'runs/my run/training_curves.png'"
-    assert lines[11] == "evaluate         .venv/bin/seal evaluate 'runs/my run' && .venv/bin/seal report 'runs/my run'"
-    assert len(lines) == 12
+    assert lines[7] == "throughput       6.0 generated tokens/s, 0.60 learner samples/s"
+    assert lines[8] == "TensorBoard      .venv/bin/tensorboard --logdir 'runs/my run/tensorboard'"
+    assert lines[9] == "snapshots        'runs/my run/snapshots' (A_0, A_1)"
+    assert lines[10] == "checkpoint       'runs/my run/checkpoints/latest'"
+    assert lines[11] == "metrics          'runs/my run/metrics.jsonl', curves 'runs/my run/training_curves.png'"
+    assert lines[12] == "evaluate         .venv/bin/seal evaluate 'runs/my run' && .venv/bin/seal report 'runs/my run'"
+    assert len(lines) == 13
     # Without snapshots: a first step that trained started from the version before its update.
     assert "\npolicy           v0 -> v2; 0 of 2 steps skipped" in summary_text(rows()[1:], "r", 1.0, [], checkpoint=True, curves=True)
     one = summary_text(rows()[:1], "r", 10.0, SNAPSHOTS[:1], checkpoint=False, curves=False).splitlines()
-    assert "step 1:" in one[2] and one[3].startswith("interface") and "no learner update" in one[5]
+    assert "step 1:" in one[2] and one[3].startswith("interface") and "no learner update" in one[5]  # one step: no halves
     assert "none (trainer.checkpoint_every=0)" in one[8] and one[9] == "metrics          r/metrics.jsonl"
     with pytest.raises(ValueError, match="at least one learner step"):
         summary_text([], "r", 1.0, [], checkpoint=True, curves=True)
+
+
+def test_category_halves_compare_each_category_with_itself():
+    """The step means mix categories (0.10, 0.80, 0.10, 0.90 here: no trend); each category's own
+    first-half and second-half rewards, pooled over its rollouts, show both rising."""
+    steps = [({"base": 0.0, "miss_param": 0.5}, {"base": 6, "miss_param": 2}),
+             ({"miss_param": 0.8}, {"miss_param": 6}),
+             ({"base": 0.1}, {"base": 6}),
+             ({"base": 0.5, "miss_param": 1.0}, {"base": 2, "miss_param": 6}),
+             ({"recovery": 0.0}, {"recovery": 6})]  # only in the second half: left out
+    rows = [{"reward_by_category": r, "rollouts_by_category": n} for r, n in steps]
+    halves = category_halves(rows)  # first half: steps 1-2; second: steps 3-5
+    assert halves["base"] == (0.0, pytest.approx((0.1 * 6 + 0.5 * 2) / 8))
+    assert halves["miss_param"] == (pytest.approx((0.5 * 2 + 0.8 * 6) / 8), 1.0)
+    assert set(halves) == {"base", "miss_param"}
+    assert category_text(halves) == ("base 0.00 -> 0.20, miss_param 0.73 -> 1.00 "
+                                     "(first half -> second half of the steps; mean change +0.24)")
+    # Rows written before rollouts_by_category existed: each step counts once.
+    assert category_halves([{"reward_by_category": {"base": 0.0}}, {"reward_by_category": {"base": 1.0}}]) == {"base": (0.0, 1.0)}
+    assert category_halves(rows[:1]) == {} and category_text({}) == "no category in both halves of the run"
 
 
 def test_training_curves_png(tmp_path):
