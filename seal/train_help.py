@@ -28,8 +28,10 @@ KNOBS = (
 )
 
 
-def config_groups(root) -> list[tuple[str, list[str], str | None]]:
-    """(group, options, default option or None) for every folder of the config directory."""
+def config_groups(root) -> list[tuple[str, list[str], str | None, str | None]]:
+    """(group, options, default option or None, the group its default follows or None) for every
+    folder of the config directory. A default written ``${env}`` picks the option named like the
+    env group's choice (evaluation: each env's own settings); shown is what the default env gives."""
     import yaml
 
     defaults: dict[str, str | None] = {}
@@ -40,7 +42,9 @@ def config_groups(root) -> list[tuple[str, list[str], str | None]]:
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         options = sorted(p.stem for p in folder.glob("*.yaml"))
         if options:
-            groups.append((folder.name, options, defaults.get(folder.name)))
+            default = defaults.get(folder.name)
+            follows = default[2:-1] if isinstance(default, str) and default.startswith("${") and default.endswith("}") else None
+            groups.append((folder.name, options, defaults.get(follows) if follows else default, follows))
     return groups
 
 
@@ -51,9 +55,10 @@ def describe() -> str:
 
     root = config_dir()
     lines = ["", "config groups (GROUP=OPTION; * marks the default, from configs/config.yaml):"]
-    for group, options, default in config_groups(root):
+    for group, options, default, follows in config_groups(root):
         listed = " ".join(o + ("*" if o == default else "") for o in options)
-        lines.append(f"  {group:<18}{listed}" + ("" if default in options else "   (default: none)"))
+        note = f"   (default: the {follows} group's choice)" if follows else ("" if default in options else "   (default: none)")
+        lines.append(f"  {group:<18}{listed}" + note)
     cfg = compose([])
     lines += ["", "main settings (KEY=VALUE, defaults as composed):"]
     for key, meaning in KNOBS:

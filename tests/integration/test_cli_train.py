@@ -136,12 +136,15 @@ def test_help_lists_groups_options_defaults_and_main_settings(sandbox):
     lines = proc.stdout.splitlines()
     root = config_dir()
     defaults = {k: v for e in yaml.safe_load((root / "config.yaml").read_text())["defaults"] if isinstance(e, dict) for k, v in e.items()}
+    assert defaults["evaluation"] == "${env}"  # each env's evaluation settings: shown as the default env's
+    defaults["evaluation"] = defaults["env"]
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and list(p.glob("*.yaml"))):
         (line,) = [ln for ln in lines if ln.split()[:1] == [folder.name]]
         listed = line.split()[1:]
         expected = [p.stem + ("*" if p.stem == defaults.get(folder.name) else "") for p in sorted(folder.glob("*.yaml"))]
         assert listed[: len(expected)] == expected, line
         assert (defaults.get(folder.name) is None) == line.endswith("(default: none)")
+        assert (folder.name == "evaluation") == line.endswith("(default: the env group's choice)"), line
     cfg = compose([])
     for key in ("n", "trainer.steps", "trainer.groups_per_step", "trainer.mode", "trainer.max_staleness", "trainer.filter_groups",
                 "learner.cfg.lr", "learner.cfg.old_logprobs", "cluster.env_actors", "run_dir", "resume", "seed", "limit", "split"):
