@@ -89,12 +89,17 @@ def category_halves(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float,
             for cat in sorted(set(sums[0]) & set(sums[1])) if sums[0][cat][1] and sums[1][cat][1]}
 
 
+def category_change(halves: Mapping[str, tuple[float, float]]) -> float | None:
+    """The second half's reward less the first's, averaged over the categories (None: no category)."""
+    return sum(b - a for a, b in halves.values()) / len(halves) if halves else None
+
+
 def category_text(halves: Mapping[str, tuple[float, float]]) -> str:
     """``base 0.04 -> 0.27, miss_param 0.50 -> 0.83 (first half -> second half; mean change +0.28)``."""
-    if not halves:
+    change = category_change(halves)
+    if change is None:
         return "no category in both halves of the run"
     parts = ", ".join(f"{cat} {a:.2f} -> {b:.2f}" for cat, (a, b) in halves.items())
-    change = sum(b - a for a, b in halves.values()) / len(halves)
     return f"{parts} (first half -> second half of the steps; mean change {change:+.2f})"
 
 
