@@ -2,7 +2,8 @@
 
 DeepSpeed writes every rank's ZeRO shard under one tag folder per save
 (``stepNNNNNNN``); rank 0 writes the metadata (``learner.json``) and prunes
-old tags; each rank keeps its own RNG streams. Resume needs the same backend,
+old tags; each rank keeps its own RNG streams (torch's CPU and, with CUDA, every
+device's generator, Python's, numpy's). Resume needs the same backend,
 ZeRO stage and world size, and is exact.
 """
 from __future__ import annotations
@@ -34,13 +35,33 @@ def _rng_file(learner, path: Path) -> Path:
     return path / ("rng.pt" if learner.rank == 0 else f"rng_rank{learner.rank}.pt")
 
 
+def cuda_rng_state(torch) -> dict[str, Any]:
+    """Every CUDA device's generator state (dropout and sampling on the GPU draw from these, not from
+    the CPU generator), under "cuda"; nothing without CUDA."""
+    return {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+
+
+def set_cuda_rng_state(torch, rng: Mapping[str, Any], path: Path) -> None:
+    """Restore what ``cuda_rng_state`` saved. A checkpoint written without CUDA has no CUDA streams to
+    restore; one written with CUDA, resumed without it, has nothing to restore them into (nothing
+    draws from them there); with CUDA it needs as many visible devices as wrote it."""
+    states = rng.get("cuda")
+    if states is None or not torch.cuda.is_available():
+        return
+    if len(states) != torch.cuda.device_count():
+        raise ValueError(f"checkpoint {path} holds CUDA RNG states for {len(states)} device(s); "
+                         f"this process sees {torch.cuda.device_count()}")
+    torch.cuda.set_rng_state_all(states)
+
+
 def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int) -> Path:
     """``keep`` > 0: only the newest ``keep`` DeepSpeed tags stay."""
     import numpy as np
     import torch
 
     path.mkdir(parents=True, exist_ok=True)
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+           **cuda_rng_state(torch)}
     cfg = learner.cfg
     meta = {"step": learner.step, "backend": cfg.backend, "zero_stage": cfg.zero_stage, "extra": dict(extra or {})}
     if learner.engine is not None:
@@ -79,6 +100,7 @@ def load_learner(learner, path: Path) -> dict[str, Any]:
         learner.optimizer.load_state_dict(state["optimizer"])
     rng = torch.load(_rng_file(learner, path), weights_only=False)
     torch.set_rng_state(rng["torch"])
+    set_cuda_rng_state(torch, rng, path)
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     learner.step = int(meta["step"])

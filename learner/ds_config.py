@@ -1,18 +1,40 @@
-"""The DeepSpeed config a learner runs with: a pure function of its settings (unit tested)."""
+"""The DeepSpeed configs a learner runs with: pure functions of its settings (unit tested)."""
 from __future__ import annotations
 
 from typing import Any
 
 
-def deepspeed_config(cfg, grad_accum: int) -> dict[str, Any]:
-    """ZeRO stage, accumulation, clipping and the offload switches of ``cfg`` (a LearnerConfig)."""
+def torch_autocast_section(dtype: str) -> dict[str, Any] | None:
+    """The ``torch_autocast`` section every engine of a learner computing in ``dtype`` gets, the
+    policy's and the KL reference's alike (None in fp32).
+
+    The learner runs its forwards under its own bf16 autocast (learner/engine.py ``_autocast``);
+    an engine without this section turns an outer autocast off inside its forward ("enabled
+    outside DeepSpeed but disabled within": deepspeed/runtime/torch_autocast.py
+    ``autocast_if_enabled``, whose check reads CUDA's autocast, so only on GPU): a reference
+    without it ran in fp32 there. No module reduces its gradients in bf16 (the empty list):
+    gradients, master weights and optimizer state stay fp32, as with plain torch.
+    """
+    if dtype != "bfloat16":
+        return None
+    return {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+
+
+def _with_autocast(config: dict[str, Any], dtype: str) -> dict[str, Any]:
+    section = torch_autocast_section(dtype)
+    return {**config, "torch_autocast": section} if section else config
+
+
+def deepspeed_config(cfg, grad_accum: int, dtype: str) -> dict[str, Any]:
+    """ZeRO stage, accumulation, clipping and the offload switches of ``cfg`` (a LearnerConfig);
+    ``dtype``: the resolved compute dtype (``Learner.dtype``)."""
     zero: dict[str, Any] = {"stage": cfg.zero_stage}
     if cfg.offload_optimizer:
         # Optimizer state and its step on the host: ZeRO-2/3's largest share of memory (12 bytes/param under Adam).
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.device == "cuda"}
     if cfg.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.device == "cuda"}  # ZeRO-3 only (checked in the config)
-    return {
+    return _with_autocast({
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": cfg.grad_clip,
@@ -25,13 +47,14 @@ def deepspeed_config(cfg, grad_accum: int) -> dict[str, Any]:
         "zero_allow_untested_optimizer": cfg.optimizer == "sgd",
         # Offloaded optimizer state with torch's own optimizer (DeepSpeedCPUAdam needs a compiled op).
         "zero_force_ds_cpu_optimizer": False,
-    }
+    }, dtype)
 
 
-def reference_config(cfg) -> dict[str, Any]:
-    """The frozen KL reference under ZeRO-3: partitioned like the policy, no optimizer (OpenRLHF's eval config)."""
+def reference_config(cfg, dtype: str) -> dict[str, Any]:
+    """The frozen KL reference under ZeRO-3: partitioned like the policy, no optimizer (OpenRLHF's
+    eval config), computing in the policy's ``dtype`` (the same autocast section)."""
     zero: dict[str, Any] = {"stage": 3, "stage3_param_persistence_threshold": "auto"}
     if cfg.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.device == "cuda"}
-    return {"train_micro_batch_size_per_gpu": cfg.micro_batch_size, "zero_optimization": zero,
-            "bf16": {"enabled": False}, "fp16": {"enabled": False}, "steps_per_print": 10**9}
+    return _with_autocast({"train_micro_batch_size_per_gpu": cfg.micro_batch_size, "zero_optimization": zero,
+                           "bf16": {"enabled": False}, "fp16": {"enabled": False}, "steps_per_print": 10**9}, dtype)

@@ -157,7 +157,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
 
         from learner.ds_config import reference_config
 
-        engine, *_ = deepspeed.initialize(model=ref, config=reference_config(self.cfg))
+        engine, *_ = deepspeed.initialize(model=ref, config=reference_config(self.cfg, self.dtype))
         engine.module.eval()
         return engine
 
@@ -180,13 +180,8 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         if dist.get_world_size() != self.world_size:
             raise ValueError(f"learner world_size={self.world_size} but the process group has {dist.get_world_size()} ranks")
         self.rank = dist.get_rank()
-        ds_config = deepspeed_config(self.cfg, self.grad_accum)
-        if self.dtype == "bfloat16":
-            # The engine turns off an outer autocast it was not configured for ("enabled outside
-            # DeepSpeed but disabled within"; its check sees CUDA autocast, so on CPU the outer one
-            # survives either way): configure it. No module reduces its gradients in bf16 (empty
-            # list): gradients, master weights and optimizer state stay fp32, as with plain torch.
-            ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+        # In bf16 with the torch_autocast section the reference's engine gets too (learner/ds_config.py).
+        ds_config = deepspeed_config(self.cfg, self.grad_accum, self.dtype)
         if self.cfg.zero_stage == 3:
             # Must exist (and stay alive) before the model is built, so
             # from_pretrained partitions parameters as it loads them.
