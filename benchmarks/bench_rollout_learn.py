@@ -76,7 +76,7 @@ def _alone(pipeline) -> dict[str, float]:
 
     def learn(trajs) -> float:
         t0 = time.perf_counter()
-        ray.get(pipeline.actors.learner.train.remote(trajs, RELEASED_BASE_WEIGHTS))
+        pipeline.actors.learners.train_now(trajs, RELEASED_BASE_WEIGHTS, partial=True)
         return time.perf_counter() - t0
 
     warm = batch("warmup")

@@ -34,7 +34,8 @@ class Rendezvous:
     rank: int
     world_size: int
     backend: str  # gloo (CPU) | nccl (CUDA)
-    timeout_s: float
+    timeout_s: float  # every collective of the group
+    wait_s: float = 3600.0  # how long a rank's call may wait for the one before it (the step timeout)
 
 
 @dataclass(frozen=True)
@@ -108,21 +109,19 @@ def is_padding(micro: Sequence[Sample]) -> bool:
 
 def agree_on_plan(plan: list[list[list[Sample]]], world_size: int) -> tuple[list[list[list[Sample]]], list[int], list[int]]:
     """(padded plan, scored tokens per mini-batch, sequences per mini-batch), summed over the group.
-    Two all-reduces over the training group (its timeout bounds them)."""
+    Two all-reduces over the training group (its timeout bounds them), on the device its backend
+    serves (learner/collectives.py: CUDA under NCCL)."""
     tokens = [sum(s.num_tokens for micro in mini for s in micro) for mini in plan]
     sequences = [sum(len(micro) for micro in mini) for mini in plan]
     counts = [max(1, len(mini)) for mini in plan]
     if world_size == 1:
         return pad_plan(plan, counts), tokens, sequences
-    import torch
-    import torch.distributed as dist
+    from learner.collectives import all_reduce_values
 
-    sums = torch.tensor(tokens + sequences, dtype=torch.float64)
-    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-    most = torch.tensor(counts, dtype=torch.int64)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    sums = all_reduce_values(tokens + sequences, "sum")  # float64: token counts are exact far past 2**31
+    most = all_reduce_values(counts, "max")
     n = len(plan)
-    return pad_plan(plan, most.tolist()), [int(v) for v in sums[:n].tolist()], [int(v) for v in sums[n:].tolist()]
+    return pad_plan(plan, [int(v) for v in most]), [int(v) for v in sums[:n]], [int(v) for v in sums[n:]]
 
 
 def join_group(rv: Rendezvous) -> None:

@@ -3,8 +3,14 @@
 Built in two calls so the group can meet where rank 0 runs: the actor starts
 empty, rank 0 reports its node's address and a free port there, then every
 rank joins the torch.distributed group and builds its Learner (DeepSpeed finds
-the group formed). Every method that touches the model is a collective under
-ZeRO-3: the driver calls it on all ranks at once.
+the group formed). Every method that touches the model or a process group is a
+collective under ZeRO-3: the driver calls it on all ranks at once, with a ticket
+per rank, and the rank runs those calls one at a time in ticket order
+(learner/call_order.py). Probes (``node``, ``pid``, ``address``) take no ticket:
+they must answer while a step runs.
+
+Weights leave through Ray's object store in buckets (actors/weight_buckets.py),
+or over the weight group by broadcast (learner/weight_broadcast.py).
 """
 from __future__ import annotations
 
@@ -12,65 +18,125 @@ import os
 import socket
 from typing import Any, Callable, Mapping
 
+from learner.call_order import CallOrder
 from learner.engine import Learner
 from learner.group import RankShard, Rendezvous, join_group
-from learner.worker import LearnerWorker
 
 
-class LearnerRank(LearnerWorker):
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _free_port_here() -> tuple[str, int]:
+    """This node's IP (never loopback: other nodes must reach it) and a free port on it."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return _node_ip(), sock.getsockname()[1]
+
+
+class LearnerRank:
     def __init__(self, threads: int | None = None) -> None:  # noqa: D107 (the learner comes in start)
         if threads:
             import torch
 
             torch.set_num_threads(threads)
         self.learner: Learner | None = None
-        self.broadcaster = None
+        self.broadcaster = None  # rank 0 of the weight group, when generators take weights by broadcast
         self.rank = -1
+        self.order = CallOrder(f"learner pid {os.getpid()}")
+        self.wait_s = 3600.0  # how long a call waits for the one before it: the group's step timeout, set in start
 
+    # ------------------------------------------------------------------ probes (no ticket)
     def address(self) -> tuple[str, int]:
-        """This node's IP (never loopback: other nodes must reach it) and a free port on it."""
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return _free_port_here()
 
     def node(self) -> dict[str, Any]:
         import ray
 
-        return {"ip": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid(),
+        return {"ip": _node_ip(), "host": socket.gethostname(), "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def start(self, rendezvous: Rendezvous, make_learner: Callable[[], Learner]) -> int:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """This node's IP and a free port on it, for the weight group's store."""
+        return _free_port_here()
+
+    # ------------------------------------------------------------------ ordered calls
+    def start(self, ticket: int, rendezvous: Rendezvous, make_learner: Callable[[], Learner]) -> int:
         """Join the group and build this rank's learner; returns its rank."""
-        if rendezvous.world_size > 1:
-            join_group(rendezvous)
-        self.learner = make_learner()
-        if self.learner.world_size != rendezvous.world_size:
-            raise ValueError(f"the learner was configured for world_size={self.learner.world_size}, the group has {rendezvous.world_size}")
-        self.rank = rendezvous.rank
-        return self.rank
+        self.order.name = f"learner rank {rendezvous.rank} on node {_node_ip()}"
+        self.wait_s = rendezvous.wait_s
+        with self.order.turn(ticket, "start", self.wait_s):
+            if rendezvous.world_size > 1:
+                join_group(rendezvous)
+            self.learner = make_learner()
+            if self.learner.world_size != rendezvous.world_size:
+                raise ValueError(f"the learner was configured for world_size={self.learner.world_size}, the group has {rendezvous.world_size}")
+            self.rank = rendezvous.rank
+            return self.rank
 
-    def train_shard(self, shard: RankShard, tag_weights: Mapping[str, float], group_weights: Mapping[str, float] | None,
-                    policy_version: int | None) -> dict[str, Any]:
-        out = self.learner.train_batch(shard.trajectories, tag_weights, group_weights, policy_version=policy_version,
-                                       mini_groups=shard.mini_groups)
-        out["tag_weights"] = dict(tag_weights)
-        return out
+    def train_shard(self, ticket: int, shard: RankShard, tag_weights: Mapping[str, float],
+                    group_weights: Mapping[str, float] | None, policy_version: int | None) -> dict[str, Any]:
+        with self.order.turn(ticket, "train step", self.wait_s):
+            out = self.learner.train_batch(shard.trajectories, tag_weights, group_weights, policy_version=policy_version,
+                                           mini_groups=shard.mini_groups)
+            out["tag_weights"] = dict(tag_weights)
+            return out
 
-    def canary_logprobs(self, token_ids: list[int]) -> list[float]:
-        return self.learner.canary_logprobs(token_ids)
+    def canary_logprobs(self, ticket: int, token_ids: list[int]) -> list[float]:
+        with self.order.turn(ticket, "weight canary", self.wait_s):
+            return self.learner.canary_logprobs(token_ids)
 
-    def broadcast_weights(self) -> float:
+    def weights(self, ticket: int, dtype: str | None = None):
+        """The generator's weights in its ``dtype`` (None: fp32 as trained), put into the object
+        store bucket by bucket: rank 0 returns the ``WeightManifest`` (actors/weight_buckets.py),
+        the other ranks of a group join the gathers and return None."""
+        with self.order.turn(ticket, "weight gather", self.wait_s):
+            return self.learner.weight_manifest(dtype)
+
+    def publish(self, ticket: int, out_dir: str, version: int) -> tuple[str, float]:
+        """A loadable safetensors snapshot (frozen evaluation snapshots)."""
+        with self.order.turn(ticket, "publish", self.wait_s):
+            path, seconds = self.learner.publish(out_dir, version)
+            return str(path), seconds
+
+    def join_weight_group(self, ticket: int, host: str, port: int, world_size: int, backend: str,
+                          dtype: str | None = None) -> list[dict[str, Any]]:
+        """Form (or re-form, after a generator restart) the broadcast group as rank 0; returns the
+        metadata the receivers need, once per model. ``dtype``: the generator's; weights are cast to
+        it before sending. Ordered: a broadcast still running must finish before its group is replaced."""
+        import torch
+
+        from learner.weight_broadcast import WeightBroadcaster
+
+        with self.order.turn(ticket, "weight group", self.wait_s):
+            if self.broadcaster is not None:
+                self.broadcaster.close()
+                self.broadcaster = None
+            cast = getattr(torch, dtype) if dtype else None
+            self.broadcaster = WeightBroadcaster(host, port, world_size, backend, dtype=cast)
+            return [m.to_wire() for m in self.learner.weight_metadata(cast)]
+
+    def broadcast_weights(self, ticket: int) -> float:
         """Rank 0 sends over the weight group; the other ranks only join the ZeRO-3 bucket gathers."""
-        if self.rank == 0 and self.broadcaster is None:
-            raise RuntimeError("broadcast_weights before join_weight_group")
-        return self.learner.broadcast_weights(self.broadcaster if self.rank == 0 else None)
+        with self.order.turn(ticket, "weight broadcast", self.wait_s):
+            if self.rank == 0 and self.broadcaster is None:
+                raise RuntimeError("broadcast_weights before join_weight_group")
+            return self.learner.broadcast_weights(self.broadcaster if self.rank == 0 else None)
 
-    def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
-        return str(self.learner.save_checkpoint(path, extra, keep))
+    def save_checkpoint(self, ticket: int, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
+        with self.order.turn(ticket, "checkpoint", self.wait_s):
+            return str(self.learner.save_checkpoint(path, extra, keep))
 
-    def param_share(self) -> dict[str, int]:
+    def load_checkpoint(self, ticket: int, path: str) -> dict[str, Any]:
+        with self.order.turn(ticket, "resume", self.wait_s):
+            return self.learner.load_checkpoint(path)
+
+    def param_share(self, ticket: int) -> dict[str, int]:
         """Parameters this rank holds, from the partitioned tensors (ZeRO-3: ds_tensor), against the
         model's full count (ds_numel); the reference model's too (0 and 0: none)."""
         def count(module) -> tuple[int, int]:
@@ -80,27 +146,30 @@ class LearnerRank(LearnerWorker):
                 total += getattr(p, "ds_numel", p.numel())
             return held, total
 
-        held, total = count(self.learner.model)
-        ref = self.learner.ref
-        ref_held, ref_total = count(getattr(ref, "module", ref)) if ref is not None else (0, 0)
-        return {"held": held, "total": total, "ref_held": ref_held, "ref_total": ref_total}
+        with self.order.turn(ticket, "parameter count", self.wait_s):
+            held, total = count(self.learner.model)
+            ref = self.learner.ref
+            ref_held, ref_total = count(getattr(ref, "module", ref)) if ref is not None else (0, 0)
+            return {"held": held, "total": total, "ref_held": ref_held, "ref_total": ref_total}
 
     # ------------------------------------------------------------ profiling (seal bench learner-scale)
-    def comm_profile(self, enabled: bool) -> None:
+    def comm_profile(self, ticket: int, enabled: bool) -> None:
         """DeepSpeed's comms logger on or off, its records cleared (it times each collective call)."""
         import deepspeed.comm as dscomm
         from deepspeed.comm.comm import comms_logger
 
-        dscomm.configure(enabled=enabled, prof_all=enabled)
-        comms_logger.comms_dict = {}
+        with self.order.turn(ticket, "comm profile", self.wait_s):
+            dscomm.configure(enabled=enabled, prof_all=enabled)
+            comms_logger.comms_dict = {}
 
-    def comm_seconds(self) -> float:
+    def comm_seconds(self, ticket: int) -> float:
         from deepspeed.comm.comm import comms_logger
 
-        return sum(sum(rec[1]) for sizes in comms_logger.comms_dict.values() for rec in sizes.values()) / 1000.0
+        with self.order.turn(ticket, "comm profile", self.wait_s):
+            return sum(sum(rec[1]) for sizes in comms_logger.comms_dict.values() for rec in sizes.values()) / 1000.0
 
     def peak_memory_gb(self) -> float:
-        """Peak device memory under CUDA, else this process's peak resident set (VmHWM)."""
+        """Peak device memory under CUDA, else this process's peak resident set (VmHWM). A probe."""
         import torch
 
         if torch.cuda.is_available() and self.learner is not None and self.learner.cfg.device == "cuda":

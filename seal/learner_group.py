@@ -5,6 +5,12 @@ the rank, its node and the step; the group's actors are killed then, so none is 
 a collective.
 
 PACK places the ranks on as few nodes as fit them (NCCL within a node) and spans nodes otherwise.
+
+Calls that touch the model or a process group carry a ticket per rank, numbered in the order this
+driver issues them; each rank runs them in that order, one at a time (learner/call_order.py). So
+a broadcast started without waiting (the generator loads while the next batch is played) and the
+next step or checkpoint never run their collectives at once, and every rank runs the same
+sequence; the driver itself never blocks on the broadcast.
 """
 from __future__ import annotations
 
@@ -52,7 +58,10 @@ class GroupSettings:
 
 class LearnerGroup:
     def __init__(self, make_learner: Callable[[], Any], settings: GroupSettings, resources: ActorResources,
-                 storage: str | Path | None = None, env_vars: Mapping[str, str] | None = None) -> None:
+                 storage: str | Path | None = None, env_vars: Mapping[str, str] | None = None,
+                 placement: Any = None) -> None:
+        """``placement``: a placement group already reserved for the ranks, one bundle per rank, which
+        the group then owns (seal/layout_guard.py reserve_learner: the plan's layout); None: PACK here."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -62,25 +71,28 @@ class LearnerGroup:
         self.settings, self.step = settings, 0
         self.actors: list = []
         self.nodes: list[dict[str, Any]] = [{"ip": "?", "host": "?"}] * settings.world_size
-        self._pending: list[GroupCall] = []  # fire-and-forget calls (broadcast), checked at the next call
+        self._pending: list[GroupCall] = []  # calls not waited for (broadcast), checked at the next call
+        self._tickets = [0] * settings.world_size  # the next ticket per rank (learner/call_order.py)
         bundle = {k: v for k, v in resources.bundle().items() if v}
-        self.pg = placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None
+        self.pg = placement if placement is not None else (
+            placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None)
         try:
             if self.pg is not None and not self.pg.wait(settings.timeout_s):
                 raise LearnerGroupError(f"the cluster cannot place {settings.world_size} learner ranks of {bundle} "
                                         f"within {settings.timeout_s:g}s (learner.world_size, cluster.learner)")
             threads = resources.thread_count() or None
             for r in range(settings.world_size):
-                opts: dict[str, Any] = dict(max_restarts=0, max_concurrency=2, runtime_env={"env_vars": dict(env_vars or {})},
+                # Threads: an ordered call running, the next one waiting for its turn, and probes (pid, node).
+                opts: dict[str, Any] = dict(max_restarts=0, max_concurrency=4, runtime_env={"env_vars": dict(env_vars or {})},
                                             **resources.ray_options())
                 if self.pg is not None:
                     opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)
                 self.actors.append(ray.remote(LearnerRank).options(**opts).remote(threads))
-            self.nodes = self._all(lambda a: a.node.remote(), "start")
+            self.nodes = self._probe_all(lambda a: a.node.remote(), "start")
             host, port = self._get_one(self.actors[0].address.remote(), 0, "start")
             factory = resources.pinned(make_learner)
-            self._all(lambda a, r: a.start.remote(Rendezvous(host, port, r, settings.world_size, settings.backend,
-                                                              settings.timeout_s), factory), "start", with_rank=True)
+            self._all("start", "start", lambda r: (Rendezvous(host, port, r, settings.world_size, settings.backend,
+                                                              settings.timeout_s, settings.step_timeout_s), factory))
             if storage is not None:
                 self.check_storage(Path(storage))
         except BaseException:
@@ -96,8 +108,17 @@ class LearnerGroup:
         self.close()  # the other ranks would wait in a collective until its timeout
         raise LearnerGroupError(message)
 
-    def _start(self, fn, what: str, timeout_s: float | None = None, with_rank: bool = False) -> GroupCall:
-        refs = [fn(a, r) if with_rank else fn(a) for r, a in enumerate(self.actors)]
+    def _ticket(self, rank: int) -> int:
+        ticket, self._tickets[rank] = self._tickets[rank], self._tickets[rank] + 1
+        return ticket
+
+    def _submit(self, rank: int, method: str, *args):
+        """An ordered call on one rank: ``method(ticket, *args)``."""
+        return getattr(self.actors[rank], method).remote(self._ticket(rank), *args)
+
+    def _start(self, method: str, what: str, args=lambda rank: (), timeout_s: float | None = None) -> GroupCall:
+        """``method`` on every rank, in order (a ticket each); ``args(rank)``: that rank's arguments."""
+        refs = [self._submit(r, method, *args(r)) for r in range(len(self.actors))]
         return GroupCall(refs, what, self.step, time.monotonic() + (timeout_s or self.settings.timeout_s))
 
     def _collect(self, call: GroupCall, block: bool) -> bool:
@@ -149,9 +170,17 @@ class LearnerGroup:
                     pass
         return rank, exc
 
-    def _all(self, fn, what: str, timeout_s: float | None = None, with_rank: bool = False) -> list:
+    def _all(self, method: str, what: str, args=lambda rank: (), timeout_s: float | None = None) -> list:
+        """An ordered call on every rank, waited for (a call not waited for before it is checked
+        first; the ranks run it after that one anyway)."""
         self._check_pending()
-        call = self._start(fn, what, timeout_s, with_rank)
+        call = self._start(method, what, args, timeout_s)
+        self._collect(call, block=True)
+        return [call.results[r] for r in range(len(self.actors))]
+
+    def _probe_all(self, fn, what: str) -> list:
+        """A call that touches neither model nor group (no ticket: it answers while a step runs)."""
+        call = GroupCall([fn(a) for a in self.actors], what, self.step, time.monotonic() + self.settings.timeout_s)
         self._collect(call, block=True)
         return [call.results[r] for r in range(len(self.actors))]
 
@@ -175,8 +204,8 @@ class LearnerGroup:
             raise ValueError(f"a batch must hold whole mini-batches of {self.settings.mini_batch_groups} groups; got {groups}")
         shards = shard_batch(trajectories, self.settings.world_size, self.settings.mini_batch_groups)
         self.step += 1
-        return self._start(lambda a, r: a.train_shard.remote(shards[r], tag_weights, group_weights, policy_version),
-                           "train step", self.settings.step_timeout_s, with_rank=True)
+        return self._start("train_shard", "train step", lambda r: (shards[r], tag_weights, group_weights, policy_version),
+                           self.settings.step_timeout_s)
 
     def done(self, call: GroupCall) -> bool:
         return self._collect(call, block=False)
@@ -193,7 +222,7 @@ class LearnerGroup:
         """The weights in the generator's ``dtype`` through the object store: every rank joins the
         bucketed gathers, rank 0 puts each bucket as its own object; their manifest (small: refs)."""
         self._check_pending()
-        call = self._start(lambda a: a.weights.remote(dtype), "weight gather")
+        call = self._start("weights", "weight gather", lambda r: (dtype,))
         self._collect(call, block=True)
         manifest = call.results[0]
         if not isinstance(manifest, WeightManifest):
@@ -204,29 +233,37 @@ class LearnerGroup:
     def canary_logprobs(self, token_ids: list[int]) -> list[float]:
         """The learner's logprobs of a fixed sequence at its current weights (every rank
         joins the forward: ZeRO-3 gathers), what each replica's must match after an update."""
-        return self._all(lambda a: a.canary_logprobs.remote(list(token_ids)), "weight canary")[0]
+        return self._all("canary_logprobs", "weight canary", lambda r: (list(token_ids),))[0]
 
     def publish(self, out_dir: str, version: int) -> tuple[str, float]:
-        return self._all(lambda a: a.publish.remote(out_dir, version), "publish")[0]
+        return self._all("publish", "publish", lambda r: (out_dir, version))[0]
 
     def weight_group_address(self) -> tuple[str, int]:
         return self._get_one(self.actors[0].weight_group_address.remote(), 0, "weight group")
 
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str, dtype: str | None = None):
-        """Rank 0 joins the broadcast group, sending in the generator's ``dtype`` (a ref: the generator joins at the same time)."""
-        return self.actors[0].join_weight_group.remote(host, port, world_size, backend, dtype)
+        """Rank 0 joins the broadcast group, sending in the generator's ``dtype`` (a ref: the generator
+        joins at the same time). Ordered on rank 0: a broadcast still running ends before its group goes."""
+        return self._submit(0, "join_weight_group", host, port, world_size, backend, dtype)
 
     def broadcast_weights(self) -> None:
-        """Every rank joins the bucketed gathers, rank 0 sends; failures surface at the next call."""
+        """Every rank joins the bucketed gathers, rank 0 sends. Not waited for: the ranks run their
+        next call after it (tickets), and its failure surfaces at the driver's next call."""
         self._check_pending()
-        self._pending.append(self._start(lambda a: a.broadcast_weights.remote(), "weight broadcast"))
+        self._pending.append(self._start("broadcast_weights", "weight broadcast"))
+
+    def wait_pending(self) -> None:
+        """Wait for the calls not waited for (the weight broadcast), within their timeouts."""
+        for call in list(self._pending):
+            self._collect(call, block=True)
+            self._pending.remove(call)
 
     # ---------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
-        return self._all(lambda a: a.save_checkpoint.remote(path, extra, keep), "checkpoint")[0]
+        return self._all("save_checkpoint", "checkpoint", lambda r: (path, extra, keep))[0]
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        return self._all(lambda a: a.load_checkpoint.remote(path), "resume")[0]
+        return self._all("load_checkpoint", "resume", lambda r: (path,))[0]
 
     def check_storage(self, storage: Path) -> None:
         """Every rank's node writes a probe under the run's storage path; the driver must read each back."""
@@ -245,19 +282,19 @@ class LearnerGroup:
         return {node: f"learner rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}" for node, rs in ranks.items()}
 
     def pids(self) -> list[int]:
-        return self._all(lambda a: a.pid.remote(), "pid")
+        return self._probe_all(lambda a: a.pid.remote(), "pid")
 
     def comm_profile(self, enabled: bool) -> None:
-        self._all(lambda a: a.comm_profile.remote(enabled), "comm profile")
+        self._all("comm_profile", "comm profile", lambda r: (enabled,))
 
     def comm_seconds(self) -> list[float]:
-        return self._all(lambda a: a.comm_seconds.remote(), "comm profile")
+        return self._all("comm_seconds", "comm profile")
 
     def peak_memory_gb(self) -> list[float]:
-        return self._all(lambda a: a.peak_memory_gb.remote(), "memory probe")
+        return self._probe_all(lambda a: a.peak_memory_gb.remote(), "memory probe")
 
     def param_shares(self) -> list[dict[str, int]]:
-        return self._all(lambda a: a.param_share.remote(), "parameter count")
+        return self._all("param_share", "parameter count")
 
     def close(self) -> None:
         import ray

@@ -159,6 +159,55 @@ def test_broadcast_from_two_ranks_sends_the_gathered_weights_bucket_by_bucket(ze
     assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
 
 
+def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_every_rank(tiny_path, batch, zero3_group, tmp_path):
+    """The pipeline starts the broadcast and goes on; the next checkpoint and step are issued while
+    it still runs (here: the receiver is slow). Each rank must finish the broadcast's ZeRO-3 gathers
+    before the checkpoint's and the step's collectives start: the receiver gets exactly the weights
+    from before the step (not torn by the optimizer), and nothing aborts or hangs. Before tickets
+    (learner/call_order.py) the calls ran at once on a rank's two threads: gloo aborted
+    (``Pair::prepareRead``) or the group hung."""
+    import threading
+
+    import ray
+
+    from actors.weight_sync import WeightGroup, WeightMeta
+
+    before = group_weights(zero3_group)
+    host, port = zero3_group.weight_group_address()
+    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
+    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
+    got: dict[str, torch.Tensor] = {}
+    second: dict[str, torch.Tensor] = {}
+    try:
+        meta = [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
+
+        def receive() -> None:
+            time.sleep(3.0)  # a slow replica: the driver's next calls are issued meanwhile
+            for into in (got, second):  # two rounds: before the step and after it
+                for m in meta:
+                    into[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
+                    receiver.broadcast(into[m.name])
+
+        thread = threading.Thread(target=receive, daemon=True)
+        thread.start()
+        zero3_group.broadcast_weights()  # not waited for, as in the pipeline
+        zero3_group.save_checkpoint(str(tmp_path / "ckpt"), {"step": zero3_group.step})
+        result = zero3_group.train_now(batch, RELEASED_BASE_WEIGHTS)
+        zero3_group.broadcast_weights()
+        zero3_group.wait_pending()
+        thread.join(TIMEOUT_S)
+        assert not thread.is_alive()
+    finally:
+        receiver.close()
+    assert list(got) == list(before) and all(torch.equal(got[k], before[k]) for k in before)
+    after = group_weights(zero3_group)
+    assert result["learner_world_size"] == 2 and result["groups"] == GROUPS
+    assert any(not torch.equal(after[k], before[k]) for k in before)  # the step did change them
+    assert all(torch.equal(second[k], after[k]) for k in after)
+    shards = [p.name for p in (tmp_path / "ckpt").rglob("*optim_states*")]
+    assert len(shards) == 2, shards
+
+
 def test_no_reference_without_kl(tiny_path):
     g = group(tiny_path, config(3, kl_coef=0.0), world_size=1)
     try:
