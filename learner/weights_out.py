@@ -4,14 +4,50 @@ snapshots and the broadcast group. A mixin of learner.engine.Learner, which
 holds the model, engine, rank and config these read."""
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Largest safetensors file of a snapshot; more weights go to model-0000i-of-0000n shards and an
+# index, the layout save_pretrained writes (its default shard size: transformers 5).
+SNAPSHOT_SHARD_BYTES = 50 * 10**9
+
+
+@dataclass(frozen=True)
+class WeightsOutStats:
+    """What one rank's last weights-out call (``publish``, ``weight_manifest``) took, in bytes:
+    ``host_bytes`` of full weights it brought to host memory (a device-to-host copy on GPU; on a
+    CPU learner the tensor read in place), ``largest_gather_bytes`` the most full-size weights it
+    held gathered at once under ZeRO-3 (one bucket; 0 otherwise)."""
+    host_bytes: int = 0
+    largest_gather_bytes: int = 0
+
+
+class _Tally:
+    def __init__(self, zero3: bool) -> None:
+        self.zero3, self.host, self.largest = zero3, 0, 0
+
+    def gathered(self, bucket) -> None:
+        if self.zero3:
+            self.largest = max(self.largest, sum(t.numel() * t.element_size() for _, t in bucket))
+
+    def to_host(self, tensor, dtype=None, copy: bool = False):
+        out = tensor.detach().to("cpu", dtype or tensor.dtype, copy=copy)
+        self.host += out.numel() * out.element_size()
+        return out
+
+    def result(self) -> WeightsOutStats:
+        return WeightsOutStats(self.host, self.largest)
+
 
 class WeightsOut:
+    last_weights_out: WeightsOutStats = WeightsOutStats()
+    snapshot_shard_bytes: int = SNAPSHOT_SHARD_BYTES  # a test makes it small to see shards and the index
+
     def _full_cpu(self, named_tensors) -> dict[str, Any]:
         """name -> full (gathered) fp32 tensor on CPU, whatever the ZeRO stage;
         ``named_tensors`` is called inside the gather."""
@@ -43,16 +79,22 @@ class WeightsOut:
         # bucket on the device nor the object in the store exceeds the bucket size.
         element_size = torch.empty((), dtype=target).element_size() if target is not None else 0
         buckets = model_weight_buckets(self.model, zero3, self.bucket_bytes, element_size)
+        stats = _Tally(zero3)
         if self.rank != 0:
-            for _ in buckets:
-                pass
+            for bucket in buckets:
+                stats.gathered(bucket)
+            self.last_weights_out = stats.result()
             return None
 
         def host(bucket):
-            return [(name, t.detach().cpu().to(target or t.dtype, copy=True)) for name, t in bucket]
+            stats.gathered(bucket)
+            # A copy even on a CPU learner: the gathered tensor is freed when the next gather starts.
+            return [(name, stats.to_host(t, target, copy=True)) for name, t in bucket]
 
         sent = dtype or str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        return put_buckets((host(b) for b in buckets), sent, self.cfg.weight_bucket_mb)
+        manifest = put_buckets((host(b) for b in buckets), sent, self.cfg.weight_bucket_mb)
+        self.last_weights_out = stats.result()
+        return manifest
 
     def full_state_dict(self) -> dict[str, Any]:
         """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""
@@ -73,19 +115,76 @@ class WeightsOut:
         return {k: v.to(target) for k, v in weights.items()}
 
     def publish(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
-        """A versioned safetensors snapshot generators can load; (path, seconds)."""
+        """A versioned safetensors snapshot generators and transformers load, laid out as
+        ``save_pretrained`` lays it out; (path, seconds). Every rank calls it (a ZeRO-3 collective):
+        the weights are gathered a bucket at a time (``weight_bucket_mb``) and only rank 0 copies
+        them to the host and writes them, tensor by tensor (learner/safetensors_out.py). No rank
+        holds the whole model beyond its shard, on the device or the host; ``last_weights_out`` says
+        what this rank took."""
+        from learner.safetensors_out import DTYPES, ShardedWriter
+        from learner.weight_broadcast import model_weight_buckets
+
         t0 = time.perf_counter()
         out = Path(out_dir) / f"v{version:06d}"
         tmp = out.with_name(out.name + ".tmp")
-        state = self.full_state_dict()  # a collective under ZeRO-3: every rank calls publish
+        zero3 = self.engine is not None and self.cfg.zero_stage == 3
+        buckets = model_weight_buckets(self.model, zero3, self.bucket_bytes)
+        stats = _Tally(zero3)
         if self.rank != 0:
+            for bucket in buckets:
+                stats.gathered(bucket)
+            self.last_weights_out = stats.result()
             return out, time.perf_counter() - t0
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tmp.mkdir(parents=True)
+        params, buffers = self._snapshot_contents()
+        writer = ShardedWriter(tmp, params + [spec for spec, _ in buffers], self.snapshot_shard_bytes,
+                               total_parameters=sum(s.nbytes // DTYPES[s.dtype][1] for s in params))
+        failure: BaseException | None = None
+        for bucket in buckets:  # every bucket, even after a failure: the other ranks wait in its gather
+            stats.gathered(bucket)
+            if failure is None:
+                try:
+                    for name, tensor in bucket:
+                        writer.write(name, stats.to_host(tensor))
+                except Exception as exc:  # re-raised once the gathers are done
+                    failure = exc
+        self.last_weights_out = stats.result()
+        if failure is not None:
+            writer.abort()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise failure
+        for spec, tensor in buffers:  # persistent buffers: whole on every rank, no gather
+            writer.write(spec.name, stats.to_host(tensor))
+        writer.close()
+        self._save_configs(tmp)
         (tmp / "seal-version.json").write_text(json.dumps({"version": version, "step": self.step}))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
+        self.last_weights_out = stats.result()
         return out, time.perf_counter() - t0
+
+    def _snapshot_contents(self):
+        """(the parameters' TensorSpecs in ``model_weight_buckets`` order, a tied one once; the
+        persistent buffers as (TensorSpec, tensor)): what ``save_pretrained`` puts in the file."""
+        from learner.safetensors_out import TensorSpec
+
+        named = list(self.model.named_parameters())
+        params = [TensorSpec.of(n, getattr(p, "ds_shape", p.shape), p.dtype) for n, p in named]
+        held = {id(p) for _, p in named}
+        buffers = [(TensorSpec.of(n, t.shape, t.dtype), t) for n, t in self.model.state_dict(keep_vars=True).items()
+                   if id(t) not in held]
+        return params, buffers
+
+    def _save_configs(self, directory: Path) -> None:
+        """config.json and generation_config.json as ``save_pretrained`` writes them beside the weights."""
+        model = self.model
+        config = copy.deepcopy(model.config)  # save_pretrained sets these two on the model's own
+        config.dtype = str(model.dtype).removeprefix("torch.")
+        config.architectures = [type(model).__name__]
+        config.save_pretrained(directory)
+        if model.can_generate() and getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(directory)
 
     def broadcast_weights(self, broadcaster) -> float:
         """Weights to vLLM over the weight group (learner/weight_broadcast.py), gathered per parameter
