@@ -6,7 +6,9 @@ config.json only (``ModelSpec.from_config``): no weights.
 
 Learner, per rank (what this repo's learner holds: learner/engine.py loads the model in
 fp32 and bf16 is torch autocast around the forwards, so weights, gradients and optimizer
-state are fp32 in both precisions; P parameters, N ranks):
+state are fp32 in both precisions; P parameters, N ranks). The peak is what a rank holds
+throughout plus the largest of its phases' transient terms (``learner_phases``; the table
+names the phase). Held throughout:
 
 - weights 4P, sharded /N under ZeRO-3, in host memory with ``offload_param``;
 - gradients 4P, sharded /N under ZeRO-2/3, in host memory with ``offload_optimizer``;
@@ -14,30 +16,43 @@ state are fp32 in both precisions; P parameters, N ranks):
   ZeRO-3 only when the optimizer is offloaded (on the host); none for torch / stage 0;
 - optimizer state: AdamW m and v 8P (plain SGD: none), sharded /N under ZeRO >= 1, host with
   ``offload_optimizer``;
-- weight casts 2P in bf16: autocast caches the bf16 copy of every weight until the forward
-  ends, so a whole bf16 model exists at the forward's peak (under ZeRO-3 too: the gathered
-  parameter is released, its cast is not);
 - reference model (KL coefficient != 0; none at 0): a frozen fp32 copy, 4P, sharded /N
   under ZeRO-3 (host with ``offload_param``), whole otherwise;
 - DeepSpeed buffers: ZeRO-1/2 a reduce and an all-gather bucket of min(P, 5e8) fp32 each;
-  ZeRO-3 the reduce bucket plus the gathered parameters in fp32 of the module running (at
-  most the larger of a decoder layer and the embedding) and of one prefetched layer;
-- activations for one micro-batch of T tokens (T = micro_batch_size x seq_len, or, packed
-  with shared_prefix and micro_batch_size >= 2, prompt + micro_batch_size x response):
-  one decoder layer's working set per token is
-  ``c x (6 x hidden + 4 x intermediate) + 4 x (4 x hidden)`` bytes (c: compute bytes, 2 in
-  bf16, 4 in fp32: q, k, v, attention output, o and MLP inputs, gate, up, activation and
-  product; plus the fp32 residual stream's norm inputs and outputs; attention scores are not
-  stored with SDPA). With gradient checkpointing the layer inputs are kept,
-  ``layers x T x hidden x 4``, plus one layer's working set recomputed in backward; without
-  it every layer's working set;
-- shared-prefix mask (packed micro-batches only): continuation tokens x row tokens x (1 + c)
-  (the boolean mask and the float bias SDPA builds from it);
-- logits, at the K = micro_batch_size x response scored positions only (``logits_to_keep``):
-  ``K x vocab x (c + 12)`` in bf16 (the forward's logits, their fp32 copy, the fp32
-  log-softmax kept for backward, one fp32 temporary: its gradient or the entropy's softmax),
-  ``K x vocab x 12`` in fp32 (the copy is the tensor itself). Often the largest term;
+  ZeRO-3 the reduce bucket;
 - runtime: 3 GB per CUDA process (context, NCCL, allocator slack), 1 GB per CPU process.
+
+Phases of a step (T tokens forwarded in a micro-batch: micro_batch_size x seq_len, or, packed
+with shared_prefix and micro_batch_size >= 2, prompt + micro_batch_size x response; K =
+micro_batch_size x response scored positions; c compute bytes, 2 in bf16, 4 in fp32):
+
+- every training phase holds the activations: one decoder layer's working set per token is
+  ``c x (6 x hidden + 4 x intermediate) + 4 x (4 x hidden)`` bytes (q, k, v, attention
+  output, o and MLP inputs, gate, up, activation and product; plus the fp32 residual stream's
+  norm inputs and outputs; attention scores are not stored with SDPA). With gradient
+  checkpointing the layer inputs are kept, ``layers x T x hidden x 4``, plus one layer's working
+  set (recomputed in backward; the reference's no-grad layer in its forward); without it every
+  layer's working set. Packed micro-batches add the shared-prefix mask, continuation tokens x
+  row tokens x (1 + c) (the boolean mask and the float bias SDPA builds from it);
+- policy forward (inside autocast): weight casts 2P in bf16 (autocast caches the bf16 copy of
+  every weight that needs a gradient until the forward ends, so a whole bf16 model exists at its
+  end; under ZeRO-3 too: the gathered parameter is released, its cast is not); under ZeRO-3 the
+  gathered fp32 parameters of the module running (at most the larger of a decoder layer and the
+  embedding) and of one prefetched layer; the forward's logits ``K x vocab x c`` (only the
+  scored positions: ``logits_to_keep``);
+- loss (after autocast: the casts are freed): logits ``K x vocab x (c + 20)`` in bf16 (the
+  forward's logits, their fp32 copy, the fp32 log-softmax kept for backward, and the entropy
+  metric's three fp32 temporaries: softmax, log-softmax and their product), ``K x vocab x 20`` in
+  fp32 (the copy is the tensor itself). Backward holds less (the gradients of the logits);
+- reference forward (KL coefficient != 0), under the policy's autocast (learner/ds_config.py
+  gives both engines the same section): the reference's gathered parameters under ZeRO-3 (the
+  policy's are released by then), the bf16 cast of one weight at a time (2 x the largest weight:
+  a frozen weight needs no gradient, so autocast caches no cast of it), logits ``K x vocab x
+  (4 + c + 4 + 4)`` in bf16 (the policy's kept log-softmax; the reference's logits, fp32 copy and
+  log-softmax), ``K x vocab x 12`` in fp32;
+- publish and the generator's copy (between steps): under ZeRO-3 one gathered bucket,
+  max(``weight_bucket_mb``, 4 x the largest weight) (learner/weights_out.py gathers a bucket at a
+  time on every rank); rank 0 copies the same to the host (``weights_out``, a host term).
 
 Generator, per replica of ``tp`` GPUs (vLLM): weights P x bytes / tp per GPU; KV cache per
 token 2 x layers x kv_heads x head_dim x bytes, kv heads split over the shards (replicated
@@ -126,6 +141,7 @@ class LearnerSetup:
     shared_prefix: bool = False
     seq_len: int = 4096  # longest trajectory (generator.max_model_len)
     response_len: int = 1024  # scored tokens per trajectory (sampling.max_new_tokens)
+    weight_bucket_mb: float = 256.0  # ZeRO-3 gathers weights out (publish, the generator's copy) this many MB at a time
 
     @property
     def stage(self) -> int:
@@ -142,6 +158,8 @@ class Estimate:
     """Bytes by term, on the device (GPU, or host memory for a CPU actor) and on the host."""
     device: dict[str, float] = field(default_factory=dict)
     host: dict[str, float] = field(default_factory=dict)
+    phase: str = ""  # the step phase whose transient terms are in ``device`` (the peak's)
+    phases: dict[str, float] = field(default_factory=dict)  # each phase's transient bytes
 
     @property
     def device_bytes(self) -> float:
@@ -164,12 +182,49 @@ def layer_bytes_per_token(m: ModelSpec, compute_bytes: int) -> int:
     return compute_bytes * (6 * m.hidden + 4 * m.intermediate) + 4 * (4 * m.hidden)
 
 
-def logit_bytes_per_token(m: ModelSpec, compute_bytes: int) -> int:
-    return m.vocab * (compute_bytes + 12 if compute_bytes != 4 else 12)
+def _logits_bytes_per_element(compute_bytes: int, phase: str) -> int:
+    """Bytes per scored position per vocabulary entry that the logits hold in ``phase``.
+
+    policy forward: the forward's logits (c). loss: the forward's logits, their fp32 copy (none in
+    fp32: the copy is the tensor itself), the fp32 log-softmax kept for backward and the entropy
+    metric's three fp32 temporaries (softmax, log-softmax, their product). reference forward: the
+    policy's kept log-softmax (4) plus the reference's logits, fp32 copy and log-softmax (c + 4 + 4).
+    """
+    copy = 4 if compute_bytes != 4 else 0
+    return {"policy_forward": compute_bytes,
+            "loss": compute_bytes + copy + 4 + 12,
+            "reference_forward": 4 + compute_bytes + copy + 4}[phase]
+
+
+def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]:
+    """The transient terms of each phase of a step (the module docstring), by phase."""
+    p, stage, cb = m.params(), s.stage, DTYPE_BYTES[s.dtype]
+    tokens, scored, packed = micro_batch_tokens(s)
+    layer = layer_bytes_per_token(m, cb) * tokens
+    activations = (m.layers * tokens * m.hidden * 4 + layer) if s.gradient_checkpointing else m.layers * layer
+    mask = scored * tokens * (1 + cb) if packed else 0
+    gathered = (max(m.layer_params(), m.embedding_params()) + m.layer_params()) * 4 if stage == 3 else 0
+    largest = max(m.embedding_params(), m.hidden * m.intermediate)  # the largest single weight
+
+    def logits(phase: str) -> float:
+        return scored * m.vocab * _logits_bytes_per_element(cb, phase)
+
+    phases = {
+        "policy_forward": {"gathered": gathered, "weight_casts": 2 * p if cb == 2 else 0, "activations": activations,
+                           "prefix_mask": mask, "logits": logits("policy_forward")},
+        "loss": {"activations": activations, "prefix_mask": mask, "logits": logits("loss")},
+        "publish": {"gathered": max(s.weight_bucket_mb * 2**20, 4 * largest) if stage == 3 else 0},
+    }
+    if s.reference:
+        phases["reference_forward"] = {"gathered": gathered, "reference_casts": 2 * largest if cb == 2 else 0,
+                                       "activations": activations, "prefix_mask": mask, "logits": logits("reference_forward")}
+    kept = {name: {k: float(v) for k, v in terms.items() if v} for name, terms in phases.items()}
+    return {name: terms for name, terms in kept.items() if terms}  # publish below ZeRO-3 gathers nothing
 
 
 def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
-    """Peak memory of one learner rank (the module docstring gives every term)."""
+    """Peak memory of one learner rank: what it holds throughout plus the largest phase's transient
+    terms (the module docstring gives every term); ``Estimate.phase`` names that phase."""
     p, n, stage = m.params(), s.world_size, s.stage
     device: dict[str, float] = {}
     host: dict[str, float] = {}
@@ -183,25 +238,20 @@ def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
     if stage in (1, 2) or (stage == 3 and s.offload_optimizer):
         put("master", 4 * p / n, s.offload_optimizer)
     put("optimizer", (8 * p if s.optimizer == "adamw" else 0) / (n if stage >= 1 else 1), s.offload_optimizer)
-    cb = DTYPE_BYTES[s.dtype]
-    put("weight_casts", 2 * p if cb == 2 else 0, False)
     if s.reference:
         put("reference", 4 * p / (n if stage == 3 else 1), stage == 3 and s.offload_param)
     bucket = min(p, DS_BUCKET) * 4
-    if stage in (1, 2):
-        put("buffers", 2 * bucket, False)
-    elif stage == 3:
-        put("buffers", bucket + (max(m.layer_params(), m.embedding_params()) + m.layer_params()) * 4, False)
-    tokens, scored, packed = micro_batch_tokens(s)
-    layer = layer_bytes_per_token(m, cb) * tokens
-    put("activations", (m.layers * tokens * m.hidden * 4 + layer) if s.gradient_checkpointing else m.layers * layer, False)
-    if packed:
-        put("prefix_mask", scored * tokens * (1 + cb), False)
-    put("logits", scored * logit_bytes_per_token(m, cb), False)
+    put("buffers", 2 * bucket if stage in (1, 2) else bucket if stage == 3 else 0, False)
+    phases = learner_phases(m, s)
+    peak = max(phases, key=lambda name: sum(phases[name].values()))
+    for term, value in phases[peak].items():
+        put(term, value, False)
     put("runtime", CUDA_RUNTIME if s.device == "cuda" else CPU_RUNTIME, False)
-    if s.device != "cuda":  # a CPU learner's "device" is host memory: one pool
+    if s.device == "cuda":  # publish: rank 0 copies one gathered tensor at a time to the host to write it
+        put("weights_out", max(s.weight_bucket_mb * 2**20, 4 * max(m.embedding_params(), m.hidden * m.intermediate)), True)
+    else:  # a CPU learner's "device" is host memory: one pool (the snapshot is written from it in place)
         host, device = {}, {**device, **{f"{k} (offloaded)": v for k, v in host.items()}}
-    return Estimate(device, host)
+    return Estimate(device, host, peak, {k: sum(v.values()) for k, v in phases.items()})
 
 
 @dataclass(frozen=True)

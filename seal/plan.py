@@ -98,7 +98,8 @@ def learner_setup(cfg) -> LearnerSetup:
         offload_optimizer=bool(lc.offload_optimizer), offload_param=bool(lc.offload_param),
         reference=bool(float(lc.loss.kl_coef)), gradient_checkpointing=bool(lc.gradient_checkpointing),
         micro_batch_size=int(lc.micro_batch_size), shared_prefix=bool(lc.shared_prefix),
-        seq_len=int(cfg.generator.max_model_len), response_len=int(cfg.sampling.max_new_tokens))
+        seq_len=int(cfg.generator.max_model_len), response_len=int(cfg.sampling.max_new_tokens),
+        weight_bucket_mb=float(lc.weight_bucket_mb))
 
 
 def generator_setup(cfg) -> GeneratorSetup:

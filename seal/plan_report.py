@@ -10,7 +10,11 @@ TERMS = {
     "weights": "weights (fp32)", "gradients": "gradients (fp32)", "master": "fp32 master partition", "optimizer": "optimizer state",
     "weight_casts": "bf16 weight casts (autocast)", "reference": "reference model (fp32)", "buffers": "ZeRO buffers",
     "activations": "activations", "prefix_mask": "shared-prefix mask", "logits": "logits (scored tokens)", "runtime": "runtime",
+    "gathered": "ZeRO-3 gathered weights", "reference_casts": "reference bf16 cast (1 weight)",
+    "weights_out": "weights out (rank 0)",
 }
+PHASES = {"policy_forward": "the policy's forward", "loss": "the loss (logits, entropy)",
+          "reference_forward": "the reference's forward", "publish": "a weight gather (publish, generator copy)"}
 
 
 def _label(term: str) -> str:
@@ -29,7 +33,8 @@ def plan_table(plan) -> str:
                  + (", gradient checkpointing" if ls.gradient_checkpointing else ", no gradient checkpointing")
                  + ("" if ls.reference else ", no reference model (KL 0)"))
     where = "GPU" if ls.device == "cuda" else "host"
-    lines.append(f"  {'per rank (' + where + ')':<34}{'GB':>8}")
+    est = plan.learner_est
+    lines.append(f"  {'per rank (' + where + ')':<34}{'GB':>8}   peak during {PHASES.get(est.phase, est.phase)}")
     for term, value in plan.learner_est.device.items():
         lines.append(f"  {_label(term):<34}{value / GB:>8.2f}")
     total = plan.learner_est.device_bytes / GB
@@ -79,6 +84,8 @@ def plan_json(plan) -> dict[str, Any]:
             "capacity_gb": plan.learner_capacity_gb, "host_gb_per_rank": round(plan.learner_est.host_bytes / GB, 3),
             "micro_batch_tokens": tokens, "scored_tokens": scored, "packed": packed,
             "terms_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.device.items()},
+            "peak_phase": plan.learner_est.phase,
+            "phases_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.phases.items()},
             "host_terms_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.host.items()},
         },
         "generator": {

@@ -49,22 +49,36 @@ def test_learner_7b_zero3_over_8_ranks_by_hand():
     s = LearnerSetup(backend="deepspeed", zero_stage=3, world_size=8, device="cuda", dtype="bfloat16", reference=True,
                      gradient_checkpointing=True, micro_batch_size=1, seq_len=12288, response_len=4096)
     est = learner_memory(QWEN7, s)
+    # layer inputs 28 * 12288 * 3584 * 4 B + one layer's working set: 12288 tokens x
+    # (2 B x (6*3584 + 4*18944) + 4 B x 4*3584) = 12288 x 251,904 B
+    activations = 28 * 12288 * 3584 * 4 + 12288 * (2 * (6 * 3584 + 4 * 18944) + 16 * 3584)
+    gathered = (544_997_376 + 233_057_792) * 4  # the embedding (152064*3584) and one prefetched layer, fp32
+    phases = {
+        # bf16 casts of every weight (2 B x P: 15.23 GB), the gathered module, the forward's bf16 logits (4096 scored)
+        "policy_forward": gathered + 2 * P7 + activations + 4096 * 152064 * 2,
+        # bf16 logits, their fp32 copy, the kept log-softmax, the entropy metric's softmax, log-softmax and product
+        "loss": activations + 4096 * 152064 * (2 + 4 + 4 + 12),
+        # the reference's gathered module, the bf16 cast of its largest weight (the embedding) alone; the policy's
+        # kept log-softmax beside the reference's bf16 logits, fp32 copy and log-softmax
+        "reference_forward": gathered + 2 * 544_997_376 + activations + 4096 * 152064 * (4 + 2 + 4 + 4),
+        "publish": 4 * 544_997_376,  # one gathered bucket: the 2.18 GB embedding is over 256 MB, alone
+    }
+    assert est.phases == pytest.approx(phases) and est.phase == "policy_forward"
     want = {
         "weights": 4 * P7 / 8,          # fp32 weights sharded over 8 ranks: 3.81 GB
         "gradients": 4 * P7 / 8,
         "optimizer": 8 * P7 / 8,        # AdamW m and v
-        "weight_casts": 2 * P7,         # a whole bf16 copy at the forward's peak: 15.23 GB
         "reference": 4 * P7 / 8,        # fp32, partitioned like the policy under ZeRO-3
-        # reduce bucket 5e8 fp32 + the gathered embedding (152064*3584) and one prefetched layer, fp32
-        "buffers": 5e8 * 4 + (544_997_376 + 233_057_792) * 4,
-        # layer inputs 28 * 12288 * 3584 * 4 B + one layer's working set: 12288 tokens x
-        # (2 B x (6*3584 + 4*18944) + 4 B x 4*3584) = 12288 x 251,904 B
-        "activations": 28 * 12288 * 3584 * 4 + 12288 * (2 * (6 * 3584 + 4 * 18944) + 16 * 3584),
-        "logits": 4096 * 152064 * (2 + 12),  # 4096 scored tokens: bf16 logits, fp32 copy, log-softmax, a temporary
+        "buffers": 5e8 * 4,             # the reduce bucket
+        "gathered": gathered,
+        "weight_casts": 2 * P7,         # a whole bf16 copy at the forward's peak: 15.23 GB
+        "activations": activations,
+        "logits": 4096 * 152064 * 2,
         "runtime": 3e9,
     }
-    assert est.device == pytest.approx(want) and est.host == {}
-    assert est.device_bytes / GB == pytest.approx(59.130, abs=0.001)
+    assert est.device == pytest.approx(want)
+    assert est.host == pytest.approx({"weights_out": 4 * 544_997_376})  # rank 0 copies one tensor at a time to write it
+    assert est.device_bytes / GB == pytest.approx(51.656, abs=0.001)
     # DESIGN.md section 13: ZeRO-3 over 8 ranks holds about 15 GB of weights, grads and Adam state per rank.
     assert (want["weights"] + want["gradients"] + want["optimizer"]) / GB == pytest.approx(15.23, abs=0.01)
 
@@ -76,15 +90,23 @@ def test_learner_3b_zero2_offloaded_fp32_packed_by_hand():
     est = learner_memory(QWEN3, s)
     tokens = (4096 - 1024) + 2 * 1024  # packed: the prompt once, then each rollout's 1024 tokens = 5120
     scored = 2 * 1024
+    activations = 36 * tokens * (4 * (6 * 2048 + 4 * 11008) + 16 * 2048)  # no checkpointing: every layer
+    mask = scored * tokens * (1 + 4)
+    # fp32: no casts, the logits are their own fp32 copy; the loss holds them, the kept log-softmax and the
+    # entropy metric's three temporaries: the peak. No reference (KL 0), no gathers below ZeRO-3.
+    assert est.phases == pytest.approx({"policy_forward": activations + mask + scored * 151936 * 4,
+                                        "loss": activations + mask + scored * 151936 * 20})
+    assert est.phase == "loss"
     assert est.device == pytest.approx({
-        "weights": 4 * P3,                  # whole under ZeRO-2; fp32 compute: no casts
+        "weights": 4 * P3,                  # whole under ZeRO-2
         "buffers": 2 * 5e8 * 4,             # reduce and all-gather buckets
-        "activations": 36 * tokens * (4 * (6 * 2048 + 4 * 11008) + 16 * 2048),  # no checkpointing: every layer
-        "prefix_mask": scored * tokens * (1 + 4),
-        "logits": scored * 151936 * 12,     # fp32: the logits are their own fp32 copy
+        "activations": activations,
+        "prefix_mask": mask,
+        "logits": scored * 151936 * 20,
         "runtime": 3e9,
     })
-    assert est.host == pytest.approx({"gradients": 4 * P3 / 2, "master": 4 * P3 / 2, "optimizer": 8 * P3 / 2})
+    assert est.host == pytest.approx({"gradients": 4 * P3 / 2, "master": 4 * P3 / 2, "optimizer": 8 * P3 / 2,
+                                      "weights_out": 4 * 311_164_928})
     assert "reference" not in est.device  # KL coefficient 0: no reference model
 
 
@@ -155,9 +177,9 @@ def test_7b_full_fine_tune_on_one_gpu_says_what_would_fit():
     plan = build_plan(cfg, query=False)
     assert not plan.fits
     line = plan.verdict()
-    assert "\n" not in line and line.startswith("does not fit: the learner needs 221.") and "on 80 GB" in line
-    # 4 ZeRO-3 ranks would need 78.2 GB of 80: suggestions keep 5% to spare, so 8 (59.1 GB).
-    assert "learner=zero3 learner.world_size=8 (59.1 GB per rank on 8 GPUs)" in line and "offload_optimizer=true" in line
+    assert "\n" not in line and line.startswith("does not fit: the learner needs 214.") and "on 80 GB" in line
+    # 2 ZeRO-3 ranks would need 108.8 GB of 80, 4 need 70.7 (suggestions keep 5% to spare: under 76).
+    assert "learner=zero3 learner.world_size=4 (70.7 GB per rank on 4 GPUs)" in line and "offload_optimizer=true" in line
     ls = LearnerSetup(backend="deepspeed", zero_stage=2, world_size=1, seq_len=12288, response_len=4096)
     assert any(s.startswith("learner=zero3 learner.world_size=") for s in learner_alternatives(QWEN7, ls, 80.0))
     with pytest.raises(ValueError, match="seal plan: does not fit: the learner needs"):
