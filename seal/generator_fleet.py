@@ -23,7 +23,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from seal.replica_router import ReplicaRouter
 
@@ -67,11 +67,34 @@ def check_fleet_spec(spec: dict) -> dict:
     return spec
 
 
+def spread_choice(handles: Mapping[str, Any], chosen: Mapping[str, str], ask: Mapping[str, float],
+                  reserved: Mapping[str, Mapping[str, float]]) -> tuple[str | None, Any]:
+    """The node for one more replica and its scheduling strategy (soft node affinity), or (None, None)
+    to leave it to Ray: the node hosting the fewest of ``handles`` (placed, or ``chosen`` at their start)
+    that holds one more beside them and beside ``reserved`` (the learner ranks' placement group)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from seal.layout_guard import free_nodes
+    from seal.placement import actor_nodes, least_used_node
+
+    used: dict[str, int] = {}
+    for name, node in actor_nodes(handles, key="NodeID").items():
+        node = node if node != "?" else chosen.get(name)
+        if node is not None:
+            used[node] = used.get(node, 0) + 1
+    node = least_used_node(free_nodes(ray.nodes(), reserved), ask, used, prefer=ray.get_runtime_context().get_node_id())
+    return (node, NodeAffinitySchedulingStrategy(node, soft=True)) if node is not None else (None, None)
+
+
 class GeneratorFleet:
     def __init__(self, spec: dict, resources, prefix: str, max_restarts: int, update_timeout_s: float = 600.0,
-                 wait: bool = True) -> None:
-        """``wait``: return once every replica has started (else call ``wait_ready``)."""
+                 wait: bool = True, reserved: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        """``wait``: return once every replica has started (else call ``wait_ready``). ``reserved``:
+        node id -> resources held there for others (the learner ranks' placement group), which a
+        replica's node choice must leave alone."""
         self.spec, count = split_generator_spec(spec)
+        self.reserved = dict(reserved or {})
         self.resources, self.prefix, self.max_restarts = resources, prefix, max_restarts
         self.tp = int(self.spec.get("tensor_parallel_size", 1))
         self.is_async = self.spec.get("_target_") in ASYNC_ENGINES
@@ -111,11 +134,9 @@ class GeneratorFleet:
         res = self.resources
         options: dict[str, Any] = dict(name=name, max_concurrency=1024, max_restarts=self.max_restarts, max_task_retries=0,
                                        runtime_env={"env_vars": res.env_vars()}, **res.ray_options())
-        node = self._spread_node()
+        node, strategy = spread_choice(self.handles, self.chosen_nodes, self.resources.bundle(), self.reserved)
         if node is not None:  # replicas on different nodes where there are several (soft: Ray may still move it)
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+            options["scheduling_strategy"] = strategy
             self.chosen_nodes[name] = node
         if self.is_async:
             from actors.async_vllm_generator import AsyncVllmGenerator
@@ -129,20 +150,6 @@ class GeneratorFleet:
         self.handles[name] = handle
         self.versions[name] = -1 if await_weights else 0
         return name
-
-    def _spread_node(self) -> str | None:
-        """The node that hosts the fewest of this fleet's replicas and can hold one more."""
-        import ray
-
-        from seal.placement import actor_nodes, least_used_node
-
-        where = actor_nodes(self.handles, key="NodeID")
-        used: dict[str, int] = {}
-        for name, node in where.items():
-            node = node if node != "?" else self.chosen_nodes.get(name)
-            if node is not None:
-                used[node] = used.get(node, 0) + 1
-        return least_used_node(ray.nodes(), self.resources.bundle(), used, prefer=ray.get_runtime_context().get_node_id())
 
     def wait_ready(self, names: list[str]) -> None:
         import ray

@@ -42,7 +42,8 @@ class ActorSet:
         """``replay_keys``: the env actors' CURVE keys for the replay stream (None: a plain stream)."""
         import ray
 
-        from seal.generator_fleet import GeneratorFleet
+        from seal.generator_fleet import GeneratorFleet, split_generator_spec
+        from seal.layout_guard import check_replicas_fit, planned_learner_nodes, reserve_learner, reserved_per_node
         from seal.learner_group import GroupSettings, LearnerGroup
 
         self.cfg, self.cluster, self.replay_address, self.replay_keys = cfg, cluster, replay_address, replay_keys
@@ -50,10 +51,7 @@ class ActorSet:
         self.sampling = instantiate(cfg.sampling)
         transport = instantiate(cfg.transport)
         self.hwm, self.send_timeout_s = transport.hwm, transport.send_timeout_s
-        # generator.replicas engines behind the router (seal/generator_fleet.py); started
-        # before the learner so both load at once.
-        self.generators = GeneratorFleet(_spec(cfg.generator), cluster.generator, self.prefix, cluster.max_restarts,
-                                         update_timeout_s=float(cfg.generator.get("update_timeout_s", 600.0)), wait=False)
+        self.generators: Any = None
         self.coordinator: Any = None
         self.learners: Any = None
         self.env: dict[str, Any] = {}  # name -> handle, serving
@@ -62,25 +60,60 @@ class ActorSet:
         self.recovering: dict[str, Any] = {}  # name -> probe ref: crashed, serving again once the probe answers
         self.target_env = 0
         self._created = 0
-        # The learner group: world_size ranks, each with cluster.learner's resources; `learner` is rank 0.
-        spec = _spec(cfg.learner)
-        self.learners = LearnerGroup(functools.partial(instantiate_spec, spec), GroupSettings.from_spec(spec), cluster.learner,
-                                     env_vars=cluster.learner.env_vars())
-        self.learner = self.learners.actors[0]
-        self.generators.wait_ready(self.generators.names)
+        spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
+        settings, replicas = GroupSettings.from_spec(spec), split_generator_spec(gen_spec)[1]
+        # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:
+        # replicas started first could leave no node that holds every rank (seal/layout_guard.py).
+        nodes = ray.nodes()
+        self.learner_plan = planned_learner_nodes(cluster.generator, cluster.learner, replicas, settings.world_size, nodes)
+        pg = reserve_learner(cluster.learner, settings.world_size, self.learner_plan, settings.timeout_s)
+        try:
+            reserved = reserved_per_node(pg)
+            check_replicas_fit(cluster.generator, replicas, nodes, reserved)
+            # generator.replicas engines behind the router (seal/generator_fleet.py); started
+            # before the learner ranks so both load at once.
+            self.generators = GeneratorFleet(gen_spec, cluster.generator, self.prefix, cluster.max_restarts,
+                                             update_timeout_s=float(cfg.generator.get("update_timeout_s", 600.0)), wait=False,
+                                             reserved=reserved)
+            # The learner group: world_size ranks in the reserved bundles, each with cluster.learner's resources; `learner` is rank 0.
+            self.learners = LearnerGroup(functools.partial(instantiate_spec, spec), settings, cluster.learner,
+                                         env_vars=cluster.learner.env_vars(), placement=pg)
+            self.learner = self.learners.actors[0]
+            self.generators.wait_ready(self.generators.names)
+            self.check_layout(nodes)
+        except BaseException:
+            if self.learners is None and pg is not None:
+                ray.util.remove_placement_group(pg)  # the group owns it once made
+            self.close()
+            raise
         if storage is not None:
             self.check_storage(storage)
 
-    def check_storage(self, storage: str) -> None:
-        """Every node with a learner rank or a generator replica must see the run's storage (seal/storage.py)."""
+    def node_roles(self) -> dict[str, str]:
+        """Ray node id -> the learner ranks and generator replicas on it."""
         from seal.placement import actor_nodes
-        from seal.storage import check_nodes_see
 
         roles = self.learners.node_roles()
         for name, node in actor_nodes(self.generators.handles, key="NodeID").items():
             if node != "?":
                 roles[node] = f"{roles[node]}, {name}" if node in roles else name
-        check_nodes_see(storage, roles, timeout_s=float(self.cfg.learner.get("timeout_s", 600.0)))
+        return roles
+
+    def check_storage(self, storage: str) -> None:
+        """Every node with a learner rank or a generator replica must see the run's storage (seal/storage.py)."""
+        from seal.storage import check_nodes_see
+
+        check_nodes_see(storage, self.node_roles(), timeout_s=float(self.cfg.learner.get("timeout_s", 600.0)))
+
+    def check_layout(self, nodes: list) -> None:
+        """The ranks landed where the plan puts them, and every node with a rank or a replica has an
+        object store that holds the generator's weights (a replica's restore puts them there whole)."""
+        from seal.layout_guard import check_learner_nodes, check_object_stores, node_name, weights_bytes
+
+        check_learner_nodes(self.learner_plan, [n.get("node_id", "?") for n in self.learners.nodes],
+                            {n["NodeID"]: node_name(n) for n in nodes})
+        weights, what = weights_bytes(self.cfg)
+        check_object_stores(nodes, self.node_roles(), weights, what)
 
     def placement(self) -> dict[str, dict[str, str]]:
         """Where each actor runs now: {"learner": {"rank-0": ip}, "generator": {...}, "env": {...}, "coordinator": ...}."""

@@ -159,23 +159,29 @@ class ClusterConfig:
                 raise ValueError(f"cluster.{name}.cpus={getattr(self, name).cpus!r} names CPUs {sorted(missing)} "
                                  f"this machine does not offer (it has {sorted(allowed)})")
 
-    def check_local_resources(self, gpus: Callable[[], int | None] | None = None) -> None:
+    def check_local_resources(self, gpus: Callable[[], int | None] | None = None, learner_ranks: int = 1,
+                              replicas: int = 1) -> None:
         """A local Ray has this machine's GPUs and no custom resources: an actor
-        asking for more would wait for them forever instead of failing."""
+        asking for more would wait for them forever instead of failing. Every actor
+        counts: ``learner_ranks`` (learner.world_size) and generator ``replicas``."""
         for name in ACTORS:
             custom = [k for k in getattr(self, name).resources if not k.startswith(("node:", "accelerator_type:"))]
             if custom:
                 raise ValueError(f"cluster.{name}.resources asks for {', '.join(custom)}, which a local Ray start does not have "
                                  "(custom resources come from `ray start --resources` on a cluster: set cluster.address)")
-        counts = {"env_actor": self.env_actors}
-        asks = {name: getattr(self, name).num_gpus * counts.get(name, 1) for name in ACTORS}
+        counts = {"env_actor": (self.env_actors, "env actors"), "learner": (learner_ranks, "learner ranks"),
+                  "generator": (replicas, "generator replicas")}
+        asks = {name: getattr(self, name).num_gpus * counts.get(name, (1, ""))[0] for name in ACTORS}
         need = round(sum(asks.values()), 6)
         if need <= 0:
             return
         have = (gpus or local_gpu_count)()
         if have is not None and need > have:
-            parts = ", ".join(f"cluster.{n}.num_gpus={getattr(self, n).num_gpus:g}" + (f" x {self.env_actors} env actors" if n == "env_actor" else "")
-                              for n, v in asks.items() if v)
+            def times(n: str) -> str:
+                k, what = counts.get(n, (1, ""))
+                return f" x {k} {what}" if k != 1 else ""
+
+            parts = ", ".join(f"cluster.{n}.num_gpus={getattr(self, n).num_gpus:g}{times(n)}" for n, v in asks.items() if v)
             raise ValueError(f"the actors ask for {need:g} GPUs ({parts}) but a local Ray start here has {have}")
 
     def local_cpus(self) -> int:
@@ -312,10 +318,17 @@ def least_used_node(nodes: list[Mapping[str, Any]], ask: Mapping[str, float], us
     can hold it (nothing to spread over: Ray places it, and says so when nothing fits).
 
     Ray's own SPREAD is best-effort round-robin over an index every SPREAD request shares: two
-    replicas could land on one node while another stood empty (seen in CI)."""
-    able = sorted(n["NodeID"] for n in nodes if n.get("Alive")
-                  and all(float((n.get("Resources") or {}).get(k, 0.0)) >= v for k, v in ask.items() if v > 0))
-    if len(able) < 2:
+    replicas could land on one node while another stood empty (seen in CI).
+    A node must hold one more replica beside the ``used`` ones: Ray keeps a (soft) node-affinity
+    request waiting on a node that exists but is full, for ever. ``nodes`` may carry what is left
+    after a reservation (seal/layout_guard.py free_nodes: the learner's placement group)."""
+    def holds(n: Mapping[str, Any], taken: int) -> bool:
+        have = n.get("Resources") or {}
+        return all(float(have.get(k, 0.0)) - taken * v >= v - 1e-9 for k, v in ask.items() if v > 0)
+
+    capable = [n for n in nodes if n.get("Alive") and holds(n, 0)]
+    able = sorted(n["NodeID"] for n in capable if holds(n, used.get(n["NodeID"], 0)))
+    if len(capable) < 2 or not able:  # nothing to spread over, or every node full: Ray places (or queues) it
         return None
     fewest = min(used.get(node, 0) for node in able)
     candidates = [node for node in able if used.get(node, 0) == fewest]

@@ -194,14 +194,22 @@ def _check_resume(cfg) -> None:
         raise FileExistsError(f"run_dir={cfg.run_dir} already holds a run: resume={cfg.run_dir} continues it, or choose another run_dir")
 
 
-def _check_cluster(cfg) -> None:
+def _check_cluster(cfg, gpus=None) -> None:
+    """``gpus``: how many GPUs a local Ray start would have (None: Ray's own detection)."""
     import os
 
+    from omegaconf import OmegaConf
+
+    from seal.generator_fleet import split_generator_spec
+    from seal.layout_guard import check_local_object_store, weights_bytes
     from seal.placement import ray_auth_env
 
     cluster = _build(cfg, "cluster")
     ray_auth_env(cluster, os.environ)  # token auth without a token to join with: say so before anything starts
-    if cluster.address:  # joining a cluster: its nodes' cores and GPUs are not this machine's
+    if cluster.address:  # joining a cluster: its nodes' cores, GPUs and object stores are checked once joined
         return
     cluster.check_local_cpus()
-    cluster.check_local_resources()
+    replicas = split_generator_spec(OmegaConf.to_container(cfg.generator, resolve=True))[1]
+    cluster.check_local_resources(gpus, learner_ranks=int(cfg.learner.get("world_size", 1)), replicas=replicas)
+    # A replica's restore puts the whole model in the object store (cluster.object_store_gb).
+    check_local_object_store(cluster.object_store_gb, *weights_bytes(cfg))
