@@ -73,7 +73,7 @@ class Pipeline:
         self._skipped_row: dict[str, Any] | None = None  # a step skipped for want of groups with reward variance
         try:
             with self.progress.timed("ray", f"starting Ray ({self.cluster.address or 'local'})", "Ray up"):
-                start_ray(self.cluster)
+                start_ray(self.cluster, learner_ranks=int(cfg.learner.get("world_size", 1)), replicas=int(cfg.generator.get("replicas", 1)))
             check_reachable(self.cluster)
             transport = instantiate(cfg.transport)
             # This run's CURVE keys (replay/auth.py), in this process's memory: env actors get

@@ -184,9 +184,11 @@ class ClusterConfig:
             parts = ", ".join(f"cluster.{n}.num_gpus={getattr(self, n).num_gpus:g}{times(n)}" for n, v in asks.items() if v)
             raise ValueError(f"the actors ask for {need:g} GPUs ({parts}) but a local Ray start here has {have}")
 
-    def local_cpus(self) -> int:
-        """Logical CPUs for a local Ray: all configured actors must fit, even on 2 cores."""
-        need = self.env_actors * self.env_actor.num_cpus + self.generator.num_cpus + self.learner.num_cpus + self.coordinator.num_cpus
+    def local_cpus(self, learner_ranks: int = 1, replicas: int = 1) -> int:
+        """Logical CPUs for a local Ray: all configured actors must fit, even on 2 cores (every
+        learner rank and replica: an actor that does not fit waits for its CPUs for ever)."""
+        need = (self.env_actors * self.env_actor.num_cpus + replicas * self.generator.num_cpus
+                + learner_ranks * self.learner.num_cpus + self.coordinator.num_cpus)
         return max(os.cpu_count() or 1, int(need + 0.999) + 2)  # room to scale env actors up
 
 
@@ -268,8 +270,9 @@ def _apply_ray_auth(cfg: ClusterConfig) -> None:
             pass
 
 
-def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
-    """Start or join Ray; returns the cluster's resources."""
+def start_ray(cfg: ClusterConfig, learner_ranks: int = 1, replicas: int = 1) -> dict[str, Any]:
+    """Start or join Ray; returns the cluster's resources. A local start holds ``learner_ranks``
+    (learner.world_size) ranks and generator ``replicas``."""
     import ray
 
     if ray.is_initialized():  # a session the caller started (tests, benchmarks): its authentication is settled
@@ -285,8 +288,8 @@ def start_ray(cfg: ClusterConfig) -> dict[str, Any]:
         # address="local": a new instance here, never a cluster someone else
         # started on this machine (`ray start`, a test's cluster).
         cfg.check_local_cpus()
-        cfg.check_local_resources()
-        ray.init(address="local", num_cpus=cfg.local_cpus(), include_dashboard=False, log_to_driver=cfg.actor_logs,
+        cfg.check_local_resources(learner_ranks=learner_ranks, replicas=replicas)
+        ray.init(address="local", num_cpus=cfg.local_cpus(learner_ranks, replicas), include_dashboard=False, log_to_driver=cfg.actor_logs,
                  object_store_memory=int(cfg.object_store_gb * 2**30))
     return ray.cluster_resources()
 

@@ -3,6 +3,8 @@ nodes, the one-line refusals, object-store sizes; and the preflight's GPU and ob
 (issue 26, findings 7 and 9). The same on a two-node Ray cluster: tests/integration/test_learner_layout.py."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from seal.layout_guard import (LayoutError, check_learner_nodes, check_local_object_store, check_object_stores,
@@ -80,6 +82,9 @@ def test_a_local_start_counts_every_learner_rank_and_replica():
                                          r"cluster.learner.num_gpus=1 x 6 learner ranks\) but a local Ray start here has 8"):
         cfg.check_local_resources(gpus=lambda: 8, learner_ranks=6, replicas=2)
     cfg.check_local_resources(gpus=lambda: 10, learner_ranks=6, replicas=2)
+    # Logical CPUs likewise: 4 ranks x 16 + 2 replicas x 16 + 2 env actors x 0.5 = 97, and 2 to spare.
+    big = ClusterConfig(learner={"num_cpus": 16}, generator={"num_cpus": 16})
+    assert big.local_cpus(learner_ranks=4, replicas=2) == max(os.cpu_count() or 1, 99)
 
 
 def test_preflight_counts_world_size_gpus_and_sizes_the_object_store():
