@@ -40,3 +40,22 @@ def test_train_with_two_learner_ranks_checkpoints_one_shard_per_rank(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+def test_async_zero3_with_the_broadcast_group_and_a_checkpoint_every_step_runs_every_step(tmp_path):
+    """The exact command that stopped at step 2 before learner calls were ordered per rank (issue 26,
+    finding 2: rank 1 aborted in gloo, or the run hung): async, ZeRO-3 over 2 ranks, the async engine
+    taking weights by broadcast, a checkpoint after every step and the final snapshot."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    args = ["env=toy", "model=tiny", "learner=zero3", "learner.world_size=2", "generator=vllm_async_cpu",
+            "generator.weight_sync=broadcast", "n=2", "trainer.steps=8", "trainer.filter_groups=none", f"run_dir={run_dir}"]
+    proc = subprocess.run([sys.executable, "-m", "seal.cli", "train", *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 9)) and all(r["learner_world_size"] == 2 for r in rows)
+    assert rows[-1]["policy_version"] == 8
+    tags = [p for p in (run_dir / "checkpoints" / "latest").iterdir() if p.is_dir() and p.name.startswith("step")]
+    assert max(int(p.name[4:]) for p in tags) == 8, tags
+    assert (run_dir / "snapshots" / "A_1").is_dir()
