@@ -30,6 +30,18 @@ def test_the_plan_puts_qwen7b_2x8s_ranks_on_one_node():
     assert planned_learner_nodes(GEN_TP4, RANK, 1, 6, [_node("node1", 8)]) == (4,)  # 4 GPUs left for 6 ranks: 2 unplaced
 
 
+def test_a_layout_that_spans_nodes_on_purpose_stays_allowed():
+    """One learner slot a node (the two-host tests: one rank per host): the plan spans both, so
+    the group is PACK and ranks 1 + 1 over two nodes are what the plan states."""
+    slot = ActorResources(num_cpus=1, resources={"learner_slot": 1})
+    nodes = [_node("node1", 0, cpus=4), _node("node2", 0, cpus=4)]
+    for n in nodes:
+        n["Resources"]["learner_slot"] = 1.0
+    planned = planned_learner_nodes(ActorResources(num_cpus=1), slot, 2, 2, nodes)
+    assert planned == (1, 1)
+    check_learner_nodes(planned, ["node1", "node2"])
+
+
 def test_ranks_split_against_the_plan_are_refused_in_one_line():
     check_learner_nodes((8,), ["a"] * 8)
     check_learner_nodes((8, 4), ["a"] * 8 + ["b"] * 4)
