@@ -30,6 +30,21 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("overrides", nargs="*", help="hydra overrides, e.g. recipe=qwen7b_1x8 learner.world_size=8")
     plan.set_defaults(handler="seal.plan:run")
 
+    reh = sub.add_parser("rehearse", help="run a GPU recipe's topology on this CPU machine before renting GPUs (a few steps, tiny model)",
+                         description="Run the recipe's nodes (local logical Ray nodes with its GPUs as logical resources, or "
+                                     "cluster.address), placement, learner world size and ZeRO stage, generator replicas and "
+                                     "tensor parallelism, and weight-group calls (gloo for NCCL) for a few async steps with a "
+                                     "tiny model, a checkpoint each step and a snapshot; then report where every rank and replica "
+                                     "landed against `seal plan`, each collective group and its world size, each replica's "
+                                     "confirmed weight versions and canary, every rank's checkpoint shard, the step times and "
+                                     "what a CPU cannot rehearse. Writes RUN_DIR/rehearsal.json and rehearsal.txt; a topology "
+                                     "that would break on the cluster fails with one line (exit 2).")
+    reh.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    reh.add_argument("--steps", type=int, default=2, help="learner steps to run (default 2)")
+    reh.add_argument("--timeout", type=float, default=1800.0, help="seconds before a rehearsal that stops making progress fails (default 1800)")
+    reh.add_argument("overrides", nargs="*", help="recipe=NAME and hydra overrides, e.g. recipe=qwen7b_2x8 (cluster.address=auto: your CPU nodes)")
+    reh.set_defaults(handler="seal.rehearse:run")
+
     scale = sub.add_parser("scale", help="change the number of env actors or generator replicas of a running `seal train`")
     scale.add_argument("run_dir", help="the running run's directory")
     scale.add_argument("setting", metavar="env=N|generators=M", help="env actors or generator replicas wanted, e.g. env=4 or generators=2")
