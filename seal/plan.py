@@ -127,8 +127,10 @@ def demands(cluster: ClusterConfig, replicas: int, world: int, learner: Estimate
             + [Demand("env", i, ask(cluster.env_actor), ENV_ACTOR_HOST_GB) for i in range(cluster.env_actors)])
 
 
-def target_nodes(cluster: ClusterConfig, query: bool, asks_gpus: bool) -> tuple[list | None, str, list[str]]:
-    """(nodes or None when unknown, where they came from, notes)."""
+def target_nodes(cluster: ClusterConfig, query: bool, asks_gpus: bool, learner_ranks: int = 1,
+                 replicas: int = 1) -> tuple[list | None, str, list[str]]:
+    """(nodes or None when unknown, where they came from, notes). A local start's logical CPUs count
+    every learner rank and replica, as ``seal train``'s own start does (seal/placement.py)."""
     hw = cluster.hardware
     declared = "" if hw is None else (f"cluster.hardware: {hw.nodes} node{'s' * (hw.nodes > 1)} x ({hw.gpus_per_node} GPUs of "
                                       f"{hw.gpu_gb:g} GB, {hw.cpus_per_node} CPUs, {hw.memory_gb:g} GB host memory)")
@@ -151,8 +153,9 @@ def target_nodes(cluster: ClusterConfig, query: bool, asks_gpus: bool) -> tuple[
         from seal.placement import local_gpu_count
 
         gpus = local_gpu_count()
-    return hardware_nodes(local_machine(gpus, cluster.local_cpus())), \
-        f"this machine (a local Ray start: {cluster.local_cpus()} logical CPUs for {len(os.sched_getaffinity(0))} cores)", []
+    cpus = cluster.local_cpus(learner_ranks, replicas)
+    return hardware_nodes(local_machine(gpus, cpus)), \
+        f"this machine (a local Ray start: {cpus} logical CPUs for {len(os.sched_getaffinity(0))} cores)", []
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -166,7 +169,7 @@ def build_plan(cfg, query: bool = True) -> Plan:
     replicas = int(_select(cfg, "generator.replicas", 1))
     asks_gpus = ls.device == "cuda" or gs.device == "cuda" or any(
         getattr(cluster, a).num_gpus for a in ("generator", "learner", "env_actor", "coordinator"))
-    nodes, where, notes = target_nodes(cluster, query, asks_gpus)
+    nodes, where, notes = target_nodes(cluster, query, asks_gpus, ls.world_size, replicas)
     gpu_gb = next((n.gpu_gb for n in nodes or [] if n.gpu_gb), None)
     gen_est = generator_memory(m, gs, gpu_gb * GB if gpu_gb else None)
     lest = learner_memory(m, ls)

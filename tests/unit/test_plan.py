@@ -194,6 +194,18 @@ def test_the_cpu_default_plan_fits_this_machine_cheaply():
     check_fits(cfg)
 
 
+def test_a_local_plan_counts_the_logical_cpus_a_local_start_gives_every_rank_and_replica():
+    """`seal plan` on this machine lays out what `seal train`'s local Ray start has: its logical CPUs
+    count learner.world_size ranks and generator.replicas (it counted one of each)."""
+    from seal.config import instantiate
+
+    cfg = compose(["learner=zero3", "learner.world_size=4", "generator.replicas=2"])
+    plan = build_plan(cfg, query=False)
+    cpus = instantiate(cfg.cluster).local_cpus(4, 2)
+    assert f"a local Ray start: {cpus} logical CPUs" in plan.hardware
+    assert plan.fits, plan.problems
+
+
 def test_placement_against_a_clusters_resources():
     # What ray.nodes() reports (memory in bytes), e.g. a 4-GPU node and an 8-GPU node.
     def node(ip, gpus, cpus):
