@@ -25,6 +25,23 @@ Per-span versions come from vLLM itself: the engine labels every output
 token with the weight version it was sampled under (``set_weight_version``),
 and a finished output carries the spans (``CompletionOutput.weight_versions``).
 
+The prefix cache is partitioned by weight version: every request carries
+``cache_salt`` = the version it was issued under, which vLLM mixes into its
+block hashes, so a request never reads KV another request computed under
+other weights. vLLM's ``reset_prefix_cache`` (tried after every update, to free
+the old blocks at once) is refused while any block is held, which in ``keep``
+mode is always (the frozen requests hold theirs): without the salt, prefixes
+cached under old weights would serve requests stamped with newer versions for
+as long as the engine stayed busy. Refusals are counted
+(``prefix_cache_reset_refused``); the old blocks are unreachable and go by LRU.
+What ``keep`` does keep: a request in the engine at the update (running or
+queued) continues with the KV of its own version.
+
+``pause`` drains for at most ``drain_timeout_s`` (default half the update timeout,
+or of the weight group's timeout when weights come by broadcast, so the learner's
+first send never outwaits a drain); requests still running then are aborted and
+continued on the new weights as in ``abort`` (counted: ``drain_timeouts``).
+
 Weights reach the engine's workers (another process) three ways: a
 safetensors directory; name -> array records through ``collective_rpc``
 (vLLM's RPC encodes tensors as lists, so they travel as raw bytes:
@@ -39,59 +56,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from actors.generator import GenerationOutput, GenerationRequest, SamplingConfig, VersionSpan
+from actors.replica_counters import ReplicaCounters, merge_spans, version_of
 from actors.weight_buckets import WeightManifest
 
 UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
-
-
-@dataclass
-class ReplicaCounters:
-    requests: int = 0
-    finished: int = 0
-    continued: int = 0  # requests aborted by an update and continued on the new weights
-    generated_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    outstanding: int = 0  # requests in the engine or waiting for an update to end
-    outstanding_tokens: int = 0  # their prompt + new-token budget: the router's load measure
-    updates: int = 0
-    update_s: float = 0.0
-    busy_s: float = 0.0  # time with at least one request outstanding
-    started: float = field(default_factory=time.perf_counter)
-    _busy_since: float | None = None
-
-    def enter(self, tokens: int) -> None:
-        if self.outstanding == 0:
-            self._busy_since = time.perf_counter()
-        self.requests += 1
-        self.outstanding += 1
-        self.outstanding_tokens += tokens
-
-    def leave(self, tokens: int) -> None:
-        self.outstanding -= 1
-        self.outstanding_tokens -= tokens
-        if self.outstanding == 0 and self._busy_since is not None:
-            self.busy_s += time.perf_counter() - self._busy_since
-            self._busy_since = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if not k.startswith("_") and k != "started"}
-        if self._busy_since is not None:
-            d["busy_s"] += time.perf_counter() - self._busy_since
-        d["wall_s"] = time.perf_counter() - self.started
-        d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        return d
-
-
-def _version_of(label: str | None, default: int) -> int:
-    try:
-        return int(label) if label is not None else default
-    except ValueError:  # vLLM's "default" before the first set_weight_version
-        return default
 
 
 class AsyncVllmGenerator:
@@ -112,6 +83,7 @@ class AsyncVllmGenerator:
         update_mode: str = "pause",
         weight_sync: str = "reload",
         update_timeout_s: float = 600.0,
+        drain_timeout_s: float | None = None,
         await_weights: bool = False,
         setup: Callable[[], Any] | None = None,
     ) -> None:
@@ -135,6 +107,11 @@ class AsyncVllmGenerator:
         self.update_mode = update_mode
         self.weight_sync = weight_sync
         self.update_timeout_s = float(update_timeout_s)
+        if drain_timeout_s is not None and not 0 < float(drain_timeout_s) < self.update_timeout_s:
+            raise ValueError(f"drain_timeout_s must be > 0 and below update_timeout_s ({self.update_timeout_s:g}), "
+                             f"got {drain_timeout_s}")
+        self._drain_timeout_s = None if drain_timeout_s is None else float(drain_timeout_s)
+        self._group_timeout_s: float | None = None  # the weight group's, once joined
         self.counters = ReplicaCounters()
         self._engine_kwargs: dict[str, Any] = dict(
             model=self.model_path, dtype=self._dtype, max_model_len=self._max_model_len,
@@ -229,7 +206,8 @@ class AsyncVllmGenerator:
                 )
                 epoch, version_now = self._abort_epoch, self._version
                 final = None
-                prompt = TokensPrompt(prompt_token_ids=[*req.prompt_ids, *ids])
+                # The prefix cache is partitioned by weight version (module docstring).
+                prompt = TokensPrompt(prompt_token_ids=[*req.prompt_ids, *ids], cache_salt=f"seal-v{version_now}")
                 async for out in self._engine.generate(prompt, params, request_id=f"{req.request_id}#{piece}"):
                     final = out
                 if final is None or not final.outputs:
@@ -246,7 +224,7 @@ class AsyncVllmGenerator:
                     if span is None:  # the engine labelled nothing: the version when the piece started
                         spans.append(VersionSpan(offset, offset + len(new_ids), version_now))
                     else:
-                        spans.append(VersionSpan(offset + span.start, offset + span.end, _version_of(span.version, version_now)))
+                        spans.append(VersionSpan(offset + span.start, offset + span.end, version_of(span.version, version_now)))
                 ids.extend(new_ids)
                 logprobs.extend(new_lps)
                 finish = out.finish_reason or "abort"
@@ -261,7 +239,7 @@ class AsyncVllmGenerator:
         c.generated_tokens += len(ids)
         c.prompt_tokens += len(req.prompt_ids)
         c.cached_prompt_tokens += cached
-        spans = _merge(spans)
+        spans = merge_spans(spans)
         oldest = min((s.version for s in spans), default=self._version)
         return GenerationOutput(
             request_id=req.request_id, token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=oldest,
@@ -277,6 +255,7 @@ class AsyncVllmGenerator:
         or a name -> tensor mapping (callers in this process)."""
         from actors.generator_server import _as_tensors
         from actors.weight_buckets import fetch_bucket_async
+        from actors.weight_sync import weight_records
 
         async def load(engine) -> None:
             tensors = _as_tensors(source)
@@ -291,11 +270,11 @@ class AsyncVllmGenerator:
             if isinstance(tensors, WeightManifest):
                 who = f"generator replica loading v{version}"
                 for i in range(len(tensors.buckets)):
-                    records = _weight_records(await fetch_bucket_async(tensors, i, who, self.update_timeout_s))
+                    records = weight_records(await fetch_bucket_async(tensors, i, who, self.update_timeout_s))
                     await engine.collective_rpc("load_weight_records", kwargs={"records": records})
                     del records
             else:
-                await engine.collective_rpc("load_weight_records", kwargs={"records": _weight_records(tensors)})
+                await engine.collective_rpc("load_weight_records", kwargs={"records": weight_records(tensors)})
             await engine.collective_rpc("finish_weight_records")
 
         return await self._update(version, mode, load)
@@ -311,10 +290,21 @@ class AsyncVllmGenerator:
 
         if backend != ("nccl" if self._transfer_backend == "nccl" else "gloo"):
             raise ValueError(f"this replica transfers weights over {self._transfer_backend}; the learner asked for {backend}")
+        if self._drain_timeout_s is not None and self._drain_timeout_s >= float(timeout_s):
+            raise ValueError(f"drain_timeout_s ({self._drain_timeout_s:g}) must be below the weight group's timeout "
+                             f"({float(timeout_s):g} s): the learner's first send waits out the drain")
         engine = await self._ready()
-        info = init_info(host, port, rank, world_size, self._transfer_backend, timeout_s)
-        await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
-        self._group_ready = True
+        async with self._update_lock:  # never while a round is being received
+            if self._group_ready:
+                # Re-formed (a replica restored, the learner restarted): vLLM's NCCL engine would
+                # replace its communicator without closing the old one; close it first.
+                self._group_ready = False
+                await engine.shutdown_weight_transfer_engine()
+            info = init_info(host, port, rank, world_size, self._transfer_backend, timeout_s,
+                             label=f"generator replica pid {os.getpid()}")
+            await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+            self._group_ready = True
+            self._group_timeout_s = float(timeout_s)
         return list(range(int(rank), int(rank) + int(self._engine_kwargs["tensor_parallel_size"])))
 
     async def update_weights_from_group(self, version: int, metadata: list, mode: str | None = None) -> float:
@@ -370,17 +360,38 @@ class AsyncVllmGenerator:
             return seconds
 
     async def _swap(self, engine, version: int, mode: str, load) -> None:
-        # keep: the frozen requests' KV cache must survive the pause.
-        await engine.pause_generation(mode=UPDATE_MODES[mode], clear_cache=mode != "keep")
+        await self._pause(engine, mode)
         try:
             await load(engine)
             await engine.collective_rpc("refresh_tied_weights")
             await engine.update_weight_version(str(version))
-            # Cached prefixes were computed by the old weights (keep: the frozen
-            # requests hold theirs; only free blocks are dropped).
-            await engine.reset_prefix_cache()
+            # Blocks cached under the old weights go now if nothing holds one (pause, abort); keep's
+            # frozen requests hold theirs and vLLM refuses. Either way no later request reads them:
+            # its cache_salt is the new version.
+            if not await engine.reset_prefix_cache():
+                self.counters.prefix_cache_reset_refused += 1
         finally:
             await engine.resume_generation()
+
+    def drain_timeout_s(self) -> float:
+        """How long a pause-mode update waits for requests in flight to finish."""
+        if self._drain_timeout_s is not None:
+            return self._drain_timeout_s
+        bound = self.update_timeout_s if self._group_timeout_s is None else min(self.update_timeout_s, self._group_timeout_s)
+        return bound / 2
+
+    async def _pause(self, engine, mode: str) -> None:
+        if mode != "pause":  # keep: the frozen requests' KV cache must survive the pause
+            await engine.pause_generation(mode=UPDATE_MODES[mode], clear_cache=mode != "keep")
+            return
+        try:
+            await asyncio.wait_for(engine.pause_generation(mode="wait", clear_cache=True), self.drain_timeout_s())
+        except asyncio.TimeoutError:
+            # What is still running is aborted and continued on the new weights (abort mode), so the
+            # update (and the learner's send, by broadcast) never waits out a long request.
+            self._abort_epoch += 1
+            self.counters.drain_timeouts += 1
+            await engine.pause_generation(mode="abort", clear_cache=True)
 
     # ------------------------------------------------------- diagnostics
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
@@ -428,29 +439,3 @@ class AsyncVllmGenerator:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
-
-
-def _merge(spans: list[VersionSpan]) -> list[VersionSpan]:
-    """Adjacent spans of one version become one (a continued piece often starts on the same version)."""
-    out: list[VersionSpan] = []
-    for s in spans:
-        if s.end == s.start and out:
-            continue
-        if out and out[-1].version == s.version and out[-1].end == s.start:
-            out[-1] = VersionSpan(out[-1].start, s.end, s.version)
-        else:
-            out.append(s)
-    return out
-
-
-def _weight_records(tensors: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """name -> tensor as msgpack-safe records (raw bytes; bf16 keeps its dtype name)."""
-    import torch
-
-    records = []
-    for name, t in tensors.items():
-        t = t.detach().contiguous().cpu()
-        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-        records.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                        "data": raw.numpy().tobytes()})
-    return records

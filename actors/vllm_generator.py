@@ -5,7 +5,12 @@ auto (bf16 where the CPU has AMX or AVX512-BF16, else fp32: actors/precision.py)
 in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0: 6 s start instead of
 30 s), eager mode (no inductor compile at every start), thread binding from
 config, a bounded KV cache. Weights reload in place through
-``collective_rpc("reload_weights")``; the prefix cache is reset after.
+``collective_rpc``: a snapshot directory by path, a mapping or the learner's
+WeightManifest as records of raw bytes, one bucket per call
+(``WeightSyncExtension.load_weight_records``): on CUDA the engine core is a
+process of its own and every RPC argument crosses it by msgpack, so no Python
+iterator may be handed over (tests/integration/test_generator_multiproc.py runs
+this with multiprocessing on). The prefix cache is reset after.
 
 The workers always carry actors/weight_sync.py (a vLLM worker extension):
 after a reload it re-derives the CPU kernel of a tied lm_head, which vLLM's
@@ -122,7 +127,7 @@ class VllmGenerator(Generator):
     def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
         """A snapshot directory, a WeightManifest (actors/weight_buckets.py) or a name -> tensor
         mapping (callers in this process); seconds taken."""
-        from actors.weight_buckets import WeightManifest, manifest_weights
+        from actors.weight_buckets import WeightManifest, fetch_buckets
 
         self._check_version(version)
         t0 = time.perf_counter()
@@ -130,18 +135,29 @@ class VllmGenerator(Generator):
             if not os.path.isdir(source):
                 raise FileNotFoundError(f"weights directory not found: {source}")
             self._llm.collective_rpc("reload_weights", kwargs={"weights_path": source})
-        elif isinstance(source, WeightManifest):
-            # One reload over every bucket, fetched lazily as the loader walks the iterator (the
-            # in-process engine calls it here): a layer whose weights span two buckets is still
-            # processed once, whole; held meanwhile: the bucket being loaded and the tensors of a
-            # layer not yet complete, never the whole model.
-            weights = manifest_weights(source, f"generator loading v{version}")
-            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         else:
-            items = list(source.items())
-            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+            # What crosses collective_rpc must survive msgpack: on CUDA the engine core is a process
+            # of its own (VLLM_ENABLE_V1_MULTIPROCESSING, on by default), so a weights iterator
+            # cannot be handed over. Records of raw bytes go, one bucket at a time, into one
+            # layerwise reload the workers hold open (WeightSyncExtension.begin/load/finish_weight_records):
+            # a layer whose weights span two buckets is still processed once, whole; held meanwhile:
+            # one bucket here and in the workers, never the whole model.
+            buckets = (fetch_buckets(source, f"generator loading v{version}") if isinstance(source, WeightManifest)
+                       else [source])
+            self._load_records(buckets)
         self._llm.collective_rpc("refresh_tied_weights")  # receive_weights does this itself
         return self._loaded(version, t0)
+
+    def _load_records(self, buckets) -> None:
+        from actors.weight_sync import weight_records
+
+        self._llm.collective_rpc("begin_weight_records")
+        for tensors in buckets:
+            records = weight_records(tensors)
+            del tensors
+            self._llm.collective_rpc("load_weight_records", kwargs={"records": records})
+            del records
+        self._llm.collective_rpc("finish_weight_records")
 
     def init_weight_group(self, host: str, port: int, world_size: int, rank: int = 1, backend: str | None = None,
                           timeout_s: float = 600.0) -> list[int]:
@@ -155,7 +171,8 @@ class VllmGenerator(Generator):
             raise RuntimeError("init_weight_group needs weight_sync=broadcast in the generator config")
         backend = backend or ("nccl" if self.device == "cuda" else "gloo")
         ranks = self._llm.collective_rpc("init_weight_group", kwargs=dict(
-            host=host, port=int(port), rank=int(rank), world_size=int(world_size), backend=backend, timeout_s=float(timeout_s)))
+            host=host, port=int(port), rank=int(rank), world_size=int(world_size), backend=backend,
+            timeout_s=float(timeout_s), label=f"generator replica pid {os.getpid()}"))
         self._group_ready = True
         return list(ranks)
 
@@ -183,8 +200,12 @@ class VllmGenerator(Generator):
             raise ValueError(f"weight version {version} is older than the loaded {self.policy_version}")
 
     def _loaded(self, version: int, t0: float) -> float:
-        # Cached KV blocks were computed by the old weights.
-        self._llm.reset_prefix_cache()
+        # Cached KV blocks were computed by the old weights. Updates run between generate calls, so
+        # no request holds a block and vLLM's reset cannot be refused; if it were, every later
+        # request could read old-weight KV: stop here rather than serve it under the new version.
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError(f"vLLM refused to reset the prefix cache after loading v{version} "
+                               "(a request still holds KV blocks between generate calls)")
         self.policy_version = version
         return time.perf_counter() - t0
 

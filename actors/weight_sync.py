@@ -15,7 +15,9 @@ stays whatever DeepSpeed or vLLM made it.
 
 One round: the caller gives every worker the metadata (name, dtype, shape of
 each tensor in sending order) while rank 0 broadcasts the tensors in that
-order. A worker receives each into a fresh buffer on its device and feeds
+order. Every operation is bounded (``WeightGroup``'s watchdog): a member gone
+or stalled ends the round on every side with ``WeightGroupError`` naming the
+members, and the group must be re-formed. A worker receives each into a fresh buffer on its device and feeds
 them, a bucket at a time, to vLLM's in-place reload (``reload_weights`` with a
 weights iterator), which wraps the model's ``load_weights`` in the layerwise
 reload that re-runs weight processing; on CPU a bare ``load_weights`` fails
@@ -83,25 +85,52 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+OP_TIMEOUT_S = 120.0  # one tensor of a round once the round is under way (the first waits the group timeout)
+_MEMBER_KEY = "seal-weight-member/"  # rank -> who holds it, for errors that name the members
+
+
+class WeightGroupError(RuntimeError):
+    """A broadcast round failed: a member gone or stalled, or the group closed. The group is
+    aborted and refuses further rounds; the caller re-forms it (a new group, every member)."""
+
+
 class WeightGroup:
     """One member of the weight group; ``broadcast`` sends from rank 0 and fills the buffer elsewhere.
 
     The constructor blocks until all ``world_size`` members have joined, so
     rank 0 and the workers must open it concurrently (rank 0 hosts the store).
+
+    Every operation has a bound (the watchdog torch's own NCCL groups have and
+    vLLM's PyNccl communicator lacks): the first of a round (``begin_round``)
+    waits up to ``timeout_s``, since members may still be finishing other work
+    (a replica draining its requests, a learner rank its previous call); each
+    later one ``op_timeout_s``. On NCCL the host polls the operation's CUDA event
+    and NCCL's asynchronous error (a peer gone over a network transport is seen at
+    once; over NVLink only the bound sees it); on gloo a peer gone is an error at
+    once and the bound is gloo's per-operation timeout. Either way the group is
+    aborted and the error names the operation and the members (each writes who
+    it is into the store at join: ``label``).
     """
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                 device: str | torch.device = "cpu", timeout_s: float = 600.0) -> None:
+                 device: str | torch.device = "cpu", timeout_s: float = 600.0,
+                 op_timeout_s: float = OP_TIMEOUT_S, label: str | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+        if timeout_s <= 0 or op_timeout_s <= 0:
+            raise ValueError(f"timeouts must be > 0, got timeout_s={timeout_s}, op_timeout_s={op_timeout_s}")
         self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.timeout_s, self.op_timeout_s = float(timeout_s), min(float(op_timeout_s), float(timeout_s))
         self.device = _resolve_device(device)
+        self._failed: str | None = None
+        self._first = True  # the next operation starts a round
+        self._comm = self._pg = self._store = None
         if backend == "nccl" and self.device.type != "cuda":
             raise ValueError(f"nccl needs a CUDA device, got {self.device}")
         if backend == "gloo":
-            from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
+            from torch.distributed import PrefixStore, TCPStore
             from torch.distributed.distributed_c10d import ProcessGroupGloo
 
             from actors.netif import use_node_interface
@@ -111,8 +140,6 @@ class WeightGroup:
             store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
             self._pg = ProcessGroupGloo(PrefixStore(_STORE_PREFIX, store), rank, world_size, timeout)
             self._store = store  # the group only borrows it
-            self._opts = BroadcastOptions()
-            self._opts.rootRank = 0
         else:
             from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
             from vllm.distributed.utils import StatelessProcessGroup
@@ -120,16 +147,121 @@ class WeightGroup:
             pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
                                               store_timeout=int(timeout_s))
             self._comm = PyNcclCommunicator(pg, device=self.device)
+            self._store = pg.store
+        self._announce(label)
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
+    # ------------------------------------------------------------ members
+    def _announce(self, label: str | None) -> None:
+        import os
+        import socket
+
+        if self.rank == 0 or self._store is None:
+            return
+        who = label or f"pid {os.getpid()} on {socket.gethostname()}"
+        try:
+            self._store.set(f"{_MEMBER_KEY}{self.rank}", who)
+        except Exception:  # naming is for error messages only; a store hiccup must not fail the join
+            pass
+
+    def members(self) -> dict[int, str]:
+        """rank -> who (as each member announced itself; members that did not are left out)."""
+        out: dict[int, str] = {}
+        if self._store is None:
+            return out
+        for r in range(1, self.world_size):
+            key = f"{_MEMBER_KEY}{r}"
+            try:
+                if self._store.check([key]):
+                    out[r] = self._store.get(key).decode()
+            except Exception:
+                break  # the store went with rank 0
+        return out
+
+    def describe(self) -> str:
+        named = self.members()
+        listed = "; ".join(f"rank {r}: {named.get(r, '(not announced)')}" for r in range(1, self.world_size))
+        return f"weight group ({self.backend}, rank {self.rank} of {self.world_size}; receivers {listed})"
+
+    # -------------------------------------------------------------- rounds
+    def begin_round(self) -> None:
+        """The next operation starts a round: it may wait up to ``timeout_s``."""
+        self._first = True
+
+    def broadcast(self, tensor: torch.Tensor, what: str = "") -> None:
+        """Send (rank 0) or receive ``tensor``; ``what`` names it in errors."""
+        if self._failed is not None:
+            raise WeightGroupError(f"{self._failed}; the group was aborted: re-form it before another round")
+        if self._pg is None and self._comm is None:
+            raise WeightGroupError("broadcast on a closed weight group")
         if tensor.device != self.device:
             raise ValueError(f"tensor is on {tensor.device}, the group works on {self.device}")
         if not tensor.is_contiguous():
             raise ValueError("broadcast needs a contiguous tensor")
+        bound = self.timeout_s if self._first else self.op_timeout_s
+        self._first = False
         if self.backend == "gloo":
-            self._pg.broadcast([tensor], self._opts).wait()
+            from torch.distributed import BroadcastOptions
+
+            opts = BroadcastOptions()
+            opts.rootRank = 0
+            opts.timeout = timedelta(seconds=bound)
+            try:
+                self._pg.broadcast([tensor], opts).wait()
+            except RuntimeError as exc:
+                self._fail(what, bound, str(exc).splitlines()[0])
         else:
-            self._comm.broadcast(tensor, src=0, stream=torch.cuda.current_stream(self.device))
+            stream = torch.cuda.current_stream(self.device)
+            self._comm.broadcast(tensor, src=0, stream=stream)
+            self._watch(stream, what, bound)
+
+    def _watch(self, stream, what: str, bound: float) -> None:
+        """Wait for the NCCL operation just queued on ``stream``, within ``bound``, watching NCCL's errors."""
+        import time
+
+        done = torch.cuda.Event()
+        done.record(stream)
+        deadline = time.monotonic() + bound
+        pause = 1e-4
+        while not done.query():
+            error = self._nccl_async_error()
+            if error:
+                self._fail(what, bound, f"NCCL reported {error}")
+            if time.monotonic() > deadline:
+                self._fail(what, bound, f"not complete within {bound:.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+    def _nccl_async_error(self) -> str | None:
+        """NCCL's asynchronous error on the communicator (a peer's connection lost), or None;
+        None also where the library does not expose it."""
+        import ctypes
+
+        try:
+            nccl, comm = self._comm.nccl, self._comm.comm
+            handle = comm if isinstance(comm, ctypes.c_void_p) else ctypes.c_void_p(comm)
+            result = ctypes.c_int(0)
+            if nccl.lib.ncclCommGetAsyncError(handle, ctypes.byref(result)) != 0:
+                return None
+        except (AttributeError, OSError):
+            return None
+        if result.value in (0, 7):  # ncclSuccess, ncclInProgress
+            return None
+        return nccl.ncclGetErrorString(result.value)
+
+    def _fail(self, what: str, bound: float, cause: str) -> None:
+        """Abort the group (pending operations end; the other members see their peer gone) and raise."""
+        self._failed = (f"{self.describe()}: broadcast of {what or 'a tensor'} failed "
+                        f"(bound {bound:.0f} s): {cause}. A member is gone or stalled")
+        self._abort()
+        raise WeightGroupError(self._failed)
+
+    def _abort(self) -> None:
+        comm, pg = self._comm, self._pg
+        self._comm = self._pg = None
+        if comm is not None:
+            comm.destroy()  # ncclCommAbort in a bounded thread (vLLM's PyNcclCommunicator)
+        if pg is not None:
+            pg.abort()
 
     def synchronize(self) -> None:
         """NCCL calls only enqueue work; wait for it (timing, or handing buffers to another stream)."""
@@ -137,9 +269,28 @@ class WeightGroup:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        if self.backend == "nccl" and getattr(self, "_comm", None) is not None:
+        """End this member's part: the communicator's resources go now, not whenever the garbage collector runs."""
+        if self._comm is not None:
             self._comm.destroy()
+        if self._pg is not None:
+            self._pg.shutdown()
         self._comm = self._pg = self._store = None
+
+    @property
+    def closed(self) -> bool:
+        return self._comm is None and self._pg is None
+
+
+def weight_records(tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """name -> tensor as records that cross vLLM's multiprocess RPC (msgpack): raw bytes with dtype
+    and shape (bf16 as its int16 bits, keeping its dtype name). ``load_weight_records`` reads them."""
+    records = []
+    for name, t in (tensors.items() if isinstance(tensors, Mapping) else tensors):
+        t = torch.as_tensor(t).detach().contiguous().cpu()
+        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        records.append({"name": str(name), "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                        "data": raw.numpy().tobytes()})
+    return records
 
 
 def refresh_tied_cpu_weights(model: torch.nn.Module) -> int:
@@ -227,14 +378,22 @@ class WeightSyncExtension:
         refresh_tied_cpu_weights(self.get_model())
 
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                          timeout_s: float = 600.0) -> int:
-        """``rank`` is the group rank of the engine's first worker; tensor-parallel worker i takes rank + i."""
-        my_rank = rank + int(getattr(self, "rank", 0))
-        old = getattr(self, "_seal_weight_group", None)
-        if old is not None:  # a new learner (e.g. restarted): the old group's peer is gone
+                          timeout_s: float = 600.0, label: str = "") -> int:
+        """``rank`` is the group rank of the engine's first worker; tensor-parallel worker i takes rank + i.
+        ``label``: who this engine is (the rank-0 side names it in errors)."""
+        worker = int(getattr(self, "rank", 0))
+        my_rank = rank + worker
+        old, self._seal_weight_group = getattr(self, "_seal_weight_group", None), None
+        if old is not None:  # re-formed (a replica restored, a learner restarted): the old communicator goes first
             old.close()
-        self._seal_weight_group = WeightGroup(host, port, my_rank, world_size, backend, self.device, timeout_s)
+        who = f"{label or 'generator'} worker {worker}"
+        self._seal_weight_group = WeightGroup(host, port, my_rank, world_size, backend, self.device, timeout_s, label=who)
         return my_rank
+
+    def weight_group_open(self) -> bool:
+        """Whether this worker holds an open weight group (tests: a re-formed group leaves none behind)."""
+        group = getattr(self, "_seal_weight_group", None)
+        return group is not None and not group.closed
 
     def receive_weights(self, metadata: list[WeightMeta | Mapping[str, Any]], bucket_bytes: int = 1 << 30) -> int:
         """Receive one round from rank 0 and load it in place; returns the number of tensors.
@@ -252,13 +411,14 @@ class WeightSyncExtension:
             raise RuntimeError("receive_weights before init_weight_group")
         metas = [WeightMeta.from_wire(m) for m in metadata]
         state = {"received": 0, "comm_failed": False}
+        group.begin_round()
 
         def arriving():
             bucket, size = [], 0
             for i, meta in enumerate(metas):
                 buf = torch.empty(meta.shape, dtype=meta.torch_dtype, device=self.device)
                 try:
-                    group.broadcast(buf)
+                    group.broadcast(buf, meta.name)
                 except Exception:
                     state["comm_failed"] = True
                     raise

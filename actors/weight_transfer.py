@@ -40,11 +40,14 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(BACKEND, __name__, "GlooWeightTransferEngine")
 
 
-def init_info(host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0) -> dict:
-    """The payload of ``init_weight_transfer_engine`` for ``backend`` (TCPStore rendezvous on host:port)."""
+def init_info(host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0,
+              label: str = "") -> dict:
+    """The payload of ``init_weight_transfer_engine`` for ``backend`` (TCPStore rendezvous on host:port).
+    ``label``: who the engine is, named by the rank-0 side in errors (seal_gloo only: vLLM's NCCL
+    init info has no such field)."""
     if backend == BACKEND:
         return {"host": host, "port": int(port), "rank_offset": int(rank_offset), "world_size": int(world_size),
-                "timeout_s": float(timeout_s)}
+                "timeout_s": float(timeout_s), "label": str(label)}
     return {"master_address": host, "master_port": int(port), "rank_offset": int(rank_offset),
             "world_size": int(world_size), "packed": False}
 
@@ -71,6 +74,7 @@ class GlooInitInfo(WeightTransferInitInfo):
     rank_offset: int
     world_size: int
     timeout_s: float = 600.0
+    label: str = ""
 
 
 @dataclass
@@ -101,10 +105,14 @@ class GlooWeightTransferEngine(WeightTransferEngine):
 
         p = self.parallel_config
         rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
-        if self.group is not None:  # a new learner (restarted): the old group's root is gone
-            self.group.close()
+        if self.group is not None and not self.group.closed:
+            # As vLLM's NCCL engine, which would leak the old communicator here: a re-formed group
+            # needs shutdown_weight_transfer_engine first. Refusing (not closing quietly) makes a
+            # CPU run catch a caller that would leak on GPU.
+            raise RuntimeError("seal_gloo weight transfer: init_transfer_engine while the previous group is open; "
+                               "call shutdown_weight_transfer_engine first (vLLM's NCCL engine would leak it)")
         self.group = WeightGroup(init_info.host, init_info.port, rank, init_info.world_size, "gloo", self.device,
-                                 init_info.timeout_s)
+                                 init_info.timeout_s, label=f"{init_info.label or 'generator'} worker {p.rank}")
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -114,9 +122,10 @@ class GlooWeightTransferEngine(WeightTransferEngine):
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError("seal_gloo weight transfer: update_weights before init_weight_transfer_engine")
+        self.group.begin_round()
         for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
             weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
-            self.group.broadcast(weight)
+            self.group.broadcast(weight, name)
             self.model.load_weights([(name, weight)])
 
     def finish_weight_update(self) -> None:

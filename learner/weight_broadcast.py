@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, Mapping
 import torch
 
 from actors.weight_buckets import bucket_bounds
-from actors.weight_sync import WeightGroup, WeightMeta
+from actors.weight_sync import OP_TIMEOUT_S, WeightGroup, WeightGroupError, WeightMeta
 
 
 def weight_buckets(params: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int,
@@ -64,24 +64,36 @@ class WeightBroadcaster:
 
     ``dtype`` casts before sending (e.g. fp32 learner weights to a bf16 vLLM:
     half the bytes on the wire); the metadata given to workers must say the same.
+    A round's first tensor waits up to ``timeout_s`` for the receivers (a replica
+    draining its requests), each later one ``op_timeout_s``; a receiver gone or
+    stalled fails the round with ``WeightGroupError`` naming the members, and the
+    group is aborted (actors/weight_sync.py): the caller re-forms it.
     """
 
     def __init__(self, host: str, port: int, world_size: int, backend: str = "gloo",
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, op_timeout_s: float = OP_TIMEOUT_S) -> None:
         device = device if device is not None else ("cuda" if backend == "nccl" else "cpu")
-        self.group = WeightGroup(host, port, 0, world_size, backend, device, timeout_s)
+        self.group = WeightGroup(host, port, 0, world_size, backend, device, timeout_s, op_timeout_s)
         self.device = self.group.device
         self.dtype = dtype
 
     def broadcast(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> float:
         """Send every tensor, in order; returns seconds until the last one is on the wire and done."""
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        items = iter(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         t0 = time.perf_counter()
+        self.group.begin_round()
         with torch.no_grad():
-            for _, tensor in items:
-                out = tensor.detach().to(device=self.device, dtype=self.dtype or tensor.dtype).contiguous()
-                self.group.broadcast(out)  # the root's buffer is only read: no copy needed when already in place
+            try:
+                for name, tensor in items:
+                    out = tensor.detach().to(device=self.device, dtype=self.dtype or tensor.dtype).contiguous()
+                    self.group.broadcast(out, name)  # the root's buffer is only read: no copy needed when already in place
+            except WeightGroupError:
+                # Under ZeRO-3 the other learner ranks are in this walk's bucket gathers: finish
+                # the walk (nothing sent) so they are not left in a collective rank 0 never joins.
+                for _ in items:
+                    pass
+                raise
         self.group.synchronize()
         return time.perf_counter() - t0
 

@@ -16,7 +16,9 @@ SCALARS = ("reward_mean", "policy_version", "prefix_cache_hit_rate", "env_tool_c
            "mismatch_abs_logprob_diff", "offpolicy_kl", "is_weight_mean", "is_weight_max", "is_truncated_frac", "ess",
            "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "entropy", "grad_norm", "response_len_mean",
            "response_len_max", "response_truncated_frac", "tool_calls_per_episode", "parse_failures_per_episode",
-           "token_staleness_mean", "token_staleness_max", "tokens_per_s_per_device")
+           "token_staleness_mean", "token_staleness_max", "tokens_per_s_per_device",
+           # generator replicas' weight updates (seal/step_metrics.py replica_metrics)
+           "prefix_cache_reset_refused", "drain_timeouts")
 GROUPS = ("tag_weights", "tag_fractions", "success_by_category", "reward_by_category", "wait_s", "idle_ratio")
 
 

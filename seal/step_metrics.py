@@ -170,6 +170,10 @@ def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[st
         "replica_outstanding_tokens": {n: r.get("outstanding_tokens", 0) for n, r in replicas.items()},
         "replica_queue_depth": {n: r.get("outstanding", 0) for n, r in replicas.items()},  # requests in the engine or waiting
         "replica_prefix_cache_hit_rate": {n: r["prefix_cache_hit_rate"] for n, r in replicas.items() if "prefix_cache_hit_rate" in r},
+        # Since each replica started (async replicas; actors/async_vllm_generator.py): updates after which vLLM
+        # kept the old prefix cache (requests after them never read it), pause drains cut short by their bound.
+        "prefix_cache_reset_refused": sum(r.get("prefix_cache_reset_refused", 0) for r in replicas.values()),
+        "drain_timeouts": sum(r.get("drain_timeouts", 0) for r in replicas.values()),
         "replica_groups_routed": {n: load.routed for n, load in fleet.router.load.items()},
         "weight_sync_timeouts": c.update_timeouts,
         "weight_sync_failed_replicas": failed,

@@ -235,3 +235,111 @@ def test_a_group_plays_its_episodes_independently(replica, tiny_path):
         assert t.num_steps >= 1 and all(s.policy_version == t.start_version for s in t.segments)
     # One call per turn of each episode, not one per step of the group.
     assert client.calls == sum(t.num_steps for t in group) and stats.generated_tokens > 0
+
+
+LONG_PROMPT = [100 + (37 * i) % 4000 for i in range(600)]  # several KV blocks whatever the CPU block size
+
+
+def _hf_next_logprob(tiny_path, weights, prompt, token) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, torch_dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)
+    model.tie_weights()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].float()
+    return float(torch.log_softmax(logits, -1)[token])
+
+
+def test_keep_update_with_requests_in_flight_never_serves_prefixes_cached_under_old_weights(replica, tiny_weights, tiny_path):
+    """vLLM refuses the prefix-cache reset while the kept request holds blocks; a request issued
+    after the update must still compute its prefix under the new weights (cache_salt per version)."""
+    gen, loop = replica
+    before = loop.run(_call(gen.policy_version))
+    refused = gen.stats().get("prefix_cache_reset_refused", 0)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=1)
+    warm = loop.run(gen.generate([_req("warm", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
+    again = loop.run(gen.generate([_req("warm-again", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
+    assert again.cached_prompt_tokens > 0  # LONG_PROMPT's blocks are cached under the old weights
+    running = loop.submit(gen.generate([_req("kept", 1500)], SamplingConfig(temperature=1.0, max_new_tokens=1500)))
+    time.sleep(1.0)
+    new = _perturbed(tiny_weights, 1.05)
+    loop.run(gen.update_weights(before + 1, new, mode="keep"))
+    after = loop.run(gen.generate([_req("after", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
+    assert after.policy_version == before + 1
+    want = _hf_next_logprob(tiny_path, new, LONG_PROMPT, after.token_ids[0])
+    assert abs(warm.logprobs[0] - want) > 1e-3  # the old weights' answer differs: the checks below can fail
+    assert after.cached_prompt_tokens == 0, "a prefix cached under the old weights served the new version"
+    assert abs(after.logprobs[0] - want) < 1e-3
+    assert gen.stats()["prefix_cache_reset_refused"] == refused + 1  # the kept request held its blocks
+    reuse = loop.run(gen.generate([_req("after-again", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
+    assert reuse.cached_prompt_tokens > 0 and abs(reuse.logprobs[0] - want) < 1e-3  # caching within a version stays
+    kept = running.result(300)[0]
+    assert [s.version for s in kept.version_spans()] == [before, before + 1]
+
+
+def test_a_pause_update_drains_no_longer_than_its_bound(replica, tiny_weights):
+    """A request longer than the drain bound is aborted at the bound and continued on the new
+    weights (as in abort mode), so a broadcast round never outwaits the drain."""
+    gen, loop = replica
+    before = loop.run(_call(gen.policy_version))
+    stats0 = gen.stats()
+    bound, gen._drain_timeout_s = getattr(gen, "_drain_timeout_s", None), 1.0  # the default: half the update timeout
+    try:
+        running = loop.submit(gen.generate([_req("long-drain", 1500)], SamplingConfig(temperature=1.0, max_new_tokens=1500)))
+        time.sleep(1.0)
+        loop.run(gen.update_weights(before + 1, _perturbed(tiny_weights, 1.0 + 0.01 * (before + 1)), mode="pause"))
+        out = running.result(300)[0]
+    finally:
+        gen._drain_timeout_s = bound
+    assert [s.version for s in out.version_spans()] == [before, before + 1]
+    assert len(out.token_ids) == 1500 and out.finish_reason == "length"
+    stats = gen.stats()
+    assert stats["continued"] == stats0["continued"] + 1
+    assert stats["drain_timeouts"] == stats0.get("drain_timeouts", 0) + 1
+
+
+def test_a_drain_bound_not_below_the_group_timeout_is_refused(replica):
+    gen, loop = replica
+    bound, gen._drain_timeout_s = gen._drain_timeout_s, 90.0
+    try:
+        with pytest.raises(ValueError, match="below the weight group's timeout"):
+            loop.run(gen.join_weight_group("127.0.0.1", 1, 2, "gloo", 1, 60.0))
+    finally:
+        gen._drain_timeout_s = bound
+
+
+def _one_round_over_a_new_group(gen, loop, weights) -> int:
+    import socket
+
+    from actors.weight_sync import weight_metadata
+    from learner.weight_broadcast import WeightBroadcaster
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    joined = loop.submit(gen.join_weight_group("127.0.0.1", port, 2, "gloo", 1, 60.0))
+    sender = WeightBroadcaster("127.0.0.1", port, 2, "gloo", timeout_s=60)
+    try:
+        assert joined.result(120) == [1]
+        version = loop.run(_call(gen.policy_version)) + 1
+        received = loop.submit(gen.update_weights_from_group(version, [m.to_wire() for m in weight_metadata(weights.items())]))
+        sender.broadcast(weights)
+        received.result(120)
+    finally:
+        sender.close()
+    return version
+
+
+def test_a_reformed_weight_group_closes_the_engines_old_one_first(replica, tiny_weights, tiny_path):
+    """Re-forming (a replica restored, the learner restarted) goes through vLLM's
+    shutdown_weight_transfer_engine: vLLM's NCCL engine would otherwise keep the old
+    communicator, and seal_gloo refuses a second group over an open one to show it on CPU."""
+    gen, loop = replica
+    _one_round_over_a_new_group(gen, loop, _perturbed(tiny_weights, 1.01))
+    new = _perturbed(tiny_weights, 0.99)
+    version = _one_round_over_a_new_group(gen, loop, new)
+    assert loop.run(_call(gen.policy_version)) == version
+    got, want = loop.run(gen.prompt_logprobs(PROMPT)), _hf_logprobs(tiny_path, new)
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
