@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "that would break on the cluster fails with one line (exit 2).")
     reh.add_argument("--json", action="store_true", help="print the report as one JSON object")
     reh.add_argument("--steps", type=int, default=2, help="learner steps to run (default 2)")
-    reh.add_argument("--timeout", type=float, default=1800.0, help="seconds before a rehearsal that stops making progress fails (default 1800)")
+    reh.add_argument("--timeout", type=float, default=1800.0, help="seconds the whole rehearsal may take; past them it fails naming the phase it was in and any actor Ray has not placed (default 1800)")
     reh.add_argument("overrides", nargs="*", help="recipe=NAME and hydra overrides, e.g. recipe=qwen7b_2x8 (cluster.address=auto: your CPU nodes)")
     reh.set_defaults(handler="seal.rehearse:run")
 

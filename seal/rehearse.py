@@ -212,10 +212,7 @@ def _rehearse(report, target, user, address, hardware, run_dir: Path, steps: int
             raise
         report.failures.append(watchdog.reason)
     except Exception as exc:  # noqa: BLE001 - a crash is what a rehearsal reports
-        from seal.preflight import one_line
-
-        text = one_line(getattr(exc, "error_msg", None) or exc) or exc.__class__.__name__
-        report.failures.append(f"{text[:600]} (while {watchdog.phase})")
+        report.failures.append(f"{failure_line(exc)} (while {watchdog.phase})")
     finally:
         watchdog.stop()
         try:
@@ -228,6 +225,19 @@ def _rehearse(report, target, user, address, hardware, run_dir: Path, steps: int
                 local.close()
             report.wall_s = time.monotonic() - started
             report.peak_rss_gb = memory.stop()
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line for what stopped the run. Ray's memory monitor killing an actor is this machine running
+    out of memory, not the topology failing: said so, without Ray's advice paragraph."""
+    from seal.preflight import one_line
+
+    text = one_line(getattr(exc, "error_msg", None) or exc) or exc.__class__.__name__
+    if "out of memory" in text.lower() or "OutOfMemoryError" in text:
+        head = text.split(": Refer to the documentation")[0].split(": Task was killed")[0]
+        return (f"{head}: killed by Ray's memory monitor: this machine ran out of memory for the rehearsal "
+                f"(a limit of the machine rehearsing, not of the topology; more memory or fewer other processes)")
+    return text[:600]
 
 
 def _start_pipeline(overrides: list[str], run_dir: Path, progress, watchdog):
@@ -326,6 +336,8 @@ def _snapshot(run_dir: Path, steps: int) -> dict[str, Any]:
     try:
         last = read_snapshots(Path(run_dir))[-1]
     except (FileNotFoundError, IndexError):
+        return {}
+    if not last["step"]:  # A_0: the base model, written before any step
         return {}
     weights = Path(run_dir) / last["weights"]
     files = sorted(p.name for p in weights.iterdir()) if weights.is_dir() else []

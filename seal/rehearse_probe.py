@@ -101,10 +101,14 @@ class RehearsalPipeline(Pipeline):
         self.actors.learners._check_pending()  # a broadcast still running: its failure surfaces here
 
     def learner_ranks(self) -> list[dict[str, Any]]:
-        """Per rank: node id, IP, pid, and its share of the model's parameters (ZeRO-3: 1 / world)."""
-        shares = self.actors.learners.param_shares()
-        return [{**node, "rank": r, "held": s["held"], "total": s["total"]}
-                for r, (node, s) in enumerate(zip(self.actors.learners.nodes, shares))]
+        """Per rank: node id, IP, pid, and its share of the model's parameters (ZeRO-3: 1 / world); a group
+        closed by a failure (its actors gone) still says where its ranks ran, without shares."""
+        group = self.actors.learners
+        nodes = list(group.nodes)
+        if len(group.actors) != len(nodes):
+            return [{**node, "rank": r} for r, node in enumerate(nodes)]
+        shares = group.param_shares()
+        return [{**node, "rank": r, "held": s["held"], "total": s["total"]} for r, (node, s) in enumerate(zip(nodes, shares))]
 
     def replica_nodes(self) -> dict[str, dict[str, str]]:
         from seal.placement import actor_nodes

@@ -113,3 +113,17 @@ def test_the_bundled_tiny_model_serves_tp_up_to_its_heads(tp, model):
     from seal.rehearse import rehearsal_model
 
     assert rehearsal_model(tp) == model
+
+
+def test_a_crash_is_one_line_and_memory_kills_say_whose_limit_they_are():
+    from seal.learner_group import LearnerGroupError
+    from seal.rehearse import failure_line
+
+    died = LearnerGroupError("learner rank 1 on node 10.0.0.1 (vm) died during train step at step 2: SIGABRT")
+    assert failure_line(died) == str(died)
+    # Ray's memory monitor killing a rank (the message LearnerGroup keeps: the last line of Ray's).
+    oom = LearnerGroupError("learner rank 7 on node 10.0.0.1 (vm) failed during train step at step 2: Refer to the documentation "
+                            "on how to address the out of memory issue: https://docs.ray.io/en/latest/... Consider provisioning")
+    line = failure_line(oom)
+    assert line.startswith("learner rank 7 on node 10.0.0.1 (vm) failed during train step at step 2: killed by Ray's memory monitor")
+    assert "not of the topology" in line and "docs.ray.io" not in line
