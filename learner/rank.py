@@ -118,7 +118,7 @@ class LearnerRank:
                 self.broadcaster.close()
                 self.broadcaster = None
             cast = getattr(torch, dtype) if dtype else None
-            self.broadcaster = WeightBroadcaster(host, port, world_size, backend, dtype=cast)
+            self.broadcaster = WeightBroadcaster(host, port, world_size, backend, dtype=cast, timeout_s=self.learner.timeout_s)
             return [m.to_wire() for m in self.learner.weight_metadata(cast)]
 
     def broadcast_weights(self, ticket: int) -> float:

@@ -39,6 +39,9 @@ class GroupCall:
     step: int
     deadline: float
     results: dict[int, Any] = field(default_factory=dict)
+    # Errors that fail the call on a rank but leave the group whole (the rank finished its part of
+    # every collective): kept as that rank's result instead of stopping the run.
+    survivable: tuple[type, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class LearnerGroup:
         self.nodes: list[dict[str, Any]] = [{"ip": "?", "host": "?"}] * settings.world_size
         self._pending: list[GroupCall] = []  # calls not waited for (broadcast), checked at the next call
         self._tickets = [0] * settings.world_size  # the next ticket per rank (learner/call_order.py)
+        self.survivable_failures: list[str] = []  # e.g. a weight round a receiver left (``broadcast_weights``)
         bundle = {k: v for k, v in resources.bundle().items() if v}
         self.pg = placement if placement is not None else (
             placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None)
@@ -116,10 +120,11 @@ class LearnerGroup:
         """An ordered call on one rank: ``method(ticket, *args)``."""
         return getattr(self.actors[rank], method).remote(self._ticket(rank), *args)
 
-    def _start(self, method: str, what: str, args=lambda rank: (), timeout_s: float | None = None) -> GroupCall:
+    def _start(self, method: str, what: str, args=lambda rank: (), timeout_s: float | None = None,
+               survivable: tuple[type, ...] = ()) -> GroupCall:
         """``method`` on every rank, in order (a ticket each); ``args(rank)``: that rank's arguments."""
         refs = [self._submit(r, method, *args(r)) for r in range(len(self.actors))]
-        return GroupCall(refs, what, self.step, time.monotonic() + (timeout_s or self.settings.timeout_s))
+        return GroupCall(refs, what, self.step, time.monotonic() + (timeout_s or self.settings.timeout_s), survivable=survivable)
 
     def _collect(self, call: GroupCall, block: bool) -> bool:
         """Results of finished ranks into ``call.results``; True when every rank has answered."""
@@ -140,6 +145,9 @@ class LearnerGroup:
                 try:
                     call.results[rank] = ray.get(ref)
                 except ray.exceptions.RayError as exc:
+                    if call.survivable and isinstance(getattr(exc, "cause", None), call.survivable):
+                        call.results[rank] = exc.cause
+                        continue
                     rank, exc = self._first_death(call, rank, exc)
                     cause = (getattr(exc, "error_msg", None) or str(exc)).strip().splitlines()
                     died = isinstance(exc, ray.exceptions.RayActorError)
@@ -192,7 +200,17 @@ class LearnerGroup:
     def _check_pending(self) -> None:
         for call in list(self._pending):
             if self._collect(call, block=False):
-                self._pending.remove(call)
+                self._finished(call)
+
+    def _finished(self, call: GroupCall) -> None:
+        """A call not waited for has ended on every rank: note a survivable failure (the weight
+        round that a replica left: the fleet restores the replica and the group is formed again)."""
+        self._pending.remove(call)
+        for rank, result in sorted(call.results.items()):
+            if isinstance(result, BaseException):
+                message = f"{self._name(rank)}: {call.what} at step {call.step} failed: {result}"
+                log.warning("%s", message)
+                self.survivable_failures.append(message)
 
     # ------------------------------------------------------------- training
     def train(self, trajectories: Sequence, tag_weights, group_weights: Mapping[str, float] | None = None,
@@ -249,14 +267,18 @@ class LearnerGroup:
     def broadcast_weights(self) -> None:
         """Every rank joins the bucketed gathers, rank 0 sends. Not waited for: the ranks run their
         next call after it (tickets), and its failure surfaces at the driver's next call."""
+        from actors.weight_sync import WeightGroupError
+
         self._check_pending()
-        self._pending.append(self._start("broadcast_weights", "weight broadcast"))
+        # A receiver gone or stalled fails the round on rank 0 only (it still walks every ZeRO-3
+        # gather): the group is whole, the run goes on, the round is counted (``survivable_failures``).
+        self._pending.append(self._start("broadcast_weights", "weight broadcast", survivable=(WeightGroupError,)))
 
     def wait_pending(self) -> None:
         """Wait for the calls not waited for (the weight broadcast), within their timeouts."""
         for call in list(self._pending):
             self._collect(call, block=True)
-            self._pending.remove(call)
+            self._finished(call)
 
     # ---------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:

@@ -18,7 +18,7 @@ SCALARS = ("reward_mean", "policy_version", "prefix_cache_hit_rate", "env_tool_c
            "response_len_max", "response_truncated_frac", "tool_calls_per_episode", "parse_failures_per_episode",
            "token_staleness_mean", "token_staleness_max", "tokens_per_s_per_device",
            # generator replicas' weight updates (seal/step_metrics.py replica_metrics)
-           "prefix_cache_reset_refused", "drain_timeouts")
+           "prefix_cache_reset_refused", "drain_timeouts", "weight_rounds_failed")
 GROUPS = ("tag_weights", "tag_fractions", "success_by_category", "reward_by_category", "wait_s", "idle_ratio")
 
 

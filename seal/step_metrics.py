@@ -95,6 +95,8 @@ class StepWindow:
             "tokens_per_s_per_device": result["sequence_tokens"] / (wall * devices) if result else 0.0,
             "devices": devices,
             "learner_world_size": int(cfg.learner.get("world_size", 1)),
+            # weight rounds a replica left (learner/weight_broadcast.py: WeightGroupError on rank 0), since the start
+            "weight_rounds_failed": len(pipeline.actors.learners.survivable_failures),
             "tag_weights": result.get("tag_weights"),
             "tag_fractions": {k: v / total_tags for k, v in sorted(tags.items())},
             "interface_version": interface["interface_version"],

@@ -208,6 +208,56 @@ def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_
     assert len(shards) == 2, shards
 
 
+def _join_then_exit(host: str, port: int, world_size: int) -> None:
+    """A replica's worker that joins the weight group and then its process ends (a crash)."""
+    from actors.weight_sync import WeightGroup
+
+    WeightGroup(host, port, 1, world_size, "gloo", "cpu", TIMEOUT_S)
+    os._exit(0)
+
+
+def test_a_weight_round_a_replica_leaves_fails_alone_and_the_group_trains_on(tiny_path, batch, zero3_group):
+    """A replica dying mid-round fails the broadcast on rank 0 (WeightGroupError) while rank 1 finishes
+    its gathers: the learner group is whole, so the run goes on (the fleet restores the replica and
+    the group is formed again) instead of stopping with "learner rank 0 failed during weight broadcast"."""
+    import multiprocessing as mp
+
+    import ray
+
+    from actors.weight_sync import WeightGroup, WeightMeta
+
+    host, port = zero3_group.weight_group_address()
+    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
+    proc = mp.get_context("spawn").Process(target=_join_then_exit, args=(host, port, 2), daemon=True)
+    proc.start()
+    ray.get(meta_ref, timeout=TIMEOUT_S)  # rank 0 formed the group with it
+    proc.join(60)  # it joined, took nothing and is gone
+    zero3_group.broadcast_weights()
+    zero3_group.wait_pending()  # ends: the round failed on rank 0 alone
+    assert len(zero3_group.survivable_failures) == 1
+    assert zero3_group.survivable_failures[0].startswith("learner rank 0 on node ")
+    assert "weight broadcast at step" in zero3_group.survivable_failures[0]
+    got = zero3_group.train_now(batch, RELEASED_BASE_WEIGHTS)  # the group is whole
+    assert got["learner_world_size"] == 2
+    # Formed again (a restored replica), the next round arrives whole.
+    host, port = zero3_group.weight_group_address()
+    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
+    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
+    try:
+        meta = [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
+        zero3_group.broadcast_weights()
+        received = {}
+        for m in meta:
+            received[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
+            receiver.broadcast(received[m.name])
+        zero3_group.wait_pending()
+    finally:
+        receiver.close()
+    expected = group_weights(zero3_group)
+    assert all(torch.equal(received[k], expected[k]) for k in expected)
+    assert len(zero3_group.survivable_failures) == 1
+
+
 def test_no_reference_without_kl(tiny_path):
     g = group(tiny_path, config(3, kl_coef=0.0), world_size=1)
     try:
