@@ -200,7 +200,8 @@ def _rehearse(report, target, user, address, hardware, run_dir: Path, steps: int
         report.command = "seal train " + " ".join(overrides)
         report.cluster = {"kind": f"the cluster at {address}" if address else
                           f"a local Ray cluster of {len(local.nodes)} logical node{'s' * (len(local.nodes) > 1)} "
-                          f"x {hardware.gpus_per_node} logical GPUs", "address": address or local.address}
+                          f"x {hardware.gpus_per_node} logical GPUs", "address": address or local.address,
+                          "ray_logs": local.logs_dir() if local is not None else "each node's /tmp/ray/session_latest/logs"}
         pipeline = _start_pipeline(overrides, run_dir, Progress(quiet=quiet), watchdog)
         report.cluster["nodes"] = alive_nodes()
         watchdog.phase = f"running {steps} steps"
@@ -237,7 +238,9 @@ def failure_line(exc: BaseException) -> str:
         head = text.split(": Refer to the documentation")[0].split(": Task was killed")[0]
         return (f"{head}: killed by Ray's memory monitor: this machine ran out of memory for the rehearsal "
                 f"(a limit of the machine rehearsing, not of the topology; more memory or fewer other processes)")
-    return text[:600]
+    # Ray's guesses at why a worker died follow its facts; the actor's stack is in Ray's worker log.
+    cut = text.split(" Some common causes include")[0]
+    return (cut + " (its stack: worker-*.err under the report's Ray logs)" if cut != text else text)[:600]
 
 
 def _start_pipeline(overrides: list[str], run_dir: Path, progress, watchdog):

@@ -55,6 +55,10 @@ class LocalCluster:
         self.address = self.cluster.address
         return self
 
+    def logs_dir(self) -> str:
+        """Ray's log folder of this cluster's session (actors' stderr: a dead rank's stack is there)."""
+        return str(self.cluster.head_node.get_logs_dir_path()) if self.cluster is not None else ""
+
     def close(self) -> None:
         if self.cluster is not None:
             self.cluster.shutdown()  # its own raylets and GCS only, never another Ray on this machine

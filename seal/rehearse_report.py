@@ -166,7 +166,7 @@ def _node_label(node_ids: Sequence[str], node: str) -> str:
 def report_text(r: Report) -> str:
     nodes = [n["node_id"] for n in r.cluster.get("nodes", [])]
     lines = [f"seal rehearse: {r.recipe} on {r.cluster.get('kind', '?')} ({len(nodes)} node{'s' * (len(nodes) != 1)})",
-             f"ran: {r.command}", ""]
+             f"ran: {r.command}"] + ([f"Ray logs: {r.cluster['ray_logs']}"] if r.cluster.get("ray_logs") else []) + [""]
     lines.append("placement (rehearsal node: what landed | seal plan):")
     shapes = landed_shapes(r.landings, nodes)
     for i, node in enumerate(nodes):

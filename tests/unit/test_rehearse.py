@@ -127,3 +127,9 @@ def test_a_crash_is_one_line_and_memory_kills_say_whose_limit_they_are():
     line = failure_line(oom)
     assert line.startswith("learner rank 7 on node 10.0.0.1 (vm) failed during train step at step 2: killed by Ray's memory monitor")
     assert "not of the topology" in line and "docs.ray.io" not in line
+    # A rank that died (finding 2's gloo abort, as the rehearsal of qwen3b_1x4 met it on the old code): Ray's facts, not its guesses.
+    dead = LearnerGroupError("learner rank 1 on node 10.0.0.1 (vm) died during train step at step 2: The actor is dead because its worker "
+                             "process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+                             "connection error code 2. End of file. Some common causes include: (1) the process was killed by the OOM")
+    line = failure_line(dead)
+    assert "connection error code 2. End of file. (its stack: worker-*.err under the report's Ray logs)" in line and "common causes" not in line
