@@ -317,6 +317,9 @@ def _read_out(report, pipeline, target, steps: int) -> None:
     rows = _metrics(pipeline.run_dir)
     report.steps = [{"step": r["step"], "step_s": r.get("step_s", 0.0), "learner_s": (r.get("wait_s") or {}).get("learner"),
                      "publish_s": r.get("publish_s")} for r in rows]
+    rounds_failed = max((int(r.get("weight_rounds_failed") or 0) for r in rows), default=0)  # cumulative per run
+    if rounds_failed:
+        report.failures.append(f"{rounds_failed} weight broadcast round(s) failed (a replica left the weight group; see the run log)")
     if len(rows) < steps and not report.failures:
         report.failures.append(f"{len(rows)} of {steps} steps finished")
     if rows:
