@@ -60,6 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from actors.generator import GenerationOutput, GenerationRequest, SamplingConfig, VersionSpan
 from actors.replica_counters import ReplicaCounters, merge_spans, version_of
+from actors.vllm_generator import cpu_kv_cache_args
 from actors.weight_buckets import WeightManifest
 
 UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
@@ -76,7 +77,7 @@ class AsyncVllmGenerator:
         gpu_memory_utilization: float = 0.85,
         enable_prefix_caching: bool = True,
         enforce_eager: bool = True,
-        cpu_kv_cache_gb: int = 2,
+        cpu_kv_cache_gb: float = 2.0,
         max_num_seqs: int = 256,
         seed: int = 0,
         initial_version: int = 0,
@@ -135,9 +136,9 @@ class AsyncVllmGenerator:
             # process's CPU pinning (cluster.generator.cpus), not vLLM's own binding.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gb)))
             # As VllmGenerator: a seeded sampler cannot resume across prefill chunks on CPU.
-            self._engine_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=self._max_model_len)
+            self._engine_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=self._max_model_len,
+                                       **cpu_kv_cache_args(cpu_kv_cache_gb))
         self._engine: Any = None
         self._start_lock: asyncio.Lock | None = None
         self._update_lock: asyncio.Lock | None = None

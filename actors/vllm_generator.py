@@ -31,6 +31,15 @@ if TYPE_CHECKING:
     from actors.weight_buckets import WeightManifest
 
 
+def cpu_kv_cache_args(cpu_kv_cache_gb: float) -> dict[str, int]:
+    """vLLM CPU's KV cache per worker as an engine argument: bytes, so a fraction of a GiB works (the
+    VLLM_CPU_KVCACHE_SPACE variable takes whole GiB, at least 1: 8 TP workers of a rehearsal held
+    8 GiB of zeros). A VLLM_CPU_KVCACHE_SPACE the user sets still wins (vLLM reads it over this)."""
+    if not cpu_kv_cache_gb > 0:
+        raise ValueError(f"generator.cpu_kv_cache_gb must be > 0 (GiB per worker), got {cpu_kv_cache_gb}")
+    return {"kv_cache_memory_bytes": int(cpu_kv_cache_gb * 2**30)}
+
+
 class VllmGenerator(Generator):
     def __init__(
         self,
@@ -43,7 +52,7 @@ class VllmGenerator(Generator):
         enable_prefix_caching: bool = True,
         enforce_eager: bool = True,
         cpu_threads_bind: str | int = "all",
-        cpu_kv_cache_gb: int = 2,
+        cpu_kv_cache_gb: float = 2.0,
         seed: int = 0,
         initial_version: int = 0,
         weight_sync: str = "reload",
@@ -66,7 +75,6 @@ class VllmGenerator(Generator):
             # str(): a single core from the command line (generator.cpu_threads_bind=0) arrives as an int.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpu_threads_bind))
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gb)))
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
@@ -81,6 +89,7 @@ class VllmGenerator(Generator):
             # ("CPU Generator does not use offset"): prefill each prompt whole.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max_model_len
+            kwargs.update(cpu_kv_cache_args(cpu_kv_cache_gb))
         self._llm = LLM(**kwargs)
         self.device = device
         self.dtype = dtype  # resolved: bfloat16 | float32; the learner sends weights in it

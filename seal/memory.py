@@ -59,7 +59,7 @@ token 2 x layers x kv_heads x head_dim x bytes, kv heads split over the shards (
 when tp > kv_heads); vLLM takes ``gpu_memory_utilization`` of each GPU, keeps 2 GB of it for
 its activation peak and CUDA graphs, and the rest buys KV: concurrent sequences of
 max_model_len = KV budget per GPU / (KV per token per GPU x max_model_len). On CPU the KV
-budget is ``cpu_kv_cache_gb`` GiB (VLLM_CPU_KVCACHE_SPACE).
+budget is ``cpu_kv_cache_gb`` GiB per worker (vLLM's kv_cache_memory_bytes; fractions allowed).
 """
 from __future__ import annotations
 
@@ -261,7 +261,7 @@ class GeneratorSetup:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
     max_model_len: int = 4096
-    cpu_kv_cache_gb: float = 2.0  # CPU only (GiB, as vLLM's VLLM_CPU_KVCACHE_SPACE)
+    cpu_kv_cache_gb: float = 2.0  # CPU only: GiB per worker (vLLM's kv_cache_memory_bytes)
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,8 @@ def rehearsal_overrides(target, user: list[str], address: str, run_dir: str, ste
     gen = target.generator
     engine = "vllm_async_cpu" if gen._target_ in ASYNC_ENGINES else "vllm_cpu"
     out = [*user, f"generator={engine}", "env=toy", "env.step_limit=2", "limit=null", "n=2", "sampling.max_new_tokens=16",
-           f"model.path={model}", f"model.max_model_len={MAX_MODEL_LEN}", "generator.dtype=float32", "generator.cpu_kv_cache_gb=1",
+           f"model.path={model}", f"model.max_model_len={MAX_MODEL_LEN}", "generator.dtype=float32",
+           "generator.cpu_kv_cache_gb=0.0625",  # 64 MiB a worker: 16 sequences of 2048 tokens; 8 TP workers held 8 GiB at 1
            "learner.cfg.device=cpu", "learner.cfg.dtype=float32", f"learner.cfg.mini_batch_groups={world}",
            f"trainer.groups_per_step={world}", f"trainer.steps={steps}", "trainer.checkpoint_every=1", "trainer.snapshot_every=0",
            "trainer.filter_groups=none", "trainer.oversample=0", "trainer.mode=async", f"run_dir={run_dir}",

@@ -64,7 +64,10 @@ def _write_probe(directory: str, token: str) -> dict[str, str]:
     import ray
 
     ip = ray.util.get_node_ip_address()
-    path = Path(directory) / PROBE_DIR / f"{ip}-{token}"
+    # Named for the node id too: nodes can share an IP (several raylets on one host, as a rehearsal's
+    # logical nodes do), and the driver removes each probe as it reads it.
+    node_id = ray.get_runtime_context().get_node_id()
+    path = Path(directory) / PROBE_DIR / f"{ip}-{node_id[:12]}-{token}"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{ip} {token}\n")
     return {"ip": ip, "host": socket.gethostname(), "path": str(path)}

@@ -152,3 +152,18 @@ def test_a_layout_the_cluster_cannot_give_is_refused(cluster, recipe):
     with pytest.raises(LayoutError, match=r"cannot place 9 learner ranks of 4 CPU, 1 GPU each on one node "
                                           r"\(where seal plan puts them\) within 5s"):
         reserve_learner(res.learner, 9, (9,), timeout_s=5)
+
+
+def test_nodes_sharing_an_ip_each_pass_the_storage_check(cluster, tmp_path):
+    """Both raylets here have one IP (as a rehearsal's logical nodes do): each node's storage probe
+    must be a file of its own (the probes were named by IP alone, so the driver removed the first
+    and found the second gone: "wrote its probe ... but the driver cannot read it")."""
+    import ray
+
+    from seal.storage import check_nodes_see
+
+    nodes = {n["NodeID"]: f"node {i}" for i, n in enumerate(ray.nodes()) if n["Alive"]}
+    assert len(nodes) == 2 and len({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}) == 1
+    for _ in range(3):  # the old names failed whenever both probes were written before the first was read
+        check_nodes_see(tmp_path, nodes, timeout_s=TIMEOUT_S)
+    assert not (tmp_path / ".seal-probe").exists()
