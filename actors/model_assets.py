@@ -88,6 +88,8 @@ def prepare_embedded_model(force: bool = False) -> Path:
 
 
 TINY_MODEL = "tiny-llama-smollm2-tok"
+# The same shape with 8 attention / 4 KV heads: tensor parallel 4 and 8 split it (seal rehearse).
+TINY_TP_MODEL = "tiny-tp-llama-smollm2-tok"
 _TINY_FORMAT = 1
 
 
@@ -100,7 +102,15 @@ def prepare_tiny_model(seed: int = 0, force: bool = False) -> Path:
 
     For fast tests: vLLM CPU needs head_dim >= 32. Deterministic for a seed.
     """
-    out = tiny_model_dir()
+    return _prepare_tiny(tiny_model_dir(), heads=2, kv_heads=1, seed=seed, force=force)
+
+
+def prepare_tiny_tp_model(seed: int = 0, force: bool = False) -> Path:
+    """``prepare_tiny_model``'s shape with 8 attention and 4 KV heads, which 4 or 8 tensor-parallel workers split."""
+    return _prepare_tiny(cache_root() / "models" / TINY_TP_MODEL, heads=8, kv_heads=4, seed=seed, force=force)
+
+
+def _prepare_tiny(out: Path, heads: int, kv_heads: int, seed: int, force: bool) -> Path:
     marker = out / _DONE
     if not force and marker.is_file() and json.loads(marker.read_text()).get("format") == _TINY_FORMAT:
         return out
@@ -111,7 +121,7 @@ def prepare_tiny_model(seed: int = 0, force: bool = False) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(source)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=32, max_position_embeddings=8192,
         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="float32",
     )

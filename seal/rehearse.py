@@ -30,7 +30,6 @@ MAX_MODEL_LEN = 2048
 TIMEOUTS = {"learner.timeout_s": 300.0, "learner.step_timeout_s": 900.0, "generator.update_timeout_s": 300.0}
 # Engine settings of the recipe's generator kept on the CPU engine (the others are CUDA's: dtype, memory share).
 CARRIED = ("tensor_parallel_size", "replicas", "weight_sync", "update_mode", "enable_prefix_caching", "max_num_seqs")
-TP_MODEL = "tiny-tp-llama-smollm2-tok"  # the tiny model with 8 heads / 4 KV heads: TP 4 and 8 split it
 
 NOT_REHEARSED = [
     "NCCL itself: gloo carries the learner's training group and the weight group (the same calls and ranks); NCCL-only "
@@ -58,35 +57,9 @@ def rehearsal_model(tp: int) -> str:
         return "tiny"
     if 8 % tp:
         raise CliError(f"generator.tensor_parallel_size={tp}: the rehearsal's tiny models split over 1, 2, 4 or 8 workers")
-    return str(prepare_tp_model())
+    from actors.model_assets import prepare_tiny_tp_model
 
-
-def prepare_tp_model() -> Path:
-    import os
-    import shutil
-
-    from actors.model_assets import cache_root, prepare_tiny_model
-
-    out = cache_root() / "models" / TP_MODEL
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        return out
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tiny = prepare_tiny_model()
-    tokenizer = AutoTokenizer.from_pretrained(tiny)
-    base = LlamaConfig.from_pretrained(tiny)
-    config = LlamaConfig(**{**base.to_dict(), "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32})
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.copy(tiny / "generation_config.json", tmp / "generation_config.json")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return str(prepare_tiny_tp_model())
 
 
 def rehearsal_overrides(target, user: list[str], address: str, run_dir: str, steps: int, model: str, local: bool) -> list[str]:

@@ -3,6 +3,7 @@ Two ranks equal one on the same batch; ZeRO-3 partitions policy and reference; w
 and a killed rank. One Ray session for the module."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -80,6 +81,32 @@ def manifest_weights(manifest) -> dict[str, torch.Tensor]:
     return out
 
 
+@contextlib.contextmanager
+def generator_end(g: LearnerGroup):
+    """This process as the generator's end (rank 1) of a weight group that rank 0 of ``g`` forms:
+    the receiver and the metadata of what each round sends."""
+    import ray
+
+    from actors.weight_sync import WeightGroup, WeightMeta
+
+    host, port = g.weight_group_address()
+    meta_ref = g.join_weight_group(host, port, 2, "gloo")
+    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
+    try:
+        yield receiver, [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
+    finally:
+        receiver.close()
+
+
+def receive_round(receiver, meta) -> dict[str, torch.Tensor]:
+    """One broadcast round on the generator's end of the weight group: every tensor the metadata names."""
+    got = {}
+    for m in meta:
+        got[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
+        receiver.broadcast(got[m.name])
+    return got
+
+
 def group_weights(g: LearnerGroup) -> dict[str, torch.Tensor]:
     """The group's weights as the pipeline publishes them: through the object store, in buckets."""
     return manifest_weights(g.weights())
@@ -139,22 +166,9 @@ def test_zero3_ranks_each_hold_half_of_policy_and_reference(zero3_group):
 def test_broadcast_from_two_ranks_sends_the_gathered_weights_bucket_by_bucket(zero3_group):
     """This process is the generator's end of the weight group (rank 1); the 2-rank ZeRO-3 group
     gathers 0.1 MB buckets (the tiny model: several) and rank 0 sends them."""
-    import ray
-
-    from actors.weight_sync import WeightGroup, WeightMeta
-
-    host, port = zero3_group.weight_group_address()
-    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
-    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
-    try:
-        meta = [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
+    with generator_end(zero3_group) as (receiver, meta):
         zero3_group.broadcast_weights()
-        got = {}
-        for m in meta:
-            got[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
-            receiver.broadcast(got[m.name])
-    finally:
-        receiver.close()
+        got = receive_round(receiver, meta)
     expected = group_weights(zero3_group)  # the object-store path (equal to the 1-rank learner's above)
     assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
 
@@ -168,25 +182,14 @@ def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_
     (``Pair::prepareRead``) or the group hung."""
     import threading
 
-    import ray
-
-    from actors.weight_sync import WeightGroup, WeightMeta
-
     before = group_weights(zero3_group)
-    host, port = zero3_group.weight_group_address()
-    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
-    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
     got: dict[str, torch.Tensor] = {}
     second: dict[str, torch.Tensor] = {}
-    try:
-        meta = [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
-
+    with generator_end(zero3_group) as (receiver, meta):
         def receive() -> None:
             time.sleep(3.0)  # a slow replica: the driver's next calls are issued meanwhile
             for into in (got, second):  # two rounds: before the step and after it
-                for m in meta:
-                    into[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
-                    receiver.broadcast(into[m.name])
+                into.update(receive_round(receiver, meta))
 
         thread = threading.Thread(target=receive, daemon=True)
         thread.start()
@@ -197,8 +200,6 @@ def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_
         zero3_group.wait_pending()
         thread.join(TIMEOUT_S)
         assert not thread.is_alive()
-    finally:
-        receiver.close()
     assert list(got) == list(before) and all(torch.equal(got[k], before[k]) for k in before)
     after = group_weights(zero3_group)
     assert result["learner_world_size"] == 2 and result["groups"] == GROUPS
@@ -224,8 +225,6 @@ def test_a_weight_round_a_replica_leaves_fails_alone_and_the_group_trains_on(tin
 
     import ray
 
-    from actors.weight_sync import WeightGroup, WeightMeta
-
     host, port = zero3_group.weight_group_address()
     meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
     proc = mp.get_context("spawn").Process(target=_join_then_exit, args=(host, port, 2), daemon=True)
@@ -240,19 +239,10 @@ def test_a_weight_round_a_replica_leaves_fails_alone_and_the_group_trains_on(tin
     got = zero3_group.train_now(batch, RELEASED_BASE_WEIGHTS)  # the group is whole
     assert got["learner_world_size"] == 2
     # Formed again (a restored replica), the next round arrives whole.
-    host, port = zero3_group.weight_group_address()
-    meta_ref = zero3_group.join_weight_group(host, port, 2, "gloo")
-    receiver = WeightGroup(host, port, 1, 2, "gloo", "cpu", TIMEOUT_S)
-    try:
-        meta = [WeightMeta.from_wire(m) for m in ray.get(meta_ref, timeout=TIMEOUT_S)]
+    with generator_end(zero3_group) as (receiver, meta):
         zero3_group.broadcast_weights()
-        received = {}
-        for m in meta:
-            received[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
-            receiver.broadcast(received[m.name])
+        received = receive_round(receiver, meta)
         zero3_group.wait_pending()
-    finally:
-        receiver.close()
     expected = group_weights(zero3_group)
     assert all(torch.equal(received[k], expected[k]) for k in expected)
     assert len(zero3_group.survivable_failures) == 1
