@@ -34,7 +34,7 @@ def test_train_with_two_learner_ranks_checkpoints_one_shard_per_rank(tmp_path):
     assert len(tags) == 1, tags  # checkpoint_keep=1
     shards = sorted(p.name for p in tags[0].iterdir() if p.name.endswith("optim_states.pt"))
     assert len(shards) == 2 and shards[0].startswith("zero_pp_rank_0") and shards[1].startswith("zero_pp_rank_1"), shards
-    assert not list((run_dir / ".probe").iterdir())  # the storage probes were read back and removed
+    assert not (run_dir / ".seal-probe").exists()  # the storage probes were read back and removed (seal/storage.py)
 
     proc = seal_train(run_dir, "trainer.steps=1", f"resume={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
