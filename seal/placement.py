@@ -296,7 +296,7 @@ def start_ray(cfg: ClusterConfig, learner_ranks: int = 1, replicas: int = 1) -> 
 
 def actor_nodes(handles: Mapping[str, Any], key: str = "IPAddress") -> dict[str, str]:
     """name -> the node each actor runs on, by ``key`` of its address (IPAddress, or NodeID);
-    "?" where Ray does not say (not yet placed, dead). From the GCS's actor table: no
+    "?" where Ray does not say (not yet placed: the nil node id, or dead). From the GCS's actor table: no
     dashboard needed."""
     try:
         from ray._private import state
@@ -306,7 +306,10 @@ def actor_nodes(handles: Mapping[str, Any], key: str = "IPAddress") -> dict[str,
     for name, handle in handles.items():
         try:
             info = state.actors(actor_id=handle._actor_id.hex())
-            out[name] = (info.get("Address") or {}).get(key) or "?"
+            value = (info.get("Address") or {}).get(key) or "?"
+            # An actor not placed yet has the nil node id (all f): no node (counted as one, it
+            # hid the node chosen for it, and two replicas went to one node of two).
+            out[name] = "?" if key == "NodeID" and set(value) == {"f"} else value
         except Exception:  # a private API: never let the record stop a run
             out[name] = "?"
     return out

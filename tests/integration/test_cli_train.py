@@ -100,9 +100,11 @@ def test_a_fresh_run_into_an_old_runs_directory_is_refused(sandbox, tmp_path):
 
 def test_no_task_that_fits_is_one_line_before_any_side_effect(sandbox, tmp_path):
     # 8180 of the tiny model's 8192 tokens go to the answer: no toy prompt fits in the 12 left.
-    # n=2: groups of six such sequences would not fit this machine's memory (`seal plan` says so first).
+    # n=2 and one sequence a micro-batch: more such sequences at once would not fit this machine's memory
+    # (`seal plan` says so first: the loss phase's full-vocabulary temporaries, seal/memory.py).
     run_dir = tmp_path / "x"
-    proc = seal_train(sandbox, "env=toy", "model=tiny", "n=2", "sampling.max_new_tokens=8180", f"run_dir={run_dir}")
+    proc = seal_train(sandbox, "env=toy", "model=tiny", "n=2", "learner.cfg.micro_batch_size=1",
+                      "sampling.max_new_tokens=8180", f"run_dir={run_dir}")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr == ("seal: error: no task's opening prompt fits 12 tokens "
                            "(model context 8192 minus sampling.max_new_tokens 8180)\n"), proc.stderr

@@ -9,6 +9,7 @@ and the replicas on the other."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -30,6 +31,12 @@ def cluster():
                 head_node_args={"num_cpus": 40, "num_gpus": 8, "include_dashboard": False, "object_store_memory": 2**30})
     c.add_node(num_cpus=40, num_gpus=8, object_store_memory=2**30)
     c.wait_for_nodes()
+    # ray.nodes() can lag the registration on a loaded machine: a node missing there is one the fleet's
+    # node choice cannot see (both replicas then went to the head, seen in a fresh-clone run).
+    deadline = time.monotonic() + TIMEOUT_S
+    while sum(1 for n in ray.nodes() if n["Alive"] and n.get("Resources", {}).get("GPU") == 8) < 2:
+        assert time.monotonic() < deadline, ray.nodes()
+        time.sleep(0.5)
     yield c
     ray.shutdown()
     c.shutdown()
