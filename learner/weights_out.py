@@ -149,8 +149,8 @@ class WeightsOut:
                         writer.write(name, stats.to_host(tensor))
                 except Exception as exc:  # re-raised once the gathers are done
                     failure = exc
-        self.last_weights_out = stats.result()
         if failure is not None:
+            self.last_weights_out = stats.result()
             writer.abort()
             shutil.rmtree(tmp, ignore_errors=True)
             raise failure

@@ -164,14 +164,14 @@ def test_logprobs_after_an_update_equal_an_hf_forward_at_those_weights(replica, 
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
 
 
-def test_weights_through_vllms_weight_transfer_interface_on_gloo(replica, tiny_weights, tiny_path):
-    """seal_gloo, registered in vLLM's factory: the learner's broadcaster as rank 0, the replica's worker rank 1."""
+def _one_round_over_a_new_group(gen, loop, weights) -> tuple[int, int]:
+    """A new weight group (the learner's broadcaster as rank 0, the replica's worker rank 1) and one
+    round over it: (the version loaded, what the replica reported receiving)."""
     import socket
 
     from actors.weight_sync import weight_metadata
     from learner.weight_broadcast import WeightBroadcaster
 
-    gen, loop = replica
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -179,13 +179,21 @@ def test_weights_through_vllms_weight_transfer_interface_on_gloo(replica, tiny_w
     sender = WeightBroadcaster("127.0.0.1", port, 2, "gloo", timeout_s=60)
     try:
         assert joined.result(120) == [1]
-        new = _perturbed(tiny_weights, 1.03)
         version = loop.run(_call(gen.policy_version)) + 1
-        received = loop.submit(gen.update_weights_from_group(version, [m.to_wire() for m in weight_metadata(new.items())]))
-        sender.broadcast(new)
-        assert received.result(120) > 0
+        received = loop.submit(gen.update_weights_from_group(version, [m.to_wire() for m in weight_metadata(weights.items())]))
+        sender.broadcast(weights)
+        count = received.result(120)
     finally:
         sender.close()
+    return version, count
+
+
+def test_weights_through_vllms_weight_transfer_interface_on_gloo(replica, tiny_weights, tiny_path):
+    """seal_gloo, registered in vLLM's factory: the learner's broadcaster as rank 0, the replica's worker rank 1."""
+    gen, loop = replica
+    new = _perturbed(tiny_weights, 1.03)
+    version, received = _one_round_over_a_new_group(gen, loop, new)
+    assert received > 0
     assert loop.run(_call(gen.policy_version)) == version
     got, want = loop.run(gen.prompt_logprobs(PROMPT)), _hf_logprobs(tiny_path, new)
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
@@ -310,28 +318,6 @@ def test_a_drain_bound_not_below_the_group_timeout_is_refused(replica):
         gen._drain_timeout_s = bound
 
 
-def _one_round_over_a_new_group(gen, loop, weights) -> int:
-    import socket
-
-    from actors.weight_sync import weight_metadata
-    from learner.weight_broadcast import WeightBroadcaster
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    joined = loop.submit(gen.join_weight_group("127.0.0.1", port, 2, "gloo", 1, 60.0))
-    sender = WeightBroadcaster("127.0.0.1", port, 2, "gloo", timeout_s=60)
-    try:
-        assert joined.result(120) == [1]
-        version = loop.run(_call(gen.policy_version)) + 1
-        received = loop.submit(gen.update_weights_from_group(version, [m.to_wire() for m in weight_metadata(weights.items())]))
-        sender.broadcast(weights)
-        received.result(120)
-    finally:
-        sender.close()
-    return version
-
-
 def test_a_reformed_weight_group_closes_the_engines_old_one_first(replica, tiny_weights, tiny_path):
     """Re-forming (a replica restored, the learner restarted) goes through vLLM's
     shutdown_weight_transfer_engine: vLLM's NCCL engine would otherwise keep the old
@@ -339,7 +325,7 @@ def test_a_reformed_weight_group_closes_the_engines_old_one_first(replica, tiny_
     gen, loop = replica
     _one_round_over_a_new_group(gen, loop, _perturbed(tiny_weights, 1.01))
     new = _perturbed(tiny_weights, 0.99)
-    version = _one_round_over_a_new_group(gen, loop, new)
+    version, _ = _one_round_over_a_new_group(gen, loop, new)
     assert loop.run(_call(gen.policy_version)) == version
     got, want = loop.run(gen.prompt_logprobs(PROMPT)), _hf_logprobs(tiny_path, new)
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
