@@ -77,11 +77,31 @@ def run_group(
     """
     if n < 1:
         raise ValueError(f"a group needs n >= 1 rollouts, got {n}")
+    return run_episodes(make_env, generator, chat, [task_id] * n, sampling, interface, group_id, seed, stats, lockstep)
+
+
+def run_episodes(
+    make_env: Callable[[], Environment],
+    generator: Generator,
+    chat: ChatTokenizer,
+    task_ids: Sequence[str],
+    sampling: SamplingConfig,
+    interface: InterfaceState = RAW_INTERFACE,
+    group_id: str | None = None,
+    seed: int | None = None,
+    stats: GroupStats | None = None,
+    lockstep: bool = True,
+) -> list[Trajectory]:
+    """One episode per entry of ``task_ids`` (a group repeats one task; a frozen
+    evaluation plays many tasks), played together as run_group describes: with a
+    blocking engine every generation step of every episode is one batch."""
+    if not task_ids:
+        raise ValueError("run_episodes needs at least one task id")
     group_id = group_id or uuid.uuid4().hex[:12]
     start_version = generator.policy_version
     t_start = time.perf_counter()
     episodes = []
-    for i in range(n):
+    for i, task_id in enumerate(task_ids):
         ep = _Episode(env=make_env(), index=i)
         ep.before = ep.env.reset(task_id, interface)
         if not ep.env.done:

@@ -45,6 +45,10 @@ class EvalConfig:
     view_limits: Mapping[str, int] = field(default_factory=dict)  # per-view limit, wins over ``limit``
     max_new_tokens: int | None = None  # per generation step; None: configs/sampling/eval.yaml's
     schedule: Mapping[str, Any] = field(default_factory=dict)  # the seven schedule fields (SCHEDULE_FIELDS)
+    # The main job's closing evaluation (evaluation/frozen.py): A_0 and the final snapshot on the
+    # test split, raw interface, greedy. final_per_category: tasks per category (None: all).
+    final: bool = True
+    final_per_category: int | None = None
 
     def __post_init__(self) -> None:
         # hydra hands over lists; tuples keep the frozen config hashable and comparable.
@@ -59,6 +63,8 @@ class EvalConfig:
         for name, k in [("limit", self.limit), *self.view_limits.items()]:
             if k is not None and int(k) < 1:
                 raise ValueError(f"evaluation limit for {name} must be >= 1, got {k}")
+        if self.final_per_category is not None and int(self.final_per_category) < 1:
+            raise ValueError(f"evaluation.final_per_category must be >= 1 or null, got {self.final_per_category}")
         unknown = set(self.schedule) - set(SCHEDULE_FIELDS)
         if unknown:
             raise ValueError(f"unknown evaluation.schedule fields {sorted(unknown)}; expected {SCHEDULE_FIELDS}")

@@ -42,6 +42,9 @@ class LearnerConfig:
     # Recompute activations in backward: a 7K-token BFCL trajectory otherwise
     # keeps about 1.4 MB of activations per token on CPU (fp32, 30 layers).
     gradient_checkpointing: bool = False
+    # ... but only for micro-batches that forward at least this many tokens (padded, or packed):
+    # below it the activations fit and recomputing them costs a third more compute. 0: always.
+    gradient_checkpointing_min_tokens: int = 0
     # Forward the rollouts of a group that share a micro-batch as one packed
     # sequence: their common prompt once (learner/packing.py). Only takes
     # effect when micro_batch_size >= 2, i.e. when rollouts of one group meet.
@@ -74,8 +77,8 @@ class LearnerConfig:
             raise ValueError(f"old_logprobs must be behaviour or recompute, got {self.old_logprobs!r}")
         if self.loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)}; got {self.loss_agg!r}")
-        if self.mini_batch_groups < 1 or self.micro_batch_size < 1:
-            raise ValueError("mini_batch_groups and micro_batch_size must be >= 1")
+        if self.mini_batch_groups < 1 or self.micro_batch_size < 1 or self.gradient_checkpointing_min_tokens < 0:
+            raise ValueError("mini_batch_groups and micro_batch_size must be >= 1, gradient_checkpointing_min_tokens >= 0")
         if self.offload_param and (self.backend != "deepspeed" or self.zero_stage != 3):
             raise ValueError("offload_param needs backend=deepspeed and zero_stage=3 (parameters are whole on every rank below it)")
         if self.offload_optimizer and (self.backend != "deepspeed" or self.zero_stage < 1):
@@ -200,9 +203,18 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             from learner.packing import use_shared_prefix_attention
 
             use_shared_prefix_attention(model)
+        self._checkpointing = False
         if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
+            self._set_checkpointing(model, True)
+
+    def _set_checkpointing(self, model, on: bool) -> None:
+        if on != self._checkpointing:
+            if on:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_disable()
+            self._checkpointing = on
 
     # --------------------------------------------------------------- training
     def _autocast(self):
@@ -287,6 +299,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
     def _logprobs(self, model, micro: Sequence[Sample], ids, attention, mask):
         """(logp, entropy, tokens forwarded) for one micro-batch, packed when its samples share a group."""
         packed = self._pack(micro)
+        if model is self.model and self.cfg.gradient_checkpointing:  # chosen from this micro-batch's length
+            tokens = packed.packed_tokens if packed is not None else ids.numel()
+            self._set_checkpointing(model, tokens >= self.cfg.gradient_checkpointing_min_tokens)
         if packed is not None:
             logp, entropy = self._forward_logprobs_packed(model, packed, ids, mask)
             return logp, entropy, packed.packed_tokens

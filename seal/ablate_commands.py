@@ -9,7 +9,10 @@ DIR/<name> and is evaluated with `seal evaluate`, each in its own process (a
 pipeline owns Ray and a vLLM engine; a fresh process frees both). A run whose
 training already finished with the same arguments is not trained again, and
 evaluation is incremental, so an interrupted ablation resumes.
-Writes DIR/ablation.json and DIR/ablation.md.
+With --seeds each ablation trains once per seed (DIR/<name>/seed<k>). Besides the
+SEAGym views (skipped with --no-views), the table holds every run's closing frozen
+evaluation and each ablation's final snapshot against the first's, paired over
+(seed, task) (seal/ablate_final.py). Writes DIR/ablation.json and DIR/ablation.md.
 """
 from __future__ import annotations
 
@@ -120,7 +123,22 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _seeds(args, shared: list[str]) -> list[int] | None:
+    from seal.errors import CliError
+
+    if not getattr(args, "seeds", None):
+        return None
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        raise CliError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise CliError(f"--seeds needs distinct seeds, got {args.seeds!r}")
+    return seeds
+
+
 def ablate(args) -> int:
+    from seal.ablate_final import final_markdown, final_table, seed_dirs
     from seal.errors import CliError
 
     names = [n for n in args.ablations.split(",") if n]
@@ -132,29 +150,40 @@ def ablate(args) -> int:
     shared = list(args.overrides)
     if bad := [o for o in shared if o.lstrip("+~").split("=")[0] in ("run_dir", "resume", "ablation")]:
         raise CliError(f"seal ablate sets these itself: {bad}")
-    plan = _compose_all(names, shared)
+    seeds = _seeds(args, shared)
+    if seeds and any(o.split("=")[0] == "seed" for o in shared):
+        raise CliError("give the seeds with --seeds, not as a seed= override")
+    plan = _compose_all(names, shared + ([f"seed={seeds[0]}"] if seeds else []))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, summaries = [], {}
+    rows, summaries, runs = [], {}, {}
     for name in names:
-        run_dir = out / name
-        train = [*shared, *ablation_override(name), f"run_dir={run_dir}"]
-        marker = out / f".{name}.trained.json"
-        if not (marker.is_file() and json.loads(marker.read_text()) == train):
-            if (run_dir / "run.json").exists():
-                raise CliError(f"{run_dir} holds a run made with other arguments (or unfinished): move it away first")
-            _seal(["train", *train], out / f"{name}.train.log")
-            marker.write_text(json.dumps(train))
-        evaluate = ["evaluate", str(run_dir), "--json"]
-        evaluate += ["--limit", str(args.limit)] if args.limit is not None else []
-        evaluate += ["--views", args.views] if args.views else []
-        summary = json.loads(_seal(evaluate, out / f"{name}.evaluate.log", capture=True).strip().splitlines()[-1])
-        summaries[name] = str(run_dir / "evaluation" / "summary.json")
-        rows.append(row(name, plan["changes"][name], summary))
-    table = markdown(rows, plan["settings"])
+        runs[name] = seed_dirs(out, name, seeds)
+        for seed, run_dir in runs[name].items():
+            train = [*shared, *([f"seed={seed}"] if seed is not None else []), *ablation_override(name), f"run_dir={run_dir}"]
+            tag = name if seed is None else f"{name}.seed{seed}"
+            marker = out / f".{tag}.trained.json"
+            if not (marker.is_file() and json.loads(marker.read_text()) == train):
+                if (run_dir / "run.json").exists():
+                    raise CliError(f"{run_dir} holds a run made with other arguments (or unfinished): move it away first")
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                _seal(["train", *train], out / f"{tag}.train.log")
+                marker.write_text(json.dumps(train))
+            if args.no_views:
+                continue
+            evaluate = ["evaluate", str(run_dir), "--json"]
+            evaluate += ["--limit", str(args.limit)] if args.limit is not None else []
+            evaluate += ["--views", args.views] if args.views else []
+            summary = json.loads(_seal(evaluate, out / f"{tag}.evaluate.log", capture=True).strip().splitlines()[-1])
+            summaries[tag] = str(run_dir / "evaluation" / "summary.json")
+            rows.append({**row(name, plan["changes"][name], summary), "seed": seed})
+    final = final_table(runs)
+    settings = {**plan["settings"], **({"seed": ",".join(map(str, seeds))} if seeds else {})}
+    table = (markdown(rows, settings) if rows else f"# Ablations\n\nSame settings for every run: "
+             + ", ".join(f"{k}={v}" for k, v in settings.items()) + "\n") + "\n" + final_markdown(final)
     (out / "ablation.md").write_text(table)
-    (out / "ablation.json").write_text(json.dumps({"settings": plan["settings"], "overrides": shared, "rows": rows,
-                                                   "summaries": summaries}, indent=2))
+    (out / "ablation.json").write_text(json.dumps({"settings": settings, "overrides": shared, "seeds": seeds, "rows": rows,
+                                                   "summaries": summaries, "final": final}, indent=2))
     print(table)
     print(f"wrote {out / 'ablation.md'} and {out / 'ablation.json'}")
     return 0

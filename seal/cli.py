@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--out", required=True, help="parent directory: one run directory per ablation, and the table")
     abl.add_argument("--limit", type=int, default=None, help="tasks per evaluation view")
     abl.add_argument("--views", default=None, help="views to evaluate (default: evaluation.views)")
+    abl.add_argument("--seeds", default=None, help="comma-separated seeds: every ablation trains once per seed (DIR/<name>/seed<k>)")
+    abl.add_argument("--no-views", action="store_true",
+                     help="skip `seal evaluate`'s views: compare the runs' closing frozen evaluations only")
     abl.add_argument("overrides", nargs="*", help="hydra overrides shared by every run, e.g. env=toy trainer.steps=20 seed=1")
     abl.set_defaults(handler="seal.ablate_commands:ablate")
 

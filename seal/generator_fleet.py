@@ -417,21 +417,26 @@ class GeneratorFleet:
                 pass
 
 
-ASYNC_ONLY_KEYS = ("update_mode", "update_timeout_s", "max_num_seqs")
+ASYNC_ONLY_KEYS = ("update_mode", "update_timeout_s", "drain_timeout_s", "max_num_seqs")
 
 
 def local_generator(node, **overrides) -> Any:
-    """A generator for this process alone (`seal rollout`, `seal eval`, `seal evaluate`):
-    one engine with blocking calls. An async-engine config maps to the blocking engine
-    with the same model, dtype and cache settings (greedy evaluation batches gain nothing
-    from continuous batching); the fleet's replica count does not apply."""
-    from omegaconf import OmegaConf
-
+    """A generator for this process alone (`seal rollout`, `seal eval`, `seal evaluate`, the closing
+    evaluation of `seal train`): one engine with blocking calls (local_generator_spec)."""
     from seal.config import instantiate_spec
+
+    return instantiate_spec(local_generator_spec(node, **overrides))
+
+
+def local_generator_spec(node, **overrides) -> dict[str, Any]:
+    """An async-engine config maps to the blocking engine with the same model, dtype and cache
+    settings (greedy evaluation batches gain nothing from continuous batching); the fleet's
+    replica count does not apply."""
+    from omegaconf import OmegaConf
 
     spec = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
     spec, _ = split_generator_spec(spec)
     if spec.get("_target_") in ASYNC_ENGINES:
         spec = {k: v for k, v in spec.items() if k not in ASYNC_ONLY_KEYS}
         spec["_target_"] = "actors.vllm_generator.VllmGenerator"
-    return instantiate_spec(spec)
+    return spec

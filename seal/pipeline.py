@@ -168,7 +168,8 @@ class Pipeline:
                     history.append(row)
                     runlog.write(row, row.pop("_interface"))
                     self.progress.step_done(row)
-                    if self.cfg.trainer.checkpoint_every and self.step % self.cfg.trainer.checkpoint_every == 0:
+                    every_ckpt = self.cfg.trainer.checkpoint_every  # and at the run's last step, so resume= always can
+                    if every_ckpt and (self.step % every_ckpt == 0 or self.step == target):
                         self.checkpoint()
                     every = self.cfg.trainer.snapshot_every
                     if (every and self.step % every == 0) or self.step == target:

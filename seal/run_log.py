@@ -20,6 +20,32 @@ SCALARS = ("reward_mean", "policy_version", "prefix_cache_hit_rate", "env_tool_c
            # generator replicas' weight updates (seal/step_metrics.py replica_metrics)
            "prefix_cache_reset_refused", "drain_timeouts", "weight_rounds_failed")
 GROUPS = ("tag_weights", "tag_fractions", "success_by_category", "reward_by_category", "wait_s", "idle_ratio")
+# TensorBoard's Custom Scalars tab (http://localhost:6006/#custom_scalars, which the closing note
+# names): what a user asks first (is it learning, per category; before vs after on the raw
+# interface) above the engine-room charts. Each chart is a regex over the tags written here
+# and by seal/final_eval.py (eval/<row>/success at A_0's step and the final one).
+LAYOUT = {
+    "1 outcome": {
+        "frozen evaluation: success on test tasks, A_0 -> final (raw interface)": ["Multiline", [r"eval/.*/success"]],
+        "training success by category": ["Multiline", [r"success_by_category/.*"]],
+        "training reward (all rollouts; trained groups)": ["Multiline", [r"train/reward_mean", r"train/trained_reward_mean"]],
+    },
+    "2 learning": {
+        "loss, KL, grad norm, entropy": ["Multiline", [r"train/loss", r"train/kl", r"train/grad_norm", r"train/entropy"]],
+        "clipping": ["Multiline", [r"train/clip_frac.*"]],
+        "off-policy: staleness and mismatch": ["Multiline", [r"train/.*staleness.*", r"train/mismatch_kl", r"train/offpolicy_kl"]],
+    },
+    "3 diagnosis and interface": {
+        "failure profile (tag fractions)": ["Multiline", [r"tag_fractions/.*"]],
+        "tag weights": ["Multiline", [r"tag_weights/.*"]],
+        "interface version": ["Multiline", [r"train/interface_version"]],
+    },
+    "4 throughput": {
+        "generation tokens/s and learner samples/s": ["Multiline", [r"train/gen_tokens_per_s", r"train/learner_samples_per_s"]],
+        "step seconds and waits": ["Multiline", [r"train/step_s", r"wait_s/.*"]],
+        "idle ratio per stage": ["Multiline", [r"idle_ratio/.*"]],
+    },
+}
 
 
 class RunLog:
@@ -30,6 +56,7 @@ class RunLog:
         self._metrics = open(run_dir / "metrics.jsonl", "a")
         self._rounds = open(run_dir / "rounds.jsonl", "a")
         self._writer = SummaryWriter(str(run_dir / "tensorboard"))
+        self._writer.add_custom_scalars(LAYOUT)
 
     def write(self, row: Mapping[str, Any], interface: Mapping[str, Any]) -> None:
         self._metrics.write(json.dumps(row) + "\n")

@@ -22,6 +22,8 @@ from typing import Any, Mapping, Sequence
 from seal.progress import duration
 from seal.storage import resume_checkpoint
 
+HELD_IN_ALL = "held-in (all)"  # evaluation/before_after.py's pooled row
+
 BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 16
 SUMMARY_FILE, CURVES_FILE = "summary.txt", "training_curves.png"
@@ -121,12 +123,57 @@ def interface_text(rows: Sequence[Mapping[str, Any]], start: int) -> str:
     return f"{head}; guidelines turned on: {turned}"
 
 
-def result_line(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, steps_now: int | None = None) -> str:
+def result_line(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, steps_now: int | None = None,
+                final: Mapping[str, Any] | None = None) -> str:
     """The one line `seal train --quiet` prints: what a script needs to know."""
     first, last = rows[0], rows[-1]
     steps = f"{len(rows)} steps" + (f" ({steps_now} this time)" if steps_now is not None and steps_now != len(rows) else "")
-    return (f"done: {steps} in {duration(wall_s)}; reward {first['reward_mean']:.2f} -> {last['reward_mean']:.2f}; "
+    held_in = _held_in_row(final)
+    test = (f"; held-in test success {held_in['before']['rate']:.2f} -> {held_in['after']['rate']:.2f} "
+            f"({final['before']} -> {final['after']}, raw interface)" if held_in else "")
+    return (f"done: {steps} in {duration(wall_s)}; reward {first['reward_mean']:.2f} -> {last['reward_mean']:.2f}{test}; "
             f"policy v{last['policy_version']}, interface v{last['interface_version']}; run dir {run_dir}")
+
+
+def _held_in_row(final: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The pooled held-in row of a final evaluation, or its one held-in category's."""
+    rows = [r for r in (final or {}).get("rows", []) if not r["held_out"]]
+    pooled = [r for r in rows if r["name"] == HELD_IN_ALL]
+    return (pooled or rows or [None])[-1]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def final_lines(final: Mapping[str, Any]) -> list[str]:
+    """The frozen evaluation's rows: per category, counts, rates with 95% intervals, the paired change."""
+    s = final["settings"]
+    head = (f"{final['before']} -> {final['after']} on the same {final['tasks']} test tasks, raw interface, greedy, "
+            f"{s['max_new_tokens']} new tokens/step; [95% intervals]")
+    lines = [_row("frozen eval", head)]
+    for r in final["rows"]:
+        b, a, c = r["before"], r["after"], r["change"]
+        label = r["name"] + (" (held out)" if r["held_out"] else "")
+        lines.append(_row("", f"  {label:<16} {b['successes']:>3}/{b['n']:<3} {_pct(b['rate']):>4} [{_pct(b['ci95'][0])}, "
+                              f"{_pct(b['ci95'][1])}] -> {a['successes']:>3}/{a['n']:<3} {_pct(a['rate']):>4} "
+                              f"[{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}]   change {100 * c['value']:+.0f} pts "
+                              f"[{100 * c['ci95'][0]:+.0f}, {100 * c['ci95'][1]:+.0f}]"))
+    lines.append(_row("", "  " + verdict(final)))
+    return lines
+
+
+def verdict(final: Mapping[str, Any]) -> str:
+    """One sentence a user reads first: is the trained policy better on test tasks it never trained on?"""
+    rows = final["rows"]
+    pooled = [r for r in rows if r["name"] == HELD_IN_ALL]
+    chosen = (pooled or [r for r in rows if not r["held_out"]]) + [r for r in rows if r["held_out"]]
+    parts = []
+    for r in chosen:
+        lo, hi = r["change"]["ci95"]
+        what = "better" if lo > 0 else "worse" if hi < 0 else "no change the 95% interval can tell from zero"
+        parts.append(f"{r['name']}{' (held-out category)' if r['held_out'] else ''}: {what}")
+    return f"on unseen test tasks, {final['after']} vs {final['before']}: " + "; ".join(parts)
 
 
 def _row(label: str, text: str) -> str:
@@ -134,7 +181,7 @@ def _row(label: str, text: str) -> str:
 
 
 def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, snapshots: Sequence[Mapping[str, Any]],
-                 checkpoint: bool, curves: bool, steps_now: int | None = None) -> str:
+                 checkpoint: bool, curves: bool, steps_now: int | None = None, final: Mapping[str, Any] | None = None) -> str:
     """The closing note; ``rows`` are metrics.jsonl's, oldest first; ``snapshots`` the records of
     snapshots/index.jsonl, whose first (A_0) has the versions the run started from."""
     if not rows:
@@ -154,12 +201,14 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
         start_policy = int(first["policy_version"]) - (0 if first.get("skipped") else 1)
         start_interface = int(first["interface_version"])
     lines = [
-        result_line(rows, run_dir, wall_s, steps_now),
+        result_line(rows, run_dir, wall_s, steps_now, final),
         _row("reward by step", f"{sparkline(rewards, lo=0.0, hi=1.0)}  {rewards[0]:.2f} -> {rewards[-1]:.2f} "
                                f"(range {min(rewards):.2f} to {max(rewards):.2f})"),
     ]
     if len(rows) > 1:
         lines.append(_row("by category", category_text(category_halves(rows))))
+    if final:
+        lines += final_lines(final)
     lines.append(_row("failure profile", f"step {first['step']}: {top_tags(first.get('tag_fractions'))}"))
     if len(rows) > 1:
         lines.append(_row("", f"step {last['step']}: {top_tags(last.get('tag_fractions'))}"))
@@ -168,7 +217,8 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
         _row("policy", f"v{start_policy} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
                        f"steps skipped, {filtered} groups filtered (equal rewards)"),
         _row("throughput", f"{gen / gen_s if gen_s else 0.0:.1f} generated tokens/s, {learner}"),
-        _row("TensorBoard", f".venv/bin/tensorboard --logdir {shlex.quote(str(Path(run_dir) / 'tensorboard'))}"),
+        _row("TensorBoard", f".venv/bin/tensorboard --logdir {shlex.quote(str(Path(run_dir) / 'tensorboard'))}, "
+                            "then http://localhost:6006/#custom_scalars"),
         _row("snapshots", f"{shlex.quote(str(Path(run_dir) / 'snapshots'))} ({', '.join(r['name'] for r in snapshots) or 'none'})"),
         _row("checkpoint", shlex.quote(str(resume_checkpoint(Path(run_dir)))) if checkpoint
              else "none (trainer.checkpoint_every=0)"),

@@ -52,6 +52,9 @@ def run(args) -> int:
         history = pipeline.run(cfg.trainer.steps)
     finally:
         pipeline.close()
+    from seal.final_eval import run_final_evaluation
+
+    run_final_evaluation(cfg, run_dir, progress.emit)
     text = close_run(run_dir, time.monotonic() - progress.started, len(history), bool(cfg.trainer.checkpoint_every))
     if quiet:  # the one line a script needs
         print(text.splitlines()[0], flush=True)
@@ -87,6 +90,7 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
     import json
     import logging
 
+    from evaluation.frozen import read_final
     from seal.snapshots import read_snapshots
     from seal.summary import CURVES_FILE, SUMMARY_FILE, summary_text
     from seal.training_plot import plot_training
@@ -98,7 +102,8 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
     except Exception as exc:  # noqa: BLE001 - a plot must not turn a finished run into a failed one
         logging.getLogger(__name__).error("could not draw %s: %s", CURVES_FILE, exc)
         curves = False
-    text = summary_text(rows, run_dir, wall_s, read_snapshots(run_dir), checkpoint=checkpoint, curves=curves, steps_now=steps_now)
+    text = summary_text(rows, run_dir, wall_s, read_snapshots(run_dir), checkpoint=checkpoint, curves=curves, steps_now=steps_now,
+                        final=read_final(run_dir))
     (run_dir / SUMMARY_FILE).write_text(text)
     return text
 

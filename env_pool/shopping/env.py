@@ -24,15 +24,27 @@ from env_pool.shopping.tools import SIGNATURES, TOOL_NAMES, TOOLS, ShoppingList,
 from env_pool.shopping.verifier import judge
 from env_pool.tool_calls import FORMATS, ParsedStep, ToolCall, parse_step, render_calls
 
-# Worked exchanges (training interface, worked_examples): an add, a remove, a look
-# at the list, a request that lacks its quantity (ask first) and a thank-you that
-# needs no call. Their items (pear, yogurt) are never in a task, so they show the
-# call format and the turn shapes, not an answer. Results are made up, never executed.
+# The benchmark's own few-shot prompt, part of its definition and the same at every
+# snapshot, in every run and in both interfaces: a request that lacks its quantity
+# (ask first, then add), an add, a remove, a look at the list, a thank-you that needs
+# no call, and a request dropped after the question. Without them SmolLM2-135M never
+# calls a tool (0% in every category). The order decides the base rates, which must be
+# above zero and well below the ceiling so that gains and losses both show (greedy,
+# 40 test tasks per category, 2026-12-03): this order 45% base / 72% miss_param; the
+# ask-first exchange fourth 8% / 91%; without it 65% / 2%; without its answer 5% / 0%.
+# Their items (pear, yogurt) are never in a task, so they show the call format and the
+# turn shapes, not an answer. Results are made up.
 def _call_exchange(request: str, call: ToolCall, result: str, reply: str) -> Exchange:
     return (request, call, result, reply)
 
 
-WORKED_EXCHANGES: tuple[Exchange, ...] = (
+ASK_FIRST: tuple[Message, ...] = (
+    {"role": "user", "content": "Please add some yogurt to my shopping list."},
+    {"role": "assistant", "content": "How many yogurt would you like?"},
+)
+ASK_ANSWERED = _call_exchange("3 of them, please.", ToolCall("add_item", {"item": "yogurt", "quantity": 3}),
+                              '{"added": "yogurt", "quantity": 3}', "I added 3 yogurt to your list.")
+BENCHMARK_EXCHANGES: tuple[Exchange, ...] = (
     _call_exchange("Please add pear to my shopping list, quantity 2.", ToolCall("add_item", {"item": "pear", "quantity": 2}),
                    '{"added": "pear", "quantity": 2}', "I added 2 pear to your list."),
     _call_exchange("Please remove yogurt from my shopping list.", ToolCall("remove_item", {"item": "yogurt"}),
@@ -40,21 +52,20 @@ WORKED_EXCHANGES: tuple[Exchange, ...] = (
     _call_exchange("What is on my shopping list now?", ToolCall("view_list", {}), '{"items": {"pear": 2}}',
                    "Your list has 2 pear."),
 )
-ASK_FIRST: tuple[Message, ...] = (
-    {"role": "user", "content": "Please add some yogurt to my shopping list."},
-    {"role": "assistant", "content": "How many yogurt would you like?"},
-)
-ASK_ANSWERED = _call_exchange("3 of them, please.", ToolCall("add_item", {"item": "yogurt", "quantity": 3}),
-                              '{"added": "yogurt", "quantity": 3}', "I added 3 yogurt to your list.")
 NO_CALL_EXCHANGE: tuple[Message, ...] = (
     {"role": "user", "content": "Thank you!"},
     {"role": "assistant", "content": "You are welcome. Tell me if you need anything else."},
 )
-
-
-def worked_messages(fmt: str, bare: bool = False) -> list[Message]:
-    return (exchange_messages(WORKED_EXCHANGES, fmt, bare) + [dict(m) for m in ASK_FIRST]
-            + exchange_messages([ASK_ANSWERED], fmt, bare) + [dict(m) for m in NO_CALL_EXCHANGE])
+ASK_DROPPED: tuple[Message, ...] = (
+    {"role": "user", "content": "Please add some pear to my shopping list."},
+    {"role": "assistant", "content": "How many pear would you like?"},
+    {"role": "user", "content": "Never mind, thanks."},
+    {"role": "assistant", "content": "All right. Tell me if you need anything else."},
+)
+def benchmark_messages(fmt: str, bare: bool = False) -> list[Message]:
+    """The benchmark's few-shot turns: in every episode, raw or training interface."""
+    return ([dict(m) for m in ASK_FIRST] + exchange_messages([ASK_ANSWERED, *BENCHMARK_EXCHANGES], fmt, bare)
+            + [dict(m) for m in (*NO_CALL_EXCHANGE, *ASK_DROPPED)])
 
 
 class ShoppingEnv(Environment):
@@ -102,8 +113,11 @@ class ShoppingEnv(Environment):
         self._interface = interface or RAW_INTERFACE
         self._list = ShoppingList(dict(task.initial))
         self._messages: list[Message] = [{"role": "system", "content": self.system_prompt(self._interface, task.category)}]
-        if self._interface.worked_examples:
-            self._messages += worked_messages(self.tool_format, self.bare_calls)
+        # The benchmark's exchanges, whatever the interface: interface.worked_examples adds none here.
+        # A further training-only exchange (a tool error read and the call repeated, before or
+        # after these) cut the training interface's success at temperature 0.7 from 22% / 48%
+        # (base / miss_param, 40 train tasks each) to 2% / 30% or 25% / 10%.
+        self._messages += benchmark_messages(self.tool_format, self.bare_calls)
         self._messages.append({"role": "user", "content": task.turns[0].user})
         self._turn = self._steps_in_turn = 0
         self._turn_texts: list[list[str]] = [[]]

@@ -17,7 +17,7 @@ from env_pool.shopping.tools import MASS_ITEMS, PLURALS
 from env_pool.tool_calls import ToolCall
 
 CATEGORIES = ("base", "miss_param", "recovery")
-NUM_TASKS = 300
+NUM_TASKS = 480  # 240 train, 240 test (80 per category: the frozen evaluation's sample)
 NUM_TRAIN = 240
 PREFIX = "shop_"
 _ITEMS = (*PLURALS, *MASS_ITEMS)

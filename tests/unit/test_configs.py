@@ -115,3 +115,18 @@ def test_off_policy_and_sampling_defaults():
     assert cfg.trainer.filter_groups == "zero_variance" and cfg.trainer.unfilled == "skip"
     with pytest.raises(ValueError, match="old_logprobs"):
         instantiate(compose(["learner.cfg.old_logprobs=vllm"]).learner.cfg)
+
+
+@pytest.mark.parametrize("generator", ["vllm_cpu", "vllm_async_cpu", "vllm_gpu", "vllm_async_gpu"])
+def test_every_generator_config_maps_to_a_blocking_engine_it_can_build(generator):
+    """`seal evaluate`, `seal rollout` and the closing evaluation of `seal train` build a blocking
+    engine from whatever generator the run trains with: every key must be one it takes."""
+    import inspect
+
+    from actors.vllm_generator import VllmGenerator
+    from seal.generator_fleet import local_generator_spec
+
+    spec = local_generator_spec(compose([f"generator={generator}"]).generator, model_path="embedded")
+    assert spec["_target_"] == "actors.vllm_generator.VllmGenerator"
+    accepted = set(inspect.signature(VllmGenerator.__init__).parameters)
+    assert set(spec) - {"_target_"} <= accepted, set(spec) - {"_target_"} - accepted

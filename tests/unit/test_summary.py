@@ -70,7 +70,8 @@ def test_summary_has_every_part_a_person_looks_for():
     assert lines[6] == "policy           v0 -> v2; 1 of 3 steps skipped, 3 groups filtered (equal rewards)"
     # (4 x 100 + 8 x 100 + 6 x 200) / 400 generated tokens per second; learner rate over trained steps only.
     assert lines[7] == "throughput       6.0 generated tokens/s, 0.60 learner samples/s"
-    assert lines[8] == "TensorBoard      .venv/bin/tensorboard --logdir 'runs/my run/tensorboard'"
+    assert lines[8] == ("TensorBoard      .venv/bin/tensorboard --logdir 'runs/my run/tensorboard', "
+                        "then http://localhost:6006/#custom_scalars")
     assert lines[9] == "snapshots        'runs/my run/snapshots' (A_0, A_1)"
     assert lines[10] == "checkpoint       'runs/my run/checkpoints/latest'"
     assert lines[11] == "metrics          'runs/my run/metrics.jsonl', curves 'runs/my run/training_curves.png'"
@@ -112,3 +113,35 @@ def test_training_curves_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
     with pytest.raises(ValueError, match="no learner steps"):
         plot_training([], tmp_path / "x.png")
+
+
+def _final(held_in_change_ci, held_out_ci=(-0.05, 0.05)):
+    side = lambda k, n: {"successes": k, "n": n, "rate": k / n, "ci95": [0.1, 0.6]}  # noqa: E731
+    row = lambda name, out, ci: {"name": name, "held_out": out, "before": side(10, 40), "after": side(20, 40),  # noqa: E731
+                                 "change": {"value": 0.25, "gained": 12, "lost": 2, "ci95": list(ci)}}
+    return {"before": "A_0", "after": "A_1", "tasks": 120, "held_out": ["recovery"],
+            "settings": {"max_new_tokens": 48},
+            "rows": [row("base", False, (0.0, 0.4)), row("miss_param", False, (0.0, 0.4)),
+                     row("recovery", True, held_out_ci), row("held-in (all)", False, held_in_change_ci)]}
+
+
+def test_the_closing_note_shows_the_frozen_evaluation_beside_the_training_figures():
+    from seal.summary import summary_text
+
+    text = summary_text(rows(), "runs/x", 130.0, SNAPSHOTS, checkpoint=True, curves=True, final=_final((0.1, 0.4)))
+    lines = text.splitlines()
+    assert "held-in test success 0.25 -> 0.50 (A_0 -> A_1, raw interface)" in lines[0]
+    frozen = [line for line in lines if line.startswith("frozen eval")]
+    assert frozen and "A_0 -> A_1 on the same 120 test tasks, raw interface, greedy, 48 new tokens/step" in frozen[0]
+    assert any("base" in line and " 10/40  " in line and "change +25 pts [+0, +40]" in line for line in lines)
+    assert any("recovery (held out)" in line for line in lines)
+    assert lines[[i for i, x in enumerate(lines) if x.startswith("frozen eval")][0] + 5].strip() == (
+        "on unseen test tasks, A_1 vs A_0: held-in (all): better; recovery (held-out category): "
+        "no change the 95% interval can tell from zero")
+
+
+def test_the_verdict_says_worse_when_the_whole_interval_is_below_zero():
+    from seal.summary import verdict
+
+    assert "held-in (all): worse" in verdict(_final((-0.3, -0.01)))
+    assert "held-in (all): no change" in verdict(_final((-0.3, 0.01)))
