@@ -279,7 +279,7 @@ def render_calls(calls: list[ToolCall], fmt: str, bare: bool = False) -> str:
     """The text a model would emit for these calls (used to replay ground truth).
 
     ``bare``: python format, a single call without the list's brackets (``add(x=1)``); the
-    parser reads both, and a small model starts a bare call far more often (README)."""
+    parser reads both, and a small model starts a bare call far more often (docs/main-job.md)."""
     if fmt == "json":
         return "\n".join(
             f"{_TAG_OPEN}\n{json.dumps(c.to_dict(), ensure_ascii=False)}\n{_TAG_CLOSE}" for c in calls

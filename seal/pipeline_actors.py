@@ -184,7 +184,7 @@ class ActorSet:
                 name, functools.partial(instantiate_spec, _spec(self.cfg.env)), res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
                 self.generators.names[0], f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s,
                 # The keys travel as a constructor argument: in memory, through Ray (whose token
-                # auth guards the cluster, README), never in a file; Ray keeps them to restart the actor.
+                # auth guards the cluster, docs/main-job.md), never in a file; Ray keeps them to restart the actor.
                 self.replay_keys, not self.generators.is_async)
             self.env[name] = handle
             self.coordinator.register_env_actor.remote(name, handle)

@@ -252,7 +252,7 @@ def ray_auth_env(cfg: ClusterConfig, environ: Mapping[str, str], home: Path | No
     if cfg.address and ray_token_source(environ, home or Path.home()) is None:
         raise ValueError(f"cluster.ray_auth=token joins the cluster at {cfg.address} with Ray's token authentication, "
                          "but no token is here: copy the head node's ~/.ray/auth_token (made by `ray get-auth-token --generate`), "
-                         "or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (README: On a multi-node Ray cluster)")
+                         "or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (docs/main-job.md: On a multi-node Ray cluster)")
     return {"RAY_AUTH_MODE": "token"}
 
 

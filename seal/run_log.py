@@ -1,6 +1,6 @@
 """What a training run writes as it goes: metrics.jsonl (one object per learner
 step), rounds.jsonl (per-round failure profile and interface state) and
-TensorBoard scalars and text. The README's "TensorBoard scalars" list names
+TensorBoard scalars and text. docs/main-job.md's "TensorBoard scalars" list names
 every tag written here (tests/integration/test_cli_generation.py reads both)."""
 from __future__ import annotations
 

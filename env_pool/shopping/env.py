@@ -76,7 +76,7 @@ class ShoppingEnv(Environment):
                  bare_calls: bool = True) -> None:
         """``bare_calls``: the prompt shows a single python call without the list's brackets
         (``add_item(...)``, not ``[add_item(...)]``); either parses. SmolLM2-135M starts a bare
-        call about 7x more often (README: the CPU default)."""
+        call about 7x more often (docs/main-job.md: the CPU default)."""
         super().__init__()
         if tool_format not in FORMATS:
             raise ValueError(f"tool_format must be one of {FORMATS}, got {tool_format!r}")

@@ -67,7 +67,7 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
 
 TRAIN = ("train", "env=toy", "model=tiny", "n=4", "trainer.mode=sync", "trainer.filter_groups=none", "trainer.oversample=0")
 LINE = re.compile(r"\[\d+:\d\d:\d\d\] (\w+) +(.+)")  # seal/progress.py: [elapsed] kind message
-README = Path(__file__).resolve().parents[2] / "README.md"
+MAIN_JOB_DOC = Path(__file__).resolve().parents[2] / "docs" / "main-job.md"  # README's main-job section
 
 
 @pytest.fixture(scope="module")
@@ -152,21 +152,21 @@ def test_train_shows_progress_then_a_closing_summary(first_run):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"curves {png}" in closing
 
 
-def readme_scalars() -> list[str]:
-    """The tags the README lists under "TensorBoard scalars" (its first code block after that line)."""
-    text = README.read_text()
+def docs_scalars() -> list[str]:
+    """The tags docs/main-job.md lists under "TensorBoard scalars" (its first code block after that line)."""
+    text = MAIN_JOB_DOC.read_text()
     block = text[text.index("TensorBoard scalars"):].split("```")[1]
     return [tok for tok in block.split() if "/" in tok]
 
 
-def test_tensorboard_has_every_scalar_the_readme_lists(first_run):
+def test_tensorboard_has_every_scalar_the_docs_list(first_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from seal.run_log import GROUPS, SCALARS
 
     run, _ = first_run
-    listed = readme_scalars()
-    # The README and seal/run_log.py name the same scalars.
+    listed = docs_scalars()
+    # docs/main-job.md and seal/run_log.py name the same scalars.
     assert sorted(t for t in listed if t.startswith("train/")) == sorted(f"train/{k}" for k in SCALARS)
     assert sorted(t.split("/")[0] for t in listed if t.endswith(">")) == sorted(GROUPS)
     (events,) = (run / "tensorboard").glob("events.out.tfevents.*")

@@ -16,7 +16,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 # The default run's training reward, each task category's second half of the steps over its first
 # half, averaged over the categories (seal/summary.py category_halves: a step's own mean is mostly
-# the category its groups drew). README "The main job" has the figures of three seeds.
+# the category its groups drew). docs/main-job.md has the figures of three seeds.
 LEARNING_MARGIN = 0.05
 
 
@@ -66,7 +66,7 @@ def test_mean_reward_rises_on_the_toy_env():
 def test_the_default_command_learns():
     """README's first command (`seal train`, the CPU default: shopping env, embedded model), seed 0.
 
-    The claim the README makes: mean training reward over the last steps clearly
+    The claim docs/main-job.md makes: mean training reward over the last steps clearly
     above the first steps, tag fractions shifting, tag weights moving, the
     interface evolving, every policy and interface version recorded."""
     import json

@@ -59,7 +59,7 @@ def test_generator_configs_take_the_model_group():
 
 def test_root_config_defaults():
     cfg = compose([])
-    # The CPU default trains on the built-in shopping env (README: BFCL gives SmolLM2-135M no reward to learn from).
+    # The CPU default trains on the built-in shopping env (docs/main-job.md: BFCL gives SmolLM2-135M no reward to learn from).
     assert cfg.split == "train" and cfg.env._target_ == "env_pool.shopping.env.ShoppingEnv" and cfg.env.tool_format == "python"
     assert cfg.trainer.filter_groups == "zero_variance"
     assert compose(["env=bfcl"]).env.tool_format == "json"
