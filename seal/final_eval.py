@@ -10,6 +10,7 @@ A_0's step and the final step.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,8 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
         runs = []
         for i, record in enumerate((first, last)):
             if i:
-                generator.update_weights(int(record["policy_version"]), snapshot_weights(run_dir, record))
+                with _quiet_vllm():  # a line per fp32 weight cast to the engine's bf16: noise above the closing note
+                    generator.update_weights(int(record["policy_version"]), snapshot_weights(run_dir, record))
             got = play_snapshot(record["name"], make_env, generator, chat, tasks, sampling, int(cfg.seed), details)
             runs.append(got)
             solved = sum(ok for _, ok in got.results.values())
@@ -74,6 +76,19 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     write_final(run_dir, record)
     _to_tensorboard(Path(run_dir), record)
     return record
+
+
+@contextlib.contextmanager
+def _quiet_vllm():
+    import logging
+
+    vllm = logging.getLogger("vllm")
+    level = vllm.level
+    vllm.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        vllm.setLevel(level)
 
 
 def _to_tensorboard(run_dir: Path, record: dict[str, Any]) -> None:
