@@ -10,10 +10,12 @@ A_0's step and the final step.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 from pathlib import Path
 from typing import Any
+
+
+FINAL_LOG = "final.log"
 
 
 def final_sampling(cfg) -> Any:
@@ -32,6 +34,7 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     from actors.chat import ChatTokenizer
     from evaluation.frozen import FINAL_FILE, FINAL_TASKS_FILE, final_record, final_tasks, play_snapshot, write_final
     from seal.config import instantiate
+    from seal.console import output_to_file
     from seal.generator_fleet import local_generator
     from seal.snapshots import read_snapshots, snapshot_weights
 
@@ -53,22 +56,26 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     details.unlink(missing_ok=True)  # a resumed run evaluates again: its last snapshot is new
     emit("eval", f"frozen evaluation of {first['name']} and {last['name']}: {len(tasks.task_ids)} test tasks, raw interface, "
                  f"greedy, {sampling.max_new_tokens} new tokens per step")
-    generator = local_generator(cfg.generator, model_path=snapshot_weights(run_dir, first), seed=int(cfg.seed))
+    log = Path(run_dir) / "evaluation" / FINAL_LOG
+    emit("eval", f"the engine's own output goes to {log}")
+    with output_to_file(log):  # vLLM's start-up and weight-load chatter, not the user's terminal
+        generator = local_generator(cfg.generator, model_path=snapshot_weights(run_dir, first), seed=int(cfg.seed))
     try:
         chat = ChatTokenizer(generator.tokenizer)
         runs = []
         for i, record in enumerate((first, last)):
-            if i:
-                with _quiet_vllm():  # a line per fp32 weight cast to the engine's bf16: noise above the closing note
+            with output_to_file(log):
+                if i:
                     generator.update_weights(int(record["policy_version"]), snapshot_weights(run_dir, record))
-            got = play_snapshot(record["name"], make_env, generator, chat, tasks, sampling, int(cfg.seed), details)
+                got = play_snapshot(record["name"], make_env, generator, chat, tasks, sampling, int(cfg.seed), details)
             runs.append(got)
             solved = sum(ok for _, ok in got.results.values())
             emit("eval", f"{record['name']}: {solved}/{len(got.results)} tasks solved in {got.wall_s:.0f} s")
     finally:
-        generator.close()
-        del generator
-        gc.collect()
+        with output_to_file(log):
+            generator.close()
+            del generator
+            gc.collect()
     settings = {"interface": "raw", "temperature": 0.0, "max_new_tokens": sampling.max_new_tokens, "rollouts_per_task": 1,
                 "seed": int(cfg.seed), "split": "test", "per_category": cfg.evaluation.get("final_per_category"),
                 "steps": {first["name"]: int(first["step"]), last["name"]: int(last["step"])}}
@@ -76,19 +83,6 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     write_final(run_dir, record)
     _to_tensorboard(Path(run_dir), record)
     return record
-
-
-@contextlib.contextmanager
-def _quiet_vllm():
-    import logging
-
-    vllm = logging.getLogger("vllm")
-    level = vllm.level
-    vllm.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        vllm.setLevel(level)
 
 
 def _to_tensorboard(run_dir: Path, record: dict[str, Any]) -> None:
