@@ -65,7 +65,8 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
                "dropped", "reissued", "rejected"}
 
 
-TRAIN = ("train", "env=toy", "model=tiny", "n=4", "trainer.mode=sync", "trainer.filter_groups=none", "trainer.oversample=0")
+TRAIN = ("train", "env=toy", "model=tiny", "n=4", "trainer.mode=sync", "trainer.filter_groups=none", "trainer.oversample=0",
+         "evaluation.final_per_category=2")  # the closing frozen evaluation on 2 test tasks per category: 6 in all
 LINE = re.compile(r"\[\d+:\d\d:\d\d\] (\w+) +(.+)")  # seal/progress.py: [elapsed] kind message
 MAIN_JOB_DOC = Path(__file__).resolve().parents[2] / "docs" / "main-job.md"  # README's main-job section
 
@@ -115,12 +116,15 @@ def test_train_shows_progress_then_a_closing_summary(first_run):
     # From the first seconds, in the order things happen.
     order = [first("tasks", "checking"), first("tasks", "160 tasks"), first("run", f"{run}: mode=sync"),
              first("ray", "starting Ray (local)"), first("ray", "Ray up in "),
-             first("engine", "starting the generator (VllmGenerator, model tiny) and the learner (ZeRO-2)"),
+             first("engine", "starting the generator (AsyncVllmGenerator, model tiny) and the learner (ZeRO-2)"),
              first("engine", "generator and learner ready in "), first("env", "env actors ready in "),
              first("group", "g0000000a0 started on env-"),
              first("learner", "step 1/2: train on 1 group (4 trajectories)"), first("learner", "publish policy v1"),
-             first("step", "1/2: reward 0.00, loss "), first("learner", "checkpoint step 1"),
-             first("step", "2/2: "), first("learner", "snapshot A_1 (step 2, policy v2)")]
+             first("step", "1/2: reward 0.00, loss "),
+             first("step", "2/2: "), first("learner", "checkpoint step 2"),  # every 5 steps and at the run's last
+             first("learner", "snapshot A_1 (step 2, policy v2)"),
+             first("eval", "frozen evaluation of A_0 and A_1: 6 test tasks, raw interface, greedy"),
+             first("eval", "the engine's own output goes to "), first("eval", "A_0: "), first("eval", "A_1: ")]
     assert order == sorted(order), said
     # A group's report is its env actor's return value; its trajectories stream to the replay queue on
     # their own, so the learner may start on them before the report is read: only start < done holds.
@@ -136,10 +140,18 @@ def test_train_shows_progress_then_a_closing_summary(first_run):
     # The closing note: printed, and the same text in the run dir, beside the curves.
     assert closing == (run / "summary.txt").read_text()
     lines = closing.splitlines()
-    assert re.fullmatch(rf"done: 2 steps in .+; reward 0.00 -> 0.00; policy v2, interface v1; run dir {run}", lines[0])
+    assert re.fullmatch(rf"done: 2 steps in .+; reward 0.00 -> 0.00; held-in test success \d.\d\d -> \d.\d\d \(A_0 -> A_1, "
+                        rf"raw interface\); policy v2, interface v1; run dir {run}", lines[0]), lines[0]
     assert lines[1] == "reward by step   ▁▁  0.00 -> 0.00 (range 0.00 to 0.00)"
     assert lines[2].startswith("by category      "), lines[2]  # each toy task is its own kind: tests/unit/test_summary.py has the figures
-    assert lines[3:5] == ["failure profile  step 1: empty_turn_model_response 1.00", " " * 17 + "step 2: empty_turn_model_response 1.00"]
+    # The frozen evaluation: a head line, a row per category (3) and the pooled held-in row, the verdict.
+    assert lines[3].startswith("frozen eval      A_0 -> A_1 on the same 6 test tasks, raw interface, greedy"), lines[3]
+    assert [x.split()[0] for x in lines[4:8]] == ["add", "get_weather", "multiply", "held-in"], lines[4:8]
+    assert lines[8].strip().startswith("on unseen test tasks, A_1 vs A_0: held-in (all): ")
+    final = json.loads((run / "evaluation" / "final.json").read_text())
+    assert final["tasks"] == 6 and final["settings"]["temperature"] == 0.0 and final["held_out"] == []
+    assert "Loading safetensors" in (run / "evaluation" / "final.log").read_text() and "Loading safetensors" not in proc.stdout
+    assert lines[9:11] == ["failure profile  step 1: empty_turn_model_response 1.00", " " * 17 + "step 2: empty_turn_model_response 1.00"]
     assert "interface        v0 -> v1; guidelines turned on: active_respond (step 2)" in lines
     assert f"snapshots        {run}/snapshots (A_0, A_1)" in lines and f"checkpoint       {run}/checkpoints/latest" in lines
     (evaluate,) = [x for x in lines if x.startswith("evaluate ")]
@@ -169,10 +181,15 @@ def test_tensorboard_has_every_scalar_the_docs_list(first_run):
     # docs/main-job.md and seal/run_log.py name the same scalars.
     assert sorted(t for t in listed if t.startswith("train/")) == sorted(f"train/{k}" for k in SCALARS)
     assert sorted(t.split("/")[0] for t in listed if t.endswith(">")) == sorted(GROUPS)
-    (events,) = (run / "tensorboard").glob("events.out.tfevents.*")
-    acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0})
+    # Two event files: the run's (seal/run_log.py) and the closing evaluation's (seal/final_eval.py).
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     scalars, tensors = acc.Tags()["scalars"], acc.Tags()["tensors"]
+    assert "custom_scalars__config__" in tensors  # the layout a user sees first (seal/run_log.py LAYOUT)
+    # Before/after at A_0's step (0) and the final one (2), one chart line per category and the held-in pool.
+    assert [e.step for e in acc.Scalars("eval/held-in_all/success")] == [0, 2]
+    assert {"eval/add/success", "eval/get_weather/success", "eval/multiply/success"} <= set(scalars)
     for tag in listed:
         if tag.endswith(">"):  # tag_weights/<tag>: one scalar per tag, category or stage
             assert any(s.startswith(tag.split("<")[0]) for s in scalars), tag
@@ -192,8 +209,8 @@ def test_train_resumes_quietly(first_run, tmp_path):
     proc = seal(*TRAIN, "trainer.steps=1", f"resume={run}", "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # --quiet: the closing note's first line alone, nothing on stderr.
-    assert re.fullmatch(rf"done: 3 steps \(1 this time\) in .+; reward 0.00 -> 0.00; policy v3, interface v1; "
-                        rf"run dir {run}\n", proc.stdout), proc.stdout
+    assert re.fullmatch(rf"done: 3 steps \(1 this time\) in .+; reward 0.00 -> 0.00; held-in test success \d.\d\d -> \d.\d\d "
+                        rf"\(A_0 -> A_2, raw interface\); policy v3, interface v1; run dir {run}\n", proc.stdout), proc.stdout
     assert proc.stderr == ""
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["interface_version"] == 1
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

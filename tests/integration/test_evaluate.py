@@ -32,7 +32,7 @@ def test_train_evaluate_report(tmp_path):
     # trainer.filter_groups=none: the tiny model's groups all have equal rewards, and this test counts updates.
     proc = seal("train", "env=toy", "model=tiny", "learner=torch", "n=4", "trainer.steps=2", "trainer.snapshot_every=1",
                 "trainer.filter_groups=none", "trainer.oversample=0",
-                "sampling.max_new_tokens=32", f"run_dir={run}")
+                "sampling.max_new_tokens=32", "evaluation.final=false", f"run_dir={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     t_train = time.perf_counter() - t0
     before = training_state(run)

@@ -18,7 +18,7 @@ def seal_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     args = ["env=toy", "model=tiny", "learner=zero3", "learner.world_size=2", "n=2", "trainer.groups_per_step=2",
             "trainer.filter_groups=none", "trainer.oversample=0", "sampling.max_new_tokens=32", "trainer.checkpoint_keep=1", "cluster.env_actors=1",
-            f"run_dir={run_dir}", *extra]
+            "evaluation.final=false", f"run_dir={run_dir}", *extra]
     return subprocess.run([sys.executable, "-m", "seal.cli", "train", *args], capture_output=True, text=True, env=env,
                           cwd=run_dir.parent, timeout=900)
 
@@ -49,7 +49,7 @@ def test_async_zero3_with_the_broadcast_group_and_a_checkpoint_every_step_runs_e
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     args = ["env=toy", "model=tiny", "learner=zero3", "learner.world_size=2", "generator=vllm_async_cpu",
-            "generator.weight_sync=broadcast", "n=2", "trainer.steps=8", "trainer.filter_groups=none", f"run_dir={run_dir}"]
+            "generator.weight_sync=broadcast", "n=2", "trainer.steps=8", "trainer.filter_groups=none", "evaluation.final=false", f"run_dir={run_dir}"]
     proc = subprocess.run([sys.executable, "-m", "seal.cli", "train", *args], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -44,7 +44,7 @@ def train_args(hosts: TwoHosts, run_dir: Path, *overrides: str) -> list[str]:
             "generator=vllm_async_cpu", "generator.cpu_kv_cache_gb=1", "sampling.max_new_tokens=32", "n=2",
             "trainer.groups_per_step=2", "trainer.filter_groups=none", "trainer.oversample=0", "learner.timeout_s=120",
             "cluster.env_actor.num_cpus=0.5", "cluster.generator.num_cpus=1", "cluster.generator.num_gpus=0",
-            "cluster.learner.num_cpus=1", "cluster.learner.num_gpus=0", f"run_dir={run_dir}", *overrides]
+            "cluster.learner.num_cpus=1", "cluster.learner.num_gpus=0", "evaluation.final=false", f"run_dir={run_dir}", *overrides]
 
 
 def metrics(run_dir: Path) -> list[dict]:
