@@ -161,6 +161,25 @@ def test_gradient_checkpointing_computes_the_same_update(tiny_path):
     assert_same_update(before, weights(plain), weights(recomputed), "gradient checkpointing")
 
 
+def test_gradient_checkpointing_is_chosen_per_micro_batch_from_its_length(tiny_path):
+    """learner.cfg.gradient_checkpointing_min_tokens: micro-batches shorter than it keep their activations,
+    longer ones recompute them; the update is the same either way."""
+    import dataclasses
+
+    batch = make_batch(2, tiny_path)
+    longest = max(len(t.token_ids) for t in batch)
+    plain = learner(tiny_path, "deepspeed", 2, optimizer="sgd")
+    before = weights(plain)
+    reference = plain.train_batch(batch, RELEASED_BASE_WEIGHTS)
+    for threshold, recompute in ((longest + 1, False), (1, True)):
+        lrn = learner(tiny_path, "deepspeed", 2, checkpointing=True, optimizer="sgd")
+        lrn.cfg = dataclasses.replace(lrn.cfg, gradient_checkpointing_min_tokens=threshold)
+        got = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)
+        assert lrn.model.is_gradient_checkpointing is recompute, threshold
+        assert got["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-7)
+        assert_same_update(before, weights(plain), weights(lrn), f"checkpointing threshold {threshold}")
+
+
 @pytest.mark.parametrize("backend, checkpointing", [("torch", False), ("deepspeed", True)])
 def test_shared_prefix_packing_computes_the_same_update(tiny_path, backend, checkpointing):
     batch = make_batch(7, tiny_path, shared_prompt=True)
