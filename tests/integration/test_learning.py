@@ -14,10 +14,9 @@ from __future__ import annotations
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-# The default run's training reward, each task category's second half of the steps over its first
-# half, averaged over the categories (seal/summary.py category_halves: a step's own mean is mostly
-# the category its groups drew). docs/main-job.md has the figures of three seeds.
-LEARNING_MARGIN = 0.05
+# Held-in test tasks (of 160) the final snapshot solves beyond A_0's, seed 0 of the default run
+# (docs/main-job-results.md: its three seeds).
+HELD_IN_MARGIN_TASKS = 4
 
 
 def test_mean_reward_rises_on_the_toy_env():
@@ -64,11 +63,10 @@ def test_mean_reward_rises_on_the_toy_env():
 
 
 def test_the_default_command_learns():
-    """README's first command (`seal train`, the CPU default: shopping env, embedded model), seed 0.
-
-    The claim docs/main-job.md makes: mean training reward over the last steps clearly
-    above the first steps, tag fractions shifting, tag weights moving, the
-    interface evolving, every policy and interface version recorded."""
+    """README's first command (`seal train`, the CPU default: shopping env, embedded model, seed 0),
+    judged as its closing note judges it: A_0 and the final snapshot frozen, on the same test tasks,
+    the benchmark's raw interface, greedy (evaluation/frozen.py). docs/main-job-results.md has the
+    three-seed measurement this margin comes from."""
     import json
     import os
     import subprocess
@@ -77,22 +75,25 @@ def test_the_default_command_learns():
     from pathlib import Path
 
     run = Path(tempfile.mkdtemp(prefix="seal-learn-")) / "run"
-    proc = subprocess.run([sys.executable, "-m", "seal.cli", "train", "seed=0", f"run_dir={run}"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "seal.cli", "train", f"run_dir={run}"], capture_output=True, text=True,
                           timeout=3600, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from seal.summary import category_change, category_halves, category_text
-
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    k = max(2, len(rows) // 3)
-    first, last = rows[:k], rows[-k:]
-    halves = category_halves(rows)
-    change = category_change(halves)
-    assert change is not None and change >= LEARNING_MARGIN, (category_text(halves), [round(r["reward_mean"], 3) for r in rows])
-    assert "recovery" not in halves  # held out of training: evaluated as the run's OOD view
-    assert first[0]["tag_fractions"] != last[-1]["tag_fractions"]
-    # Tag weights step with each learner update (a skipped step records none).
-    weights = [r["tag_weights"] for r in rows if r["tag_weights"]]
+    final = json.loads((run / "evaluation" / "final.json").read_text())
+    rows = {r["name"]: r for r in final["rows"]}
+    assert list(rows) == ["base", "miss_param", "recovery", "held-in (all)"] and final["held_out"] == ["recovery"]
+    assert final["tasks"] == 240 and all(r["before"]["n"] == 80 for n, r in rows.items() if n != "held-in (all)")
+    held_in = rows["held-in (all)"]
+    # The benchmark prompt's base rates: measurable and unsaturated in every trained category.
+    for name in ("base", "miss_param"):
+        assert 0.05 <= rows[name]["before"]["rate"] <= 0.9, rows[name]["before"]
+    # The claim: better on held-in test tasks, by a margin the paired interval supports.
+    assert held_in["change"]["ci95"][0] > 0, (held_in, proc.stdout[-2000:])
+    assert held_in["after"]["successes"] >= held_in["before"]["successes"] + HELD_IN_MARGIN_TASKS, held_in
+    assert "held-in (all): better" in proc.stdout
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # The co-evolution still acts: tag weights move, the interface evolves, every version is recorded.
+    weights = [r["tag_weights"] for r in metrics if r["tag_weights"]]
     assert len(weights) >= 2 and weights[0] != weights[-1]
-    assert last[-1]["interface_version"] >= 1 and last[-1]["active_guidelines"]
-    assert all(isinstance(r["policy_version"], int) and isinstance(r["interface_version"], int) for r in rows)
-    assert rows[-1]["policy_version"] >= 2
+    assert metrics[-1]["interface_version"] >= 1 and metrics[-1]["active_guidelines"]
+    assert all(isinstance(r["policy_version"], int) and isinstance(r["interface_version"], int) for r in metrics)
+    assert "recovery" not in {c for r in metrics for c in (r.get("rollouts_by_category") or {})}  # held out of training
