@@ -155,7 +155,7 @@ def final_lines(final: Mapping[str, Any]) -> list[str]:
     for r in final["rows"]:
         b, a, c = r["before"], r["after"], r["change"]
         label = r["name"] + (" (held out)" if r["held_out"] else "")
-        lines.append(_row("", f"  {label:<16} {b['successes']:>3}/{b['n']:<3} {_pct(b['rate']):>4} [{_pct(b['ci95'][0])}, "
+        lines.append(_row("", f"  {label:<20} {b['successes']:>3}/{b['n']:<3} {_pct(b['rate']):>4} [{_pct(b['ci95'][0])}, "
                               f"{_pct(b['ci95'][1])}] -> {a['successes']:>3}/{a['n']:<3} {_pct(a['rate']):>4} "
                               f"[{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}]   change {100 * c['value']:+.0f} pts "
                               f"[{100 * c['ci95'][0]:+.0f}, {100 * c['ci95'][1]:+.0f}]"))
