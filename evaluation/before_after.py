@@ -105,29 +105,14 @@ def before_after_rows(before: Mapping[str, tuple[str, bool]], after: Mapping[str
     return rows
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
-def _rate(r: Rate) -> str:
-    lo, hi = r.interval
-    return f"{r.successes}/{r.n} = {_pct(r.rate)} [{_pct(lo)}, {_pct(hi)}]"
-
-
-def rows_text(rows: Sequence[Row], before_name: str, after_name: str) -> list[str]:
-    """The table of the closing note: counts, rates with their 95% intervals, the change."""
-    head = f"  {'':16} {before_name:>22} {after_name:>22}   change [95%]"
-    lines = [head]
-    for r in rows:
-        lo, hi = r.change.interval
-        label = r.name + (" (held out)" if r.held_out else "")
-        lines.append(f"  {label:16} {_rate(r.before):>22} {_rate(r.after):>22}   {100 * r.change.change:+.0f} pts "
-                     f"[{100 * lo:+.0f}, {100 * hi:+.0f}] (+{r.change.gained} -{r.change.lost} tasks)")
-    return lines
-
-
 def row_record(r: Row) -> dict:
     return {"name": r.name, "held_out": r.held_out,
             "before": {"successes": r.before.successes, "n": r.before.n, "rate": r.before.rate, "ci95": list(r.before.interval)},
             "after": {"successes": r.after.successes, "n": r.after.n, "rate": r.after.rate, "ci95": list(r.after.interval)},
             "change": {"value": r.change.change, "gained": r.change.gained, "lost": r.change.lost, "ci95": list(r.change.interval)}}
+
+
+def held_in_record(records: Sequence[Mapping]) -> Mapping | None:
+    """Among row_record()s (final.json's rows): the held-in pool's, else the one held-in category's."""
+    held_in = [r for r in records if not r["held_out"]]
+    return next((r for r in held_in if r["name"] == HELD_IN_ALL), held_in[0] if held_in else None)

@@ -10,18 +10,13 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from evaluation.before_after import HELD_IN_ALL, paired_change
+from evaluation.before_after import held_in_record, paired_change
 from evaluation.frozen import FINAL_TASKS_FILE, read_final
 
 
 def _final_results(run_dir: Path, snapshot: str) -> dict[str, tuple[str, bool]]:
     rows = [json.loads(x) for x in (run_dir / "evaluation" / FINAL_TASKS_FILE).read_text().splitlines() if x.strip()]
     return {r["task_id"]: (r["category"], bool(r["success"])) for r in rows if r["snapshot"] == snapshot}
-
-
-def _held_in(final: dict[str, Any]) -> dict[str, Any]:
-    rows = [r for r in final["rows"] if not r["held_out"]]
-    return next((r for r in rows if r["name"] == HELD_IN_ALL), rows[0])
 
 
 def final_table(runs: dict[str, dict[int | None, Path]]) -> dict[str, Any]:
@@ -33,7 +28,7 @@ def final_table(runs: dict[str, dict[int | None, Path]]) -> dict[str, Any]:
             final = read_final(run_dir)
             if final is None:
                 raise FileNotFoundError(f"{run_dir} has no closing evaluation (evaluation/final.json): was evaluation.final=false?")
-            held_in = _held_in(final)
+            held_in = held_in_record(final["rows"])
             held_out = [r for r in final["rows"] if r["held_out"]]
             per_run.append({"arm": arm, "seed": seed, "run_dir": str(run_dir), "held_in": held_in, "held_out": held_out})
             out_cats = {r["name"] for r in held_out}

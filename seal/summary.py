@@ -19,10 +19,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from evaluation.before_after import held_in_record
 from seal.progress import duration
 from seal.storage import resume_checkpoint
-
-HELD_IN_ALL = "held-in (all)"  # evaluation/before_after.py's pooled row
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 16
@@ -128,18 +127,11 @@ def result_line(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: 
     """The one line `seal train --quiet` prints: what a script needs to know."""
     first, last = rows[0], rows[-1]
     steps = f"{len(rows)} steps" + (f" ({steps_now} this time)" if steps_now is not None and steps_now != len(rows) else "")
-    held_in = _held_in_row(final)
+    held_in = held_in_record(final["rows"]) if final else None
     test = (f"; held-in test success {held_in['before']['rate']:.2f} -> {held_in['after']['rate']:.2f} "
             f"({final['before']} -> {final['after']}, raw interface)" if held_in else "")
     return (f"done: {steps} in {duration(wall_s)}; reward {first['reward_mean']:.2f} -> {last['reward_mean']:.2f}{test}; "
             f"policy v{last['policy_version']}, interface v{last['interface_version']}; run dir {run_dir}")
-
-
-def _held_in_row(final: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The pooled held-in row of a final evaluation, or its one held-in category's."""
-    rows = [r for r in (final or {}).get("rows", []) if not r["held_out"]]
-    pooled = [r for r in rows if r["name"] == HELD_IN_ALL]
-    return (pooled or rows or [None])[-1]
 
 
 def _pct(x: float) -> str:
@@ -166,8 +158,7 @@ def final_lines(final: Mapping[str, Any]) -> list[str]:
 def verdict(final: Mapping[str, Any]) -> str:
     """One sentence a user reads first: is the trained policy better on test tasks it never trained on?"""
     rows = final["rows"]
-    pooled = [r for r in rows if r["name"] == HELD_IN_ALL]
-    chosen = (pooled or [r for r in rows if not r["held_out"]]) + [r for r in rows if r["held_out"]]
+    chosen = [r for r in [held_in_record(rows)] if r] + [r for r in rows if r["held_out"]]
     parts = []
     for r in chosen:
         lo, hi = r["change"]["ci95"]
