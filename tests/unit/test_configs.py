@@ -130,3 +130,11 @@ def test_every_generator_config_maps_to_a_blocking_engine_it_can_build(generator
     assert spec["_target_"] == "actors.vllm_generator.VllmGenerator"
     accepted = set(inspect.signature(VllmGenerator.__init__).parameters)
     assert set(spec) - {"_target_"} <= accepted, set(spec) - {"_target_"} - accepted
+
+
+@pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8"])
+def test_gpu_recipes_recompute_every_micro_batch_as_their_plan_assumes(recipe):
+    """seal/memory.py sizes a recipe's learner with recomputation on every micro-batch; the root
+    config's 2048-token threshold (the CPU default's short shopping groups) must not reach them."""
+    lc = compose([f"recipe={recipe}"]).learner.cfg
+    assert lc.gradient_checkpointing is True and lc.gradient_checkpointing_min_tokens == 0
