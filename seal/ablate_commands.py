@@ -134,6 +134,8 @@ def _seeds(args, shared: list[str]) -> list[int] | None:
         raise CliError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise CliError(f"--seeds needs distinct seeds, got {args.seeds!r}")
+    if any(o.split("=")[0] == "seed" for o in shared):
+        raise CliError("give the seeds with --seeds, not as a seed= override")
     return seeds
 
 
@@ -151,8 +153,6 @@ def ablate(args) -> int:
     if bad := [o for o in shared if o.lstrip("+~").split("=")[0] in ("run_dir", "resume", "ablation")]:
         raise CliError(f"seal ablate sets these itself: {bad}")
     seeds = _seeds(args, shared)
-    if seeds and any(o.split("=")[0] == "seed" for o in shared):
-        raise CliError("give the seeds with --seeds, not as a seed= override")
     plan = _compose_all(names, shared + ([f"seed={seeds[0]}"] if seeds else []))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
