@@ -21,7 +21,7 @@ setup(
     version="0.1.0",
     description="SEAL: co-evolving agents and training environments, asynchronous GRPO on BFCL multi-turn",
     python_requires=">=3.11",
-    packages=find_packages(include=["actors*", "learner*", "env_pool*", "replay*", "seal*", "evaluation*", "benchmarks*"]),
+    packages=find_packages(include=["weights*", "rollout*", "actors*", "learner*", "env_pool*", "replay*", "seal*", "evaluation*", "benchmarks*"]),
     package_data={"env_pool": ["data/*.json", "data/*.md"]},
     install_requires=requirements("base.txt"),
     extras_require={
@@ -34,5 +34,5 @@ setup(
         # The TRL peer benchmark (`seal bench trl`) only.
         "bench": requirements("bench.txt"),
     },
-    entry_points={"console_scripts": ["seal=seal.cli:main"]},
+    entry_points={"console_scripts": ["seal=seal.commands.cli:main"]},
 )

@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from actors.chat import ChatTokenizer
-from actors.generator import SamplingConfig
-from actors.rollout import GroupStats, run_group
+from rollout.chat import ChatTokenizer
+from rollout.generator import SamplingConfig
+from rollout.play import GroupStats, run_group
 from env_pool.base import Environment
 from env_pool.interface.state import InterfaceState
 from replay.auth import ClientKeys
@@ -37,7 +37,7 @@ class EnvActor:
         episode's as soon as it is ready (continuous batching)."""
         import ray
 
-        from actors.generator_server import RemoteGenerator
+        from actors.generation.server import RemoteGenerator
 
         # Peers come by name (or handle): a name keeps this actor's constructor
         # arguments small and plain, which Ray needs to restart it after a crash.
@@ -90,11 +90,11 @@ class EnvActor:
     def _generator_for(self, name: str):
         import ray
 
-        from actors.generator_server import RemoteGenerator
+        from actors.generation.server import RemoteGenerator
 
         name = name or self._default_generator
         if name not in self._generators:
-            from actors.generator import GeneratorUnavailable
+            from rollout.generator import GeneratorUnavailable
 
             try:
                 handle = ray.get_actor(name)

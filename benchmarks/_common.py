@@ -8,7 +8,6 @@ reports repeated measurements as median with min and max, never a single run.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -17,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from benchmarks._report import to_json
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -162,7 +163,7 @@ def machine() -> dict[str, Any]:
         commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    from actors.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
+    from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 
     # The flags that decide dtype auto (and the speed of bf16) go beside every figure.
     flags = read_cpu_flags()
@@ -180,7 +181,7 @@ def log(message: str) -> None:
 def write_json(out_dir: Path, part: str, report: dict[str, Any]) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"bench_{part.replace('-', '_')}.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
+    path.write_text(to_json(report) + "\n")
     return path
 
 

@@ -1,4 +1,4 @@
-"""Running the real pipeline (seal/pipeline.py) for the benchmarks that time it.
+"""Running the real pipeline (seal/run/driver.py) for the benchmarks that time it.
 
 One Ray session per benchmark part, started here, so every pipeline of the
 part (sync and async, repeat after repeat) reuses it and pays only for its own
@@ -32,7 +32,7 @@ def ray_session(cfg) -> Iterator[None]:
     import ray
 
     from seal.config import instantiate
-    from seal.placement import start_ray
+    from seal.runtime.placement import start_ray
 
     owns = not ray.is_initialized()
     start_ray(instantiate(cfg.cluster))
@@ -51,8 +51,8 @@ class PipelineRun:
 
     def __init__(self, cfg, overrides: Sequence[str], steps: int, warmup: int,
                  before: Callable[[Any], Any] | None = None) -> None:
-        from seal.pipeline import Pipeline
-        from seal.run_dir import create_run_dir
+        from seal.run.driver import Pipeline
+        from seal.run.run_dir import create_run_dir
 
         self.before_result = None
         self.staleness: list[int] = []

@@ -71,7 +71,7 @@ def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str
 
     One sampling config for every call, as in a run (the blocking server merges only calls
     with equal sampling); each turn's budget is the request's max_new_tokens."""
-    from actors.generator import GenerationRequest, SamplingConfig
+    from rollout.generator import GenerationRequest, SamplingConfig
 
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=max(b for _, budgets in plan for b in budgets))
 
@@ -101,8 +101,8 @@ def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str
 
 
 def _blocking(args, levels: list[int]) -> dict[int, list[dict]]:
-    from actors.generator_server import GeneratorServer
-    from actors.vllm_generator import VllmGenerator
+    from actors.generation.server import GeneratorServer
+    from actors.generation.vllm_engine import VllmGenerator
 
     server = GeneratorServer(lambda: VllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1))
     try:
@@ -125,7 +125,7 @@ def _sweep(args, levels, generate, label: str) -> dict[int, list[dict]]:
 
 
 def _continuous(args, levels: list[int]) -> tuple[dict[int, list[dict]], dict[str, Any], dict[str, Any]]:
-    from actors.async_vllm_generator import AsyncVllmGenerator
+    from actors.generation.async_vllm_engine import AsyncVllmGenerator
 
     loops = [_Loop(), _Loop()]
     gens = [AsyncVllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1)]
@@ -153,7 +153,7 @@ def _continuous(args, levels: list[int]) -> tuple[dict[int, list[dict]], dict[st
 
 def _updates(args, gen, loop) -> dict[str, Any]:
     """Each mode with 8 episodes' requests in flight: update seconds, bytes, canary seconds."""
-    from actors.model_assets import resolve_model
+    from weights.model_assets import resolve_model
 
     weights = _load_weights(str(resolve_model(args.model)))
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())

@@ -1,6 +1,6 @@
 """The learner group: the same global batch on 1 and 2 ranks (samples/s, communication share, peak memory per rank).
 
-One LearnerGroup (seal/learner_group.py) per world size, built from the
+One LearnerGroup (seal/runtime/learner_group.py) per world size, built from the
 composed learner config (learner=zero3 unless overridden) with its
 world_size set; the batch is synthetic groups of --n rollouts in two shapes:
 toy (short: --toy-tokens per trajectory) and BFCL-shaped (a long shared
@@ -58,9 +58,9 @@ def synthetic_batch(groups: int, n: int, tokens: int, prompt_share: float, seed:
 def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
     from seal.config import instantiate, instantiate_spec
-    from seal.learner_group import GroupSettings, LearnerGroup
+    from seal.runtime.learner_group import GroupSettings, LearnerGroup
 
     spec = OmegaConf.to_container(cfg.learner, resolve=True)
     spec["world_size"] = world_size

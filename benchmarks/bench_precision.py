@@ -2,7 +2,7 @@
 
 Same model, same prompts, same cores, one run, so the ratios hold under the
 outside load the report records. For each dtype: a vLLM CPU generator
-(actors/vllm_generator.py) and a torch learner (learner/engine.py; bf16 =
+(actors/generation/vllm_engine.py) and a torch learner (learner/engine.py; bf16 =
 autocast over fp32 master weights) in this process.
 
 - generator: --sequences random-token prompts of --prompt-tokens, --new-tokens
@@ -72,7 +72,7 @@ def _learner(model: str, dtype: str, n: int):
 
 
 def _generate(gen, prompts, new_tokens: int, seed: int):
-    from actors.generator import GenerationRequest, SamplingConfig
+    from rollout.generator import GenerationRequest, SamplingConfig
 
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, seed=seed)
     reqs = [GenerationRequest(f"r{seed}-{i}", p, new_tokens, seed=seed + i) for i, p in enumerate(prompts)]
@@ -82,8 +82,8 @@ def _generate(gen, prompts, new_tokens: int, seed: int):
 
 
 def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
-    from actors.vllm_generator import VllmGenerator
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from actors.generation.vllm_engine import VllmGenerator
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
 
     n = args.sequences
     gen = VllmGenerator(args.model, dtype=dtype, max_model_len=4096, cpu_kv_cache_gb=1)
@@ -127,7 +127,7 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
-    from actors.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
+    from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 
     args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
     bad = [s for s in args.shape_list if s not in SHAPES]

@@ -39,13 +39,13 @@ def _alone(pipeline) -> dict[str, float]:
     import ray
     from omegaconf import OmegaConf
 
-    from actors.chat import ChatTokenizer
-    from actors.generator_server import RemoteGenerator
-    from actors.model_assets import load_tokenizer
-    from actors.rollout import GroupStats, run_group
+    from rollout.chat import ChatTokenizer
+    from actors.generation.server import RemoteGenerator
+    from weights.model_assets import load_tokenizer
+    from rollout.play import GroupStats, run_group
     from env_pool.base import play_scripted
     from env_pool.interface.state import InterfaceState
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
     from seal.config import instantiate, instantiate_spec
 
     cfg = pipeline.cfg

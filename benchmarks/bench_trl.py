@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from actors.precision import resolve_dtype
+from weights.precision import resolve_dtype
 from benchmarks._common import REPO, error_bars, figure, log, median, save_figure, summary, table, target
 
 NAME = "trl"
@@ -162,8 +162,8 @@ def _run_trl(spec: dict[str, Any]) -> dict[str, Any]:
 def _trl_spec(cfg, args, out: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    from actors.chat import ChatTokenizer
-    from actors.model_assets import load_tokenizer, resolve_model
+    from rollout.chat import ChatTokenizer
+    from weights.model_assets import load_tokenizer, resolve_model
     from seal.config import instantiate
 
     env_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items() if k != "_target_"}

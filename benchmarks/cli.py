@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(cli_args) -> int:
-    """Handler of `seal bench` (seal/cli.py): the part and everything after it."""
+    """Handler of `seal bench` (seal/commands/cli.py): the part and everything after it."""
     return main([cli_args.part, *cli_args.bench_args])
 
 

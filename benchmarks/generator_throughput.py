@@ -28,11 +28,11 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/generator_throughput.json")
     args = parser.parse_args()
 
-    from actors.chat import ChatTokenizer
-    from actors.generator import GenerationRequest, SamplingConfig
-    from actors.model_assets import resolve_model
-    from actors.rollout import GroupStats, run_group
-    from actors.vllm_generator import VllmGenerator
+    from rollout.chat import ChatTokenizer
+    from rollout.generator import GenerationRequest, SamplingConfig
+    from weights.model_assets import resolve_model
+    from rollout.play import GroupStats, run_group
+    from actors.generation.vllm_engine import VllmGenerator
     from env_pool.bfcl.env import BfclEnv
     from env_pool.interface.state import InterfaceState
 

@@ -58,8 +58,8 @@ def one_step(model: str, packed: bool, args, seed: int, conn) -> None:
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from actors.model_assets import resolve_model
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from weights.model_assets import resolve_model
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
     from learner.engine import Learner, LearnerConfig
 
     cfg = LearnerConfig(backend="deepspeed", zero_stage=2, lr=1e-6, mini_batch_groups=args.groups,

@@ -6,7 +6,7 @@ samples/s, tokens/s, and the publish latency (full weights to a safetensors
 snapshot). Backends alternate round by round so they see the same load.
 Then the two ways weights reach vLLM, per backend, with vLLM CPU in a child
 process: the published snapshot reloaded from disk, and the weight group
-(actors/weight_sync.py, gloo): seconds from the learner's first send to the
+(weights/group.py, gloo): seconds from the learner's first send to the
 last, seconds until vLLM has loaded them, and the first token after it (a
 prompt of --prompt-tokens, the prefix cache just reset, so a full prefill).
 Prints tables and writes JSON (default benchmarks/results/learner_throughput.json).
@@ -59,7 +59,7 @@ HOST = "127.0.0.1"
 
 
 def first_token_s(gen, prompt: list[int]) -> float:
-    from actors.generator import GenerationRequest, SamplingConfig
+    from rollout.generator import GenerationRequest, SamplingConfig
 
     t = time.perf_counter()
     gen.generate([GenerationRequest("ft", prompt, 1)], SamplingConfig(temperature=0.0, max_new_tokens=1))
@@ -68,7 +68,7 @@ def first_token_s(gen, prompt: list[int]) -> float:
 
 def vllm_side(model: str, port: int, prompt_tokens: int, conn) -> None:
     """Rank 1 of the weight group: vLLM CPU on the same model, loading each round the parent announces."""
-    from actors.vllm_generator import VllmGenerator
+    from actors.generation.vllm_engine import VllmGenerator
 
     gen = VllmGenerator(model, max_model_len=max(2048, prompt_tokens + 16), cpu_kv_cache_gb=1, weight_sync="broadcast")
     prompt = [random.Random(0).randrange(100, 40000) for _ in range(prompt_tokens)]
@@ -127,8 +127,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
     args = parser.parse_args()
 
-    from actors.model_assets import resolve_model
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from weights.model_assets import resolve_model
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
     from learner.engine import Learner, LearnerConfig
 
     path = str(resolve_model(args.model))

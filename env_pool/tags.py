@@ -83,3 +83,35 @@ def turn_position(index: int, num_turns: int) -> str:
     if frac <= 2 / 3:
         return "middle"
     return "late"
+
+
+# A-Patch (DESIGN.md section 3): each tag's base weight, and the clip of a trajectory's weight.
+# Here, beside the vocabulary, because two components read them: the coordinator's tag
+# weights start from a base table and clip to these bounds, and the learner clips the
+# trajectory scale to them.
+SCALE_MIN, SCALE_MAX = 0.5, 2.0
+
+# Released-code base weights (DESIGN.md section 3).
+RELEASED_BASE_WEIGHTS: dict[str, float] = {
+    SPURIOUS_TOOL_CALL: 2.0,
+    CORRECT_ABSTENTION: 1.8,
+    EMPTY_TURN: 1.5,
+    STATE_MISMATCH: 1.0,
+    RESPONSE_MISMATCH: 0.9,
+    INSTANCE_MISMATCH: 0.6,
+    PASS: 1.0,
+    UNKNOWN: 1.0,
+}
+# Paper-vocabulary base weights: not published; ours, chosen to mirror the
+# released ordering (direct failures and skipped calls up-weighted), and
+# overridable in config.
+PAPER_BASE_WEIGHTS: dict[str, float] = {
+    INVALID_TOOL_CALL: 2.0,
+    MISSING_TOOL_CALL: 1.5,
+    ARGUMENT_MISMATCH: 1.2,
+    RECOVERY_FAILURE: 1.2,
+    STATE_MISMATCH: 1.0,
+    RESPONSE_MISMATCH: 0.9,
+    PASS: 1.0,
+    UNKNOWN: 1.0,
+}

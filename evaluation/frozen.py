@@ -69,7 +69,7 @@ class SnapshotRun:
 def play_snapshot(name: str, make_env: Callable[[], Any], generator: Any, chat: Any, tasks: FinalTasks, sampling: Any,
                   seed: int, details: Path | None = None) -> SnapshotRun:
     """Every task once on the generator's current weights, raw interface, played together."""
-    from actors.rollout import run_episodes
+    from rollout.play import run_episodes
     from env_pool.interface.state import RAW_INTERFACE
 
     if sampling.temperature != 0.0:

@@ -1,7 +1,7 @@
 """Running the OOD harness views (evaluation/ood_views.py) for one snapshot.
 
 The snapshot's generator (the VllmGenerator the other views use) serves
-every participant through ``env_pool.ood.chat_backend.GeneratorChat`` with the
+every participant through ``evaluation.ood_backend.GeneratorChat`` with the
 evaluation sampling (temperature 0): for tau2 it sits behind one local
 OpenAI-compatible endpoint as both the agent and the user simulator; for
 BFCL memory it is the tool agent directly. Each task becomes one TaskResult:
@@ -71,8 +71,8 @@ class OodRunner:
 
     def _chat(self) -> tuple[TokenCounter, TokenCounter]:
         if self._agent is None:
-            from actors.generator import SamplingConfig
-            from env_pool.ood.chat_backend import GeneratorChat
+            from rollout.generator import SamplingConfig
+            from evaluation.ood_backend import GeneratorChat
 
             s = self.sampling
             chat = GeneratorChat(self.generator, SamplingConfig(temperature=s.temperature, top_p=s.top_p,
@@ -91,7 +91,7 @@ class OodRunner:
             else:
                 raise ValueError(f"unknown OOD harness {harness!r}")
         except Exception as exc:  # the harness itself failed: a process error, never a policy verdict
-            from actors.generator import GeneratorUnavailable
+            from rollout.generator import GeneratorUnavailable
 
             if isinstance(exc, GeneratorUnavailable):
                 raise
@@ -125,7 +125,7 @@ class OodRunner:
 
     def _memory_question(self, env: Mapping[str, Any], view: str, task_id: str) -> tuple[TaskResult, dict]:
         from env_pool.ood import bfcl_memory as M
-        from env_pool.ood.chat_backend import tool_agent
+        from evaluation.ood_backend import tool_agent
 
         backend = env["backend"]
         agent_chat, _ = self._chat()

@@ -68,8 +68,8 @@ def run_task(make_env: Callable[[], Any], generator: Any, chat: Any, task_id: st
     here as a crash. Either way the verifier's verdict (or a failure, when
     there is none) stays the success value and the error is a diagnostic.
     """
-    from actors.generator import GeneratorUnavailable
-    from actors.rollout import run_group
+    from rollout.generator import GeneratorUnavailable
+    from rollout.play import run_group
     from env_pool.interface.state import RAW_INTERFACE
 
     t0 = time.perf_counter()

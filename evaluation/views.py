@@ -231,7 +231,7 @@ def _heldout_categories(ctx: ViewContext) -> View:
 
 @register_view(REPLAY)
 def _replay(ctx: ViewContext) -> View:
-    # Slot k of the stream is pool[k % len(pool)] (seal/slots.py), so the
+    # Slot k of the stream is pool[k % len(pool)] (replay/slots.py), so the
     # consumed groups cover the head of the pool, all of it after one epoch.
     pool = list(ctx.training_pool())
     if ctx.trained_groups < 1:

@@ -10,36 +10,9 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from env_pool import tags as T
+from env_pool.tags import SCALE_MAX, SCALE_MIN
 
 GRPO_EPS = 1e-6  # added to the group std (unbiased, n-1), as verl does
-SCALE_MIN, SCALE_MAX = 0.5, 2.0
-
-# Released-code base weights (DESIGN.md section 3).
-RELEASED_BASE_WEIGHTS: dict[str, float] = {
-    T.SPURIOUS_TOOL_CALL: 2.0,
-    T.CORRECT_ABSTENTION: 1.8,
-    T.EMPTY_TURN: 1.5,
-    T.STATE_MISMATCH: 1.0,
-    T.RESPONSE_MISMATCH: 0.9,
-    T.INSTANCE_MISMATCH: 0.6,
-    T.PASS: 1.0,
-    T.UNKNOWN: 1.0,
-}
-# Paper-vocabulary base weights: not published; ours, chosen to mirror the
-# released ordering (direct failures and skipped calls up-weighted), and
-# overridable in config.
-PAPER_BASE_WEIGHTS: dict[str, float] = {
-    T.INVALID_TOOL_CALL: 2.0,
-    T.MISSING_TOOL_CALL: 1.5,
-    T.ARGUMENT_MISMATCH: 1.2,
-    T.RECOVERY_FAILURE: 1.2,
-    T.STATE_MISMATCH: 1.0,
-    T.RESPONSE_MISMATCH: 0.9,
-    T.PASS: 1.0,
-    T.UNKNOWN: 1.0,
-}
-
-
 @dataclass(frozen=True)
 class GroupAdvantages:
     advantages: list[float]

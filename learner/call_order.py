@@ -7,7 +7,7 @@ collectives (ZeRO-3 gathers, the optimizer's reduce-scatter, barriers, the weigh
 broadcasts); two of them on one communicator at once, or in different orders on different
 ranks, hang or abort the group (gloo: SIGABRT in ``Pair::prepareRead``). Ray gives no order
 between concurrent calls of a threaded actor, so the driver numbers each rank's calls
-(seal/learner_group.py) and the rank runs them in that order: ticket k waits until k-1 is done.
+(seal/runtime/learner_group.py) and the rank runs them in that order: ticket k waits until k-1 is done.
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ class LearnerConfig:
     offload_optimizer: bool = False
     offload_param: bool = False
     weight_bucket_mb: float = 256.0  # weights leave a ZeRO-3 group gathered this many MB at a time
-    # Compute dtype: auto (bf16 where the CPU has AMX/AVX512-BF16: actors/precision.py) | bfloat16 | float32.
+    # Compute dtype: auto (bf16 where the CPU has AMX/AVX512-BF16: weights/precision.py) | bfloat16 | float32.
     # bf16 is torch autocast around the forwards: weights, gradients and optimizer state stay
     # fp32, so checkpoints and the equivalence tests are the same in both. The code default is
     # fp32 (tests compare backends exactly); the config files say auto.
@@ -86,7 +86,7 @@ class LearnerConfig:
         if self.weight_bucket_mb <= 0:
             raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
 
-        from actors.precision import check_dtype
+        from weights.precision import check_dtype
 
         check_dtype(self.dtype)
 
@@ -100,9 +100,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         import torch
         from transformers import AutoModelForCausalLM
 
-        from actors.model_assets import resolve_model
+        from weights.model_assets import resolve_model
 
-        from actors.precision import choose_dtype
+        from weights.precision import choose_dtype
 
         model_path = str(resolve_model(model_path))
         self._hf_ds_config = None

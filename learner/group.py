@@ -130,9 +130,9 @@ def join_group(rv: Rendezvous) -> None:
 
     import torch.distributed as dist
 
-    from actors.netif import use_node_interface
+    from weights.netif import use_node_interface
 
-    use_node_interface()  # gloo would advertise 127.0.0.1 where the hostname resolves to it (actors/netif.py)
+    use_node_interface()  # gloo would advertise 127.0.0.1 where the hostname resolves to it (weights/netif.py)
     # DeepSpeed reads these; each actor sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES), so local rank 0.
     os.environ.update(RANK=str(rv.rank), WORLD_SIZE=str(rv.world_size), LOCAL_RANK="0",
                       MASTER_ADDR=rv.host, MASTER_PORT=str(rv.port))

@@ -1,4 +1,4 @@
-"""One rank of the learner group as a Ray actor (the driver side is seal/learner_group.py).
+"""One rank of the learner group as a Ray actor (the driver side is seal/runtime/learner_group.py).
 
 Built in two calls so the group can meet where rank 0 runs: the actor starts
 empty, rank 0 reports its node's address and a free port there, then every
@@ -9,7 +9,7 @@ per rank, and the rank runs those calls one at a time in ticket order
 (learner/call_order.py). Probes (``node``, ``pid``, ``address``) take no ticket:
 they must answer while a step runs.
 
-Weights leave through Ray's object store in buckets (actors/weight_buckets.py),
+Weights leave through Ray's object store in buckets (weights/buckets.py),
 or over the weight group by broadcast (learner/weight_broadcast.py).
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ class LearnerRank:
 
     def weights(self, ticket: int, dtype: str | None = None):
         """The generator's weights in its ``dtype`` (None: fp32 as trained), put into the object
-        store bucket by bucket: rank 0 returns the ``WeightManifest`` (actors/weight_buckets.py),
+        store bucket by bucket: rank 0 returns the ``WeightManifest`` (weights/buckets.py),
         the other ranks of a group join the gathers and return None."""
         with self.order.turn(ticket, "weight gather", self.wait_s):
             return self.learner.weight_manifest(dtype)

@@ -1,6 +1,6 @@
 """The learner's end of the weight group (rank 0): broadcast weights to the vLLM workers.
 
-See actors/weight_sync.py for the group and the worker side. The group is
+See weights/group.py for the group, actors/generation/weight_worker.py for the worker side. The group is
 not the DeepSpeed training group: only the learner's rank 0 is in it, with
 the vLLM workers as ranks 1..N. Metadata (name, dtype, shape per tensor)
 goes to the workers by whatever carries control messages; it is fixed for a
@@ -13,8 +13,8 @@ from typing import Iterable, Iterator, Mapping
 
 import torch
 
-from actors.weight_buckets import bucket_bounds
-from actors.weight_sync import OP_TIMEOUT_S, WeightGroup, WeightGroupError, WeightMeta
+from weights.buckets import bucket_bounds
+from weights.group import OP_TIMEOUT_S, WeightGroup, WeightGroupError, WeightMeta
 
 
 def weight_buckets(params: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int,
@@ -67,7 +67,7 @@ class WeightBroadcaster:
     A round's first tensor waits up to ``timeout_s`` for the receivers (a replica
     draining its requests), each later one ``op_timeout_s``; a receiver gone or
     stalled fails the round with ``WeightGroupError`` naming the members, and the
-    group is aborted (actors/weight_sync.py): the caller re-forms it.
+    group is aborted (weights/group.py): the caller re-forms it.
     """
 
     def __init__(self, host: str, port: int, world_size: int, backend: str = "gloo",

@@ -67,10 +67,10 @@ class WeightsOut:
         every rank walks the bucketed gathers in step (a ZeRO-3 collective); rank 0 casts each
         bucket to the generator's ``dtype`` (None: fp32 as trained), puts it into the store as
         its own object and drops its host copy before the next gather. Rank 0 returns the
-        ``WeightManifest`` (actors/weight_buckets.py), the other ranks None."""
+        ``WeightManifest`` (weights/buckets.py), the other ranks None."""
         import torch
 
-        from actors.weight_buckets import put_buckets
+        from weights.buckets import put_buckets
         from learner.weight_broadcast import model_weight_buckets
 
         zero3 = self.engine is not None and self.cfg.zero_stage == 3

@@ -6,7 +6,7 @@ rescale the run. The driver makes one key set per run (``RunKeys``): a server
 key pair for its sockets and one client key pair per role,
 
     actors   the env actors, on the replay stream (handed to them through Ray, in memory)
-    control  `seal scale`, on the control socket (a 0600 file outside the run dir: seal/control.py)
+    control  `seal scale`, on the control socket (a 0600 file outside the run dir: seal/runtime/control.py)
 
 and each server admits only its own role's key: an env actor (which runs
 tools on other nodes) cannot rescale the run, and `seal scale` cannot push

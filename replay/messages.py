@@ -1,7 +1,7 @@
 """What crosses the generator -> replay queue boundary.
 
 One typed record per rollout (DESIGN.md section 8). Producers: rollout workers
-(actors/rollout.py). Consumers: the replay queue and the learner. JSONL and
+(rollout/play.py). Consumers: the replay queue and the learner. JSONL and
 (with the async pipeline) msgpack both come from ``to_dict``.
 """
 from __future__ import annotations
@@ -98,16 +98,6 @@ class Trajectory:
 
 
 # ------------------------------------------------------------ control plane
-@dataclass(frozen=True)
-class WeightVersion:
-    """Learner -> generators and replay queue: a new policy version is published."""
-
-    version: int
-    path: str  # where the snapshot lies ("" when pushed as tensors)
-    step: int
-    published_at: float
-
-
 @dataclass(frozen=True)
 class InterfaceUpdate:
     """Coordinator -> env actors: the training interface's new state."""

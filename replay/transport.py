@@ -61,7 +61,7 @@ class TrajectorySender:
     is killed with frames still queued loses them (and one that exits while
     the I/O thread still reads a zero-copy frame can crash in the interpreter's
     teardown), so producers close before they go away: env actors do it when
-    they retire (seal/pipeline_actors.py)."""
+    they retire (seal/runtime/actor_set.py)."""
 
     def __init__(self, address: str, hwm: int = 64, send_timeout_s: float = 600.0, linger_s: float = 30.0,
                  keys: ClientKeys | None = None) -> None:
@@ -158,7 +158,7 @@ class ReplayServer:
     orchestrator can take batches, abandon groups and move the policy version
     while frames arrive.
 
-    ``keys``: the run's keys (the driver makes them, seal/pipeline.py); with
+    ``keys``: the run's keys (the driver makes them, seal/run/driver.py); with
     ``cfg.curve`` and none given the server makes its own, so a CURVE server
     is never open to everyone. ``client_keys`` is what its senders need."""
 

@@ -18,12 +18,10 @@ from replay.messages import (
     Segment,
     TagSummary,
     Trajectory,
-    WeightVersion,
 )
 
 KINDS: dict[str, type] = {
     "trajectory": Trajectory,
-    "weight_version": WeightVersion,
     "interface_update": InterfaceUpdate,
     "tag_summary": TagSummary,
     "control": Control,

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 # temp area when the tests run in a fresh clone.
 os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "seal" / "bfcl_root"))
 Path(os.environ["BFCL_PROJECT_ROOT"]).mkdir(parents=True, exist_ok=True)
-# The control key files runs leave for `seal scale` (seal/control.py) go to a temp dir, not
+# The control key files runs leave for `seal scale` (seal/runtime/control.py) go to a temp dir, not
 # the user's ~/.seal; child processes (`seal train`, `seal scale`) inherit it.
 os.environ.setdefault("SEAL_KEY_DIR", tempfile.mkdtemp(prefix="seal-keys-"))
 
@@ -32,6 +32,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    # The folder is the mark: everything under tests/integration/ runs real parts together.
+    for item in items:
+        if "integration" in item.path.relative_to(REPO / "tests").parts[:1]:
+            item.add_marker(pytest.mark.integration)
     # pytest.ini's `timeout` bounds every default test (a hang fails that test with its stacks
     # instead of eating CI's 90 minutes); slow tests run whole training jobs: an hour each.
     for item in items:
@@ -42,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def seal_bin() -> list[str]:
     """The installed `seal` entry point of this interpreter's environment."""
-    return [sys.executable, "-m", "seal.cli"]
+    return [sys.executable, "-m", "seal.commands.cli"]
 
 
 @contextlib.contextmanager
@@ -68,7 +72,7 @@ def assert_manifest_loads_like_one_mapping(handle, manifest, version: int, timeo
 
     import ray
 
-    from actors.precision import from_wire_arrays, to_wire_arrays
+    from weights.precision import from_wire_arrays, to_wire_arrays
 
     whole: dict = {}
     for ref in manifest.buckets:

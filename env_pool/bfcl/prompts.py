@@ -20,7 +20,7 @@ from env_pool.interface.guidelines import guideline_block
 from env_pool.interface.schema_lite import SYSTEM_LINE, annotate_tools
 from env_pool.interface.state import InterfaceState
 
-_HERMES_TOOLS = (
+HERMES_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
     "For each function call, return a json object with function name and arguments within "
@@ -85,7 +85,7 @@ def system_prompt(
     elif fmt == "json":
         prompt = (
             f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n"
-            + _HERMES_TOOLS.format(tools=docs)
+            + HERMES_TOOLS.format(tools=docs)
             + "\n"
         )
     else:

@@ -40,10 +40,3 @@ VIEW_TARGETS: dict[str, tuple[str, str]] = {
     "bfcl_memory_kv": ("bfcl_memory", "kv"),
     "bfcl_memory_rec_sum": ("bfcl_memory", "rec_sum"),
 }
-
-
-def describe_views() -> list[dict[str, str]]:
-    """Every OOD view, runnable or not, as rows an evaluation command prints."""
-    rows = [{"view": name, "available": "yes", "about": about} for name, about in AVAILABLE_VIEWS.items()]
-    rows += [{"view": name, "available": "no", "about": reason} for name, reason in UNAVAILABLE_VIEWS.items()]
-    return rows

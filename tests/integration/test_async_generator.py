@@ -1,4 +1,4 @@
-"""The async-engine replica (actors/async_vllm_generator.py) on real vLLM CPU with the tiny model.
+"""The async-engine replica (actors/generation/async_vllm_engine.py) on real vLLM CPU with the tiny model.
 
 One replica and one blocking engine for the module; the replica's coroutines
 run on one event loop thread, as they do inside a Ray async actor.
@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from actors.generator import GenerationRequest, SamplingConfig
+from rollout.generator import GenerationRequest, SamplingConfig
 
-pytestmark = pytest.mark.integration
 PROMPT = [1, 17, 4021, 88, 913, 2049, 31, 7, 605, 12]
 
 
@@ -33,14 +32,14 @@ class Loop:
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from actors.model_assets import prepare_tiny_model
+    from weights.model_assets import prepare_tiny_model
 
     return str(prepare_tiny_model())
 
 
 @pytest.fixture(scope="module")
 def replica(tiny_path):
-    from actors.async_vllm_generator import AsyncVllmGenerator
+    from actors.generation.async_vllm_engine import AsyncVllmGenerator
 
     loop = Loop()
     gen = AsyncVllmGenerator(tiny_path, max_model_len=2048, cpu_kv_cache_gb=1, dtype="float32", weight_sync="broadcast")
@@ -84,7 +83,7 @@ def test_a_short_request_after_a_long_one_finishes_first(replica):
 
 
 def test_greedy_matches_the_blocking_engine(replica, tiny_path):
-    from actors.vllm_generator import VllmGenerator
+    from actors.generation.vllm_engine import VllmGenerator
 
     gen, loop = replica
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=24)
@@ -169,7 +168,7 @@ def _one_round_over_a_new_group(gen, loop, weights) -> tuple[int, int]:
     round over it: (the version loaded, what the replica reported receiving)."""
     import socket
 
-    from actors.weight_sync import weight_metadata
+    from weights.group import weight_metadata
     from learner.weight_broadcast import WeightBroadcaster
 
     with socket.socket() as s:
@@ -226,9 +225,9 @@ class _Blocking:
 
 
 def test_a_group_plays_its_episodes_independently(replica, tiny_path):
-    from actors.chat import ChatTokenizer
-    from actors.model_assets import load_tokenizer
-    from actors.rollout import GroupStats, run_group
+    from rollout.chat import ChatTokenizer
+    from weights.model_assets import load_tokenizer
+    from rollout.play import GroupStats, run_group
     from env_pool.toy.env import ToyToolEnv
 
     gen, loop = replica

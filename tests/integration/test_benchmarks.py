@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
 
 # One env actor: a pipeline start pays for each, and one group per step needs no more.
 TINY = ["model=tiny", "learner=torch", "sampling.max_new_tokens=16", "cluster.env_actors=1"]
@@ -32,7 +31,7 @@ FOREIGN_CLUSTER = {"RAY_ADDRESS": "127.0.0.1:9"}
 
 def bench(tmp_path: Path, part: str, *args: str, timeout: int = 900) -> dict:
     out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "seal.cli", "bench", part, "--json", "--repeats", "1", "--out", str(out), *args],
+    proc = subprocess.run([sys.executable, "-m", "seal.commands.cli", "bench", part, "--json", "--repeats", "1", "--out", str(out), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env={**os.environ, **FOREIGN_CLUSTER})
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
@@ -126,7 +125,7 @@ def test_trl_side_by_side_on_the_same_work(tmp_path):
 
 def test_bad_part_and_options_are_one_line_errors(tmp_path):
     for args in (["nope"], ["sync-async", "--warmup", "0"], ["env", "--repeats", "0"]):
-        proc = subprocess.run([sys.executable, "-m", "seal.cli", "bench", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        proc = subprocess.run([sys.executable, "-m", "seal.commands.cli", "bench", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.startswith("seal: error:"), (args, proc.stderr)
 
 

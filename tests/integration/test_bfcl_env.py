@@ -20,7 +20,6 @@ from env_pool.bfcl.tasks import get_task, split_ids
 from env_pool.interface.state import InterfaceState
 from env_pool.tool_calls import ToolCall, render_calls
 
-pytestmark = pytest.mark.integration
 CD = render_calls([ToolCall("cd", {"folder": "document"})], "json")
 
 

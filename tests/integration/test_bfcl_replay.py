@@ -10,7 +10,6 @@ from env_pool.bfcl.env import BfclEnv
 from env_pool.bfcl.tasks import CATEGORIES, get_task, split_ids
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 
-pytestmark = pytest.mark.integration
 TRAINING = InterfaceState(schema_lite=True, error_feedback=True, guidelines=True, active_guidelines=("state_aware",))
 
 

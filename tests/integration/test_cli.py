@@ -10,15 +10,14 @@ import pytest
 from env_pool.bfcl.replay import ground_truth_turns
 from env_pool.bfcl.tasks import get_task
 
-pytestmark = pytest.mark.integration
 
 
 def seal(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.cli", *args], capture_output=True, text=True, input=stdin, timeout=300)
+    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, input=stdin, timeout=300)
 
 
 def test_help_imports_nothing_heavy():
-    code = "import sys, seal.cli; seal.cli.build_parser(); print(sorted(m for m in ('torch', 'bfcl_eval', 'hydra', 'transformers', 'vllm', 'ray') if m in sys.modules))"
+    code = "import sys, seal.commands.cli; seal.commands.cli.build_parser(); print(sorted(m for m in ('torch', 'bfcl_eval', 'hydra', 'transformers', 'vllm', 'ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert seal("--help").returncode == 0

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
 KEYS = {"task_id", "category", "group_id", "rollout_index", "reward", "progress", "tags", "labels", "policy_version",
         "interface_version", "token_ids", "loss_mask", "logprobs", "num_tool_calls", "timings"}
 
 
 def seal(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.cli", *args], capture_output=True, text=True, timeout=600,
+    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
 
 
@@ -67,7 +66,7 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "stale
 
 TRAIN = ("train", "env=toy", "model=tiny", "n=4", "trainer.mode=sync", "trainer.filter_groups=none", "trainer.oversample=0",
          "evaluation.final_per_category=2")  # the closing frozen evaluation on 2 test tasks per category: 6 in all
-LINE = re.compile(r"\[\d+:\d\d:\d\d\] (\w+) +(.+)")  # seal/progress.py: [elapsed] kind message
+LINE = re.compile(r"\[\d+:\d\d:\d\d\] (\w+) +(.+)")  # seal/run/progress.py: [elapsed] kind message
 MAIN_JOB_DOC = Path(__file__).resolve().parents[2] / "docs" / "main-job.md"  # README's main-job section
 
 
@@ -102,7 +101,7 @@ def test_train_writes_metrics_and_checkpoints(first_run):
 
 
 def test_train_shows_progress_then_a_closing_summary(first_run):
-    from seal.cli import build_parser
+    from seal.commands.cli import build_parser
 
     run, proc = first_run
     progress, _, closing = proc.stdout.partition("\n\n")
@@ -174,19 +173,19 @@ def docs_scalars() -> list[str]:
 def test_tensorboard_has_every_scalar_the_docs_list(first_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from seal.run_log import GROUPS, SCALARS
+    from seal.run.run_log import GROUPS, SCALARS
 
     run, _ = first_run
     listed = docs_scalars()
-    # docs/main-job.md and seal/run_log.py name the same scalars.
+    # docs/main-job.md and seal/run/run_log.py name the same scalars.
     assert sorted(t for t in listed if t.startswith("train/")) == sorted(f"train/{k}" for k in SCALARS)
     assert sorted(t.split("/")[0] for t in listed if t.endswith(">")) == sorted(GROUPS)
-    # Two event files: the run's (seal/run_log.py) and the closing evaluation's (seal/final_eval.py).
+    # Two event files: the run's (seal/run/run_log.py) and the closing evaluation's (seal/run/final_eval.py).
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     scalars, tensors = acc.Tags()["scalars"], acc.Tags()["tensors"]
-    assert "custom_scalars__config__" in tensors  # the layout a user sees first (seal/run_log.py LAYOUT)
+    assert "custom_scalars__config__" in tensors  # the layout a user sees first (seal/run/run_log.py LAYOUT)
     # Before/after at A_0's step (0) and the final one (2), one chart line per category and the held-in pool.
     assert [e.step for e in acc.Scalars("eval/held-in_all/success")] == [0, 2]
     assert {"eval/add/success", "eval/get_weather/success", "eval/multiply/success"} <= set(scalars)

@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 
 from seal.config import compose, config_dir
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -35,7 +34,7 @@ def seal_train(sandbox, *args: str, env: dict | None = None) -> subprocess.Compl
     environ = {**os.environ, "RAY_TMPDIR": str(ray_root), **(env or {})}
     # This checkout's code, whatever the working directory or an installed copy.
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "seal.cli", "train", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "seal.commands.cli", "train", *args], capture_output=True, text=True,
                           cwd=cwd, env=environ, timeout=120)
 
 
@@ -101,7 +100,7 @@ def test_a_fresh_run_into_an_old_runs_directory_is_refused(sandbox, tmp_path):
 def test_no_task_that_fits_is_one_line_before_any_side_effect(sandbox, tmp_path):
     # 8180 of the tiny model's 8192 tokens go to the answer: no toy prompt fits in the 12 left.
     # n=2 and one sequence a micro-batch: more such sequences at once would not fit this machine's memory
-    # (`seal plan` says so first: the loss phase's full-vocabulary temporaries, seal/memory.py).
+    # (`seal plan` says so first: the loss phase's full-vocabulary temporaries, seal/runtime/memory.py).
     run_dir = tmp_path / "x"
     proc = seal_train(sandbox, "env=toy", "model=tiny", "n=2", "learner.cfg.micro_batch_size=1",
                       "sampling.max_new_tokens=8180", f"run_dir={run_dir}")
@@ -113,7 +112,7 @@ def test_no_task_that_fits_is_one_line_before_any_side_effect(sandbox, tmp_path)
 
 
 def test_a_refused_config_imports_neither_ray_nor_torch():
-    code = ("import sys; from seal.cli import main; rc = main(['train', 'n=0']); "
+    code = ("import sys; from seal.commands.cli import main; rc = main(['train', 'n=0']); "
             "print(rc, sorted(m for m in ('ray', 'torch', 'vllm', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.stdout.strip() == "2 []", out.stderr[-2000:]
@@ -158,7 +157,7 @@ def test_help_lists_groups_options_defaults_and_main_settings(sandbox):
 
 
 def test_help_is_fast_it_loads_no_model_library():
-    code = ("import sys; from seal.cli import main\ntry: main(['train', '--help'])\nexcept SystemExit: pass\n"
+    code = ("import sys; from seal.commands.cli import main\ntry: main(['train', '--help'])\nexcept SystemExit: pass\n"
             "print(sorted(m for m in ('ray', 'torch', 'vllm', 'transformers', 'deepspeed') if m in sys.modules), file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.stderr.strip() == "[]" and "config groups" in out.stdout

@@ -14,7 +14,6 @@ from env_pool.bfcl.replay import ground_truth_calls
 from env_pool.bfcl.tasks import get_task
 from env_pool.tool_calls import ParsedStep, ToolCall, render_calls
 
-pytestmark = pytest.mark.integration
 TASK = get_task("multi_turn_miss_func_0")  # fs + twitter; turn 2 expects no call; `sort` withheld until turn 3
 
 

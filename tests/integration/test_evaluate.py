@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
 OWN = ("evaluation", "report")  # the only folders evaluation may write
 
 
 def seal(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def training_state(run: Path) -> dict[str, str]:

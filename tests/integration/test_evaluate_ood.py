@@ -17,11 +17,10 @@ from omegaconf import OmegaConf
 
 from seal.config import compose
 
-pytestmark = pytest.mark.integration  # about 100 s on two busy cores
 
 
 def seal(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def bare_run(run_dir):
@@ -36,7 +35,7 @@ def bare_run(run_dir):
 
 
 def test_ood_harness_views_through_seal_evaluate(tmp_path):
-    from seal.snapshots import INDEX, snapshot_root
+    from seal.run.snapshots import INDEX, snapshot_root
 
     run = bare_run(tmp_path / "run")
     assert (snapshot_root(run) / INDEX).is_file()

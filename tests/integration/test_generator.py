@@ -3,27 +3,26 @@ from __future__ import annotations
 
 import pytest
 
-from actors.chat import ChatTokenizer
-from actors.generator import GenerationRequest, SamplingConfig
-from actors.rollout import GroupStats, run_group
+from rollout.chat import ChatTokenizer
+from rollout.generator import GenerationRequest, SamplingConfig
+from rollout.play import GroupStats, run_group
 from env_pool.bfcl.env import BfclEnv
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from env_pool.toy.env import ToyToolEnv
 
-pytestmark = pytest.mark.integration
 TRAIN = InterfaceState(version=3, schema_lite=True, error_feedback=True, guidelines=True, active_guidelines=("format",))
 
 
 @pytest.fixture(scope="session")
 def tiny_path():
-    from actors.model_assets import prepare_tiny_model
+    from weights.model_assets import prepare_tiny_model
 
     return str(prepare_tiny_model())
 
 
 @pytest.fixture(scope="session")
 def generator(tiny_path):
-    from actors.vllm_generator import VllmGenerator
+    from actors.generation.vllm_engine import VllmGenerator
 
     gen = VllmGenerator(tiny_path, max_model_len=8192, cpu_kv_cache_gb=1)
     yield gen
@@ -68,7 +67,7 @@ def test_behaviour_logprobs_match_the_learner_model(bfcl_group, tiny_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.logprobs import sequence_logprobs
+    from tests.integration.hf_logprobs import sequence_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
     traj = min(bfcl_group[0], key=lambda t: len(t.token_ids))

@@ -11,9 +11,8 @@ import pytest
 
 from seal.config import compose
 from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
-from seal.run_dir import create_run_dir
+from seal.run.run_dir import create_run_dir
 
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -23,7 +22,7 @@ def ray_session():
 
 
 def make_pipeline(run_dir, *overrides):
-    from seal.pipeline import Pipeline
+    from seal.run.driver import Pipeline
 
     args = ["env=toy", "model=tiny", "learner=torch", "generator=vllm_async_cpu", "generator.cpu_kv_cache_gb=1",
             "sampling.max_new_tokens=48", "n=4", "trainer.filter_groups=none", "trainer.oversample=0",

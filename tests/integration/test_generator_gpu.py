@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+pytestmark = pytest.mark.gpu
 
 
 def test_cuda_generator_generates_and_swaps_weights():
     pytest.importorskip("vllm")
-    from actors.chat import ChatTokenizer
-    from actors.generator import GenerationRequest, SamplingConfig
-    from actors.model_assets import prepare_tiny_model
-    from actors.vllm_generator import VllmGenerator
+    from rollout.chat import ChatTokenizer
+    from rollout.generator import GenerationRequest, SamplingConfig
+    from weights.model_assets import prepare_tiny_model
+    from actors.generation.vllm_engine import VllmGenerator
 
     path = str(prepare_tiny_model())
     gen = VllmGenerator(path, device="cuda", dtype="float32", max_model_len=4096, gpu_memory_utilization=0.3)
@@ -40,9 +40,9 @@ def test_async_replica_takes_weights_through_vllms_nccl_engine(tp):
         pytest.skip(f"needs {tp + 1} GPUs (the learner's rank 0 and {tp} TP workers)")
     from transformers import AutoModelForCausalLM
 
-    from actors.async_vllm_generator import AsyncVllmGenerator
-    from actors.model_assets import prepare_tiny_model
-    from actors.weight_sync import weight_metadata
+    from actors.generation.async_vllm_engine import AsyncVllmGenerator
+    from weights.model_assets import prepare_tiny_model
+    from weights.group import weight_metadata
     from learner.weight_broadcast import WeightBroadcaster
 
     path = str(prepare_tiny_model())

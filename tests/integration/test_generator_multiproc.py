@@ -2,7 +2,7 @@
 
 On CUDA, vLLM runs its engine core in another process (VLLM_ENABLE_V1_MULTIPROCESSING,
 on by default) and every collective_rpc argument crosses it by msgpack; on CPU the
-generator turns that off (actors/vllm_generator.py), so a CPU run never shows what
+generator turns that off (actors/generation/vllm_engine.py), so a CPU run never shows what
 cannot cross. Here it is on: weights from a mapping and from the learner's
 WeightManifest (the object-store path, ``weight_sync: reload``) must load and act
 like an HF forward of the same weights. In a subprocess: vLLM reads the setting
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
 
 SCRIPT = textwrap.dedent('''
     import glob, json, sys
@@ -26,9 +25,9 @@ SCRIPT = textwrap.dedent('''
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from actors.model_assets import prepare_tiny_model
-    from actors.vllm_generator import VllmGenerator
-    from actors.weight_buckets import put_buckets
+    from weights.model_assets import prepare_tiny_model
+    from actors.generation.vllm_engine import VllmGenerator
+    from weights.buckets import put_buckets
 
     PROMPT = [1, 17, 4021, 88, 913, 2049, 31, 7, 605, 12]
     path = str(prepare_tiny_model())

@@ -8,13 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
+from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 from tests.integration.test_learner_engine import GROUPS, N, make_batch, tiny_path  # noqa: F401 (fixture)
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(not set(BF16_CPU_FLAGS) & read_cpu_flags(),
                        reason=f"this CPU has none of {', '.join(BF16_CPU_FLAGS)}: dtype auto is fp32 here"),
 ]

@@ -8,18 +8,17 @@ import pytest
 import torch
 
 from env_pool import tags as T
-from learner.advantages import RELEASED_BASE_WEIGHTS
+from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 from replay.messages import Segment, Trajectory
 
-pytestmark = pytest.mark.integration
 GROUPS, N = 2, 2
 
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from actors.model_assets import prepare_tiny_model
+    from weights.model_assets import prepare_tiny_model
 
     return str(prepare_tiny_model())
 
@@ -29,7 +28,7 @@ def make_batch(seed: int, tiny_path: str, shared_prompt: bool = False) -> list[T
     the model itself plus noise (so ratios differ from 1), mixed rewards."""
     from transformers import AutoModelForCausalLM
 
-    from learner.logprobs import sequence_logprobs
+    from tests.integration.hf_logprobs import sequence_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
     rng = random.Random(seed)
@@ -248,7 +247,7 @@ def test_incomplete_mini_batches_are_refused(tiny_path):
 
 def test_learner_scores_exactly_the_masked_tokens(tiny_path):
     from learner.batch import build_samples
-    from learner.logprobs import sequence_logprobs
+    from tests.integration.hf_logprobs import sequence_logprobs
 
     lrn = learner(tiny_path, "torch", micro=2)
     batch = make_batch(6, tiny_path)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])
@@ -14,8 +14,8 @@ def test_cuda_step_matches_cpu(backend, stage):
         pytest.importorskip("deepspeed")
     from test_learner_engine import make_batch, update_gap
 
-    from actors.model_assets import prepare_tiny_model
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from weights.model_assets import prepare_tiny_model
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
     from learner.engine import Learner, LearnerConfig
 
     path = str(prepare_tiny_model())

@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from learner.advantages import RELEASED_BASE_WEIGHTS
+from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
-from seal.learner_group import GroupSettings, LearnerGroup, LearnerGroupError
-from seal.placement import ActorResources
+from seal.runtime.learner_group import GroupSettings, LearnerGroup, LearnerGroupError
+from seal.runtime.placement import ActorResources
 from tests.conftest import local_ray
 from tests.integration.test_learner_engine import assert_same_update, make_batch, update_gap
 
-pytestmark = pytest.mark.integration
 N, GROUPS = 2, 3  # 3 groups over 2 ranks: one rank runs a padding micro-batch
 TIMEOUT_S = 120.0
 
@@ -34,7 +33,7 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from actors.model_assets import prepare_tiny_model
+    from weights.model_assets import prepare_tiny_model
 
     return str(prepare_tiny_model())
 
@@ -64,8 +63,8 @@ def manifest_weights(manifest) -> dict[str, torch.Tensor]:
     """The union of a manifest's buckets (each checked against the bucket size), as writable tensors."""
     import ray
 
-    from actors.precision import from_wire_arrays
-    from actors.weight_buckets import WeightManifest
+    from weights.precision import from_wire_arrays
+    from weights.buckets import WeightManifest
 
     assert isinstance(manifest, WeightManifest)
     limit = manifest.bucket_mb * 2**20
@@ -87,7 +86,7 @@ def generator_end(g: LearnerGroup):
     the receiver and the metadata of what each round sends."""
     import ray
 
-    from actors.weight_sync import WeightGroup, WeightMeta
+    from weights.group import WeightGroup, WeightMeta
 
     host, port = g.weight_group_address()
     meta_ref = g.join_weight_group(host, port, 2, "gloo")
@@ -211,7 +210,7 @@ def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_
 
 def _join_then_exit(host: str, port: int, world_size: int) -> None:
     """A replica's worker that joins the weight group and then its process ends (a crash)."""
-    from actors.weight_sync import WeightGroup
+    from weights.group import WeightGroup
 
     WeightGroup(host, port, 1, world_size, "gloo", "cpu", TIMEOUT_S)
     os._exit(0)

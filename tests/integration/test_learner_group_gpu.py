@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+pytestmark = pytest.mark.gpu
 N, TIMEOUT_S = 2, 300.0
 
 
@@ -33,8 +33,8 @@ def gpu_ray(request):
 
 def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
     from learner.engine import Learner, LearnerConfig
-    from seal.learner_group import GroupSettings, LearnerGroup
-    from seal.placement import ActorResources
+    from seal.runtime.learner_group import GroupSettings, LearnerGroup
+    from seal.runtime.placement import ActorResources
 
     cfg = LearnerConfig(backend="deepspeed", zero_stage=stage, device="cuda", dtype=dtype, lr=1.0, optimizer="sgd",
                         weight_decay=0.0, mini_batch_groups=2, micro_batch_size=1)
@@ -48,8 +48,8 @@ def test_two_nccl_ranks_make_the_one_rank_update(stage, gpu_ray):
     _need(2)
     from test_learner_engine import make_batch
 
-    from actors.model_assets import prepare_tiny_model
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from weights.model_assets import prepare_tiny_model
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
     from tests.integration.test_learner_group import manifest_weights
 
     path = str(prepare_tiny_model())
@@ -71,8 +71,8 @@ def test_bf16_rank_keeps_fp32_master_weights_and_sends_bf16(gpu_ray):
     _need(1)
     from test_learner_engine import make_batch
 
-    from actors.model_assets import prepare_tiny_model
-    from learner.advantages import RELEASED_BASE_WEIGHTS
+    from weights.model_assets import prepare_tiny_model
+    from env_pool.tags import RELEASED_BASE_WEIGHTS
 
     path = str(prepare_tiny_model())
     g = _group(path, 2, 1, dtype="bfloat16")

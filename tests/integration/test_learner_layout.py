@@ -14,7 +14,7 @@ import time
 import pytest
 
 from seal.config import compose, instantiate
-from seal.layout_guard import (LayoutError, check_learner_nodes, check_replicas_fit, planned_learner_nodes, reserve_learner,
+from seal.runtime.layout_guard import (LayoutError, check_learner_nodes, check_replicas_fit, planned_learner_nodes, reserve_learner,
                                reserved_per_node)
 
 TIMEOUT_S = 120
@@ -63,7 +63,7 @@ def _probe_class():
 
 def _start_replicas(resources, count: int, reserved: dict) -> list:
     """What GeneratorFleet._start does to place each replica, with a probe for the engine."""
-    from seal.generator_fleet import spread_choice
+    from seal.runtime.generator_fleet import spread_choice
 
     probe, handles, chosen = _probe_class(), {}, {}
     for i in range(count):
@@ -167,7 +167,7 @@ def test_nodes_sharing_an_ip_each_pass_the_storage_check(cluster, tmp_path):
     and found the second gone: "wrote its probe ... but the driver cannot read it")."""
     import ray
 
-    from seal.storage import check_nodes_see
+    from seal.runtime.storage import check_nodes_see
 
     nodes = {n["NodeID"]: f"node {i}" for i, n in enumerate(ray.nodes()) if n["Alive"]}
     assert len(nodes) == 2 and len({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}) == 1

@@ -8,16 +8,15 @@ import pytest
 import torch
 from test_learner_engine import GROUPS, N, assert_same_update, make_batch, weights
 
-from learner.advantages import RELEASED_BASE_WEIGHTS
+from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from actors.model_assets import prepare_tiny_model
+    from weights.model_assets import prepare_tiny_model
 
     return str(prepare_tiny_model())
 
@@ -32,7 +31,7 @@ def make_learner(tiny_path, backend="torch", stage=2, groups_per_mini=GROUPS, **
 def test_recomputed_old_logprobs_are_the_weights_before_the_first_step(tiny_path):
     """Two mini-batches: the second one's pi_old is the policy before the batch's first step."""
     from learner.batch import build_samples
-    from learner.logprobs import sequence_logprobs
+    from tests.integration.hf_logprobs import sequence_logprobs
 
     lrn = make_learner(tiny_path, groups_per_mini=1, old_logprobs="recompute")
     samples, _ = build_samples(make_batch(0, tiny_path), RELEASED_BASE_WEIGHTS)

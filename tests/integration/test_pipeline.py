@@ -15,8 +15,8 @@ import pytest
 
 from seal.config import compose
 from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
-from seal.control import send_control
-from seal.run_dir import create_run_dir
+from seal.runtime.control import send_control
+from seal.run.run_dir import create_run_dir
 
 # Off-policy and episode figures every trained step reports as finite numbers.
 FINITE_KEYS = ("is_weight_mean", "is_truncated_frac", "ess", "clip_frac", "entropy", "response_len_mean",
@@ -34,7 +34,7 @@ def ray_session():
 
 
 def make_pipeline(run_dir, *overrides, resume=None):
-    from seal.pipeline import Pipeline
+    from seal.run.driver import Pipeline
 
     # No group filter by default here: these tests count every group through the learner.
     args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=64", "n=4", "trainer.filter_groups=none", "trainer.oversample=0", *overrides]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,7 +19,7 @@ def seal_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     args = ["env=toy", "model=tiny", "learner=zero3", "learner.world_size=2", "n=2", "trainer.groups_per_step=2",
             "trainer.filter_groups=none", "trainer.oversample=0", "sampling.max_new_tokens=32", "trainer.checkpoint_keep=1", "cluster.env_actors=1",
             "evaluation.final=false", f"run_dir={run_dir}", *extra]
-    return subprocess.run([sys.executable, "-m", "seal.cli", "train", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "seal.commands.cli", "train", *args], capture_output=True, text=True, env=env,
                           cwd=run_dir.parent, timeout=900)
 
 
@@ -34,7 +34,7 @@ def test_train_with_two_learner_ranks_checkpoints_one_shard_per_rank(tmp_path):
     assert len(tags) == 1, tags  # checkpoint_keep=1
     shards = sorted(p.name for p in tags[0].iterdir() if p.name.endswith("optim_states.pt"))
     assert len(shards) == 2 and shards[0].startswith("zero_pp_rank_0") and shards[1].startswith("zero_pp_rank_1"), shards
-    assert not (run_dir / ".seal-probe").exists()  # the storage probes were read back and removed (seal/storage.py)
+    assert not (run_dir / ".seal-probe").exists()  # the storage probes were read back and removed (seal/runtime/storage.py)
 
     proc = seal_train(run_dir, "trainer.steps=1", f"resume={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -50,7 +50,7 @@ def test_async_zero3_with_the_broadcast_group_and_a_checkpoint_every_step_runs_e
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     args = ["env=toy", "model=tiny", "learner=zero3", "learner.world_size=2", "generator=vllm_async_cpu",
             "generator.weight_sync=broadcast", "n=2", "trainer.steps=8", "trainer.filter_groups=none", "evaluation.final=false", f"run_dir={run_dir}"]
-    proc = subprocess.run([sys.executable, "-m", "seal.cli", "train", *args], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-m", "seal.commands.cli", "train", *args], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

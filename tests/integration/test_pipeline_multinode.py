@@ -9,7 +9,7 @@ import os
 import pytest
 
 from seal.config import compose
-from seal.run_dir import create_run_dir
+from seal.run.run_dir import create_run_dir
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def cluster():
 def test_env_actors_spread_over_nodes_and_training_runs(tmp_path, cluster):
     import ray
 
-    from seal.pipeline import Pipeline
+    from seal.run.driver import Pipeline
 
     assert len([n for n in ray.nodes() if n["Alive"]]) == 3
     args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=32", "cluster.env_actors=3",

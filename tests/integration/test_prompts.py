@@ -13,7 +13,6 @@ from env_pool.bfcl.tasks import get_task, split_ids
 from env_pool.interface.guidelines import TEXT
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 
-pytestmark = pytest.mark.integration
 FULL = InterfaceState(version=4, schema_lite=True, error_feedback=True, guidelines=True, active_guidelines=tuple(TEXT)[:3])
 
 

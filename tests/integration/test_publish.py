@@ -15,14 +15,13 @@ from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 from learner.safetensors_out import SAFE_WEIGHTS_INDEX_NAME, ShardedWriter, TensorSpec
 
-pytestmark = pytest.mark.integration
 TIMEOUT_S = 120.0
 BUCKET_MB = 0.1  # the tiny model's layers (0.28 MB fp32) in several buckets, its 12 MB embedding alone
 
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from actors.model_assets import prepare_tiny_model
+    from weights.model_assets import prepare_tiny_model
 
     return str(prepare_tiny_model())
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
 
 
 def test_rehearsal_of_the_smallest_gpu_recipe(tmp_path: Path, seal_bin):

@@ -11,11 +11,10 @@ import pytest
 from env_pool import tags as T
 from env_pool.shopping.tasks import CATEGORIES, get_task
 
-pytestmark = pytest.mark.integration
 
 
 def seal(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.cli", *args], capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=600, env=dict(os.environ))
 
 
 def test_rollout_and_eval_play_whole_tagged_episodes(tmp_path):

@@ -1,4 +1,4 @@
-"""The weight group's watchdog on gloo (actors/weight_sync.py WeightGroup, learner/weight_broadcast.py).
+"""The weight group's watchdog on gloo (weights/group.py WeightGroup, learner/weight_broadcast.py).
 
 The learner's rank 0 (here: this process) broadcasts to receivers in processes
 of their own; one of them dies or stalls mid-round. Rank 0's round must end
@@ -14,7 +14,6 @@ import socket
 
 import pytest
 
-pytestmark = pytest.mark.integration
 HOST = "127.0.0.1"
 GROUP_TIMEOUT_S = 300.0  # what the old code would wait out (the test's own timeout is 900 s)
 OP_TIMEOUT_S = 3.0
@@ -32,7 +31,7 @@ def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: i
 
     import torch
 
-    from actors.weight_sync import WeightGroup
+    from weights.group import WeightGroup
 
     group = WeightGroup(HOST, port, rank, world, "gloo", timeout_s=GROUP_TIMEOUT_S, op_timeout_s=GROUP_TIMEOUT_S,
                         label=f"test receiver {rank} ({fate})")
@@ -67,7 +66,7 @@ def walk(n: int, seen: list[int]):
 
 @pytest.mark.parametrize("fate", ["exit", "stall"])
 def test_a_receiver_gone_mid_round_fails_the_round_naming_the_members(fate):
-    from actors.weight_sync import WeightGroupError
+    from weights.group import WeightGroupError
     from learner.weight_broadcast import WeightBroadcaster
 
     port, tensors = free_port(), 40

@@ -11,9 +11,8 @@ import socket
 
 import pytest
 
-from actors.generator import GenerationRequest, SamplingConfig
+from rollout.generator import GenerationRequest, SamplingConfig
 
-pytestmark = pytest.mark.integration
 HOST = "127.0.0.1"
 
 
@@ -74,7 +73,7 @@ def write_perturbed(tiny_path: str, out_dir) -> str:
 
 
 def greedy(generator):
-    from actors.chat import ChatTokenizer
+    from rollout.chat import ChatTokenizer
 
     prompt = ChatTokenizer(generator.tokenizer).prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}])
     out = generator.generate([GenerationRequest("w", prompt, 12)], SamplingConfig(temperature=0.0, max_new_tokens=12))[0]
@@ -83,14 +82,14 @@ def greedy(generator):
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from actors.model_assets import resolve_model
+    from weights.model_assets import resolve_model
 
     return str(resolve_model("tiny"))
 
 
 @pytest.fixture(scope="module")
 def generator(tiny_path):
-    from actors.vllm_generator import VllmGenerator
+    from actors.generation.vllm_engine import VllmGenerator
 
     gen = VllmGenerator(tiny_path, max_model_len=2048, cpu_kv_cache_gb=1, weight_sync="broadcast")
     yield gen
@@ -102,8 +101,8 @@ def test_broadcast_equals_the_reload_path_and_an_hf_forward(generator, tiny_path
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from actors.weight_sync import WeightMeta
-    from learner.logprobs import sequence_logprobs
+    from weights.group import WeightMeta
+    from tests.integration.hf_logprobs import sequence_logprobs
 
     new_dir = write_perturbed(tiny_path, tmp_path)
     _, before = greedy(generator)
@@ -162,7 +161,7 @@ def test_a_round_the_loader_rejects_leaves_the_group_in_step(generator, tiny_pat
     import torch
     from safetensors.torch import load_file
 
-    from actors.weight_sync import weight_metadata
+    from weights.group import weight_metadata
     from learner.weight_broadcast import WeightBroadcaster
 
     port, box = free_port(), {}
@@ -189,8 +188,8 @@ def test_a_round_the_loader_rejects_leaves_the_group_in_step(generator, tiny_pat
 
 
 def test_group_calls_need_the_broadcast_setting():
-    from actors.vllm_generator import VllmGenerator
-    from actors.weight_sync import WeightGroup, WeightMeta
+    from actors.generation.vllm_engine import VllmGenerator
+    from weights.group import WeightGroup, WeightMeta
 
     with pytest.raises(ValueError, match="weight_sync"):
         VllmGenerator("tiny", weight_sync="nccl")  # refused before any engine starts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+pytestmark = pytest.mark.gpu
 
 
 def test_nccl_broadcast_equals_the_reload_path(tmp_path):
@@ -19,8 +19,8 @@ def test_nccl_broadcast_equals_the_reload_path(tmp_path):
         pytest.skip("NCCL needs the learner and vLLM on different GPUs")
     from test_weight_sync import HOST, expect, greedy, start_learner, write_perturbed
 
-    from actors.model_assets import resolve_model
-    from actors.vllm_generator import VllmGenerator
+    from weights.model_assets import resolve_model
+    from actors.generation.vllm_engine import VllmGenerator
 
     tiny = str(resolve_model("tiny"))
     new_dir = write_perturbed(tiny, tmp_path)

@@ -1,0 +1,442 @@
+"""A generator replica on vLLM's async engine (AsyncLLM): continuous batching.
+
+Every request enters the engine's running batch as it arrives and returns as
+it finishes, so an env actor whose episode needs a short turn is not held
+behind the longest sequence of someone else's batch (the blocking
+``VllmGenerator`` serves one ``LLM.generate`` batch at a time).
+
+Used as a Ray async actor (all methods are coroutines on the actor's event
+loop, ``max_concurrency`` calls at once); the method names are those of
+``actors.generation.server.GeneratorServer``, so the driver and the env actors
+drive either the same way.
+
+Weight updates pause the engine with vLLM's own ``pause_generation``; the
+``update_mode`` says what happens to requests in flight:
+
+- ``pause``: no new request is scheduled, in-flight ones finish on the old
+  weights (vLLM mode ``wait``), then the weights change;
+- ``keep``: in-flight requests freeze (their KV cache kept) and continue
+  under the new weights after the update (vLLM mode ``keep``);
+- ``abort``: in-flight requests are aborted; each one's partial output is
+  kept and continued on the new weights as a new engine request whose prompt
+  is the old prompt plus the tokens so far (AReaL's interruptible rollouts).
+
+Per-span versions come from vLLM itself: the engine labels every output
+token with the weight version it was sampled under (``set_weight_version``),
+and a finished output carries the spans (``CompletionOutput.weight_versions``).
+
+The prefix cache is partitioned by weight version: every request carries
+``cache_salt`` = the version it was issued under, which vLLM mixes into its
+block hashes, so a request never reads KV another request computed under
+other weights. vLLM's ``reset_prefix_cache`` (tried after every update, to free
+the old blocks at once) is refused while any block is held, which in ``keep``
+mode is always (the frozen requests hold theirs): without the salt, prefixes
+cached under old weights would serve requests stamped with newer versions for
+as long as the engine stayed busy. Refusals are counted
+(``prefix_cache_reset_refused``); the old blocks are unreachable and go by LRU.
+What ``keep`` does keep: a request in the engine at the update (running or
+queued) continues with the KV of its own version.
+
+``pause`` drains for at most ``drain_timeout_s`` (default half the update timeout,
+or of the weight group's timeout when weights come by broadcast, so the learner's
+first send never outwaits a drain); requests still running then are aborted and
+continued on the new weights as in ``abort`` (counted: ``drain_timeouts``).
+
+Weights reach the engine's workers (another process) three ways: a
+safetensors directory; name -> array records through ``collective_rpc``
+(vLLM's RPC encodes tensors as lists, so they travel as raw bytes:
+``WeightSyncExtension.load_weight_records``), one bucket of the learner's
+``WeightManifest`` at a time (weights/buckets.py); or the learner's broadcast
+group through vLLM's weight-transfer interface (``join_weight_group`` /
+``update_weights_from_group``: vLLM's NCCL engine on CUDA, ``seal_gloo`` on
+CPU, actors/generation/weight_transfer.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from rollout.generator import GenerationOutput, GenerationRequest, SamplingConfig, VersionSpan
+from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
+from actors.generation.vllm_engine import cpu_kv_cache_args
+from weights.buckets import WeightManifest
+
+UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
+
+
+class AsyncVllmGenerator:
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_model_len: int = 8192,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = True,
+        cpu_kv_cache_gb: float = 2.0,
+        max_num_seqs: int = 256,
+        seed: int = 0,
+        initial_version: int = 0,
+        update_mode: str = "pause",
+        weight_sync: str = "reload",
+        update_timeout_s: float = 600.0,
+        drain_timeout_s: float | None = None,
+        await_weights: bool = False,
+        setup: Callable[[], Any] | None = None,
+    ) -> None:
+        """``setup``: called first, in this process (the cluster's CPU pinning)."""
+        if setup is not None:
+            setup()
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        if update_mode not in UPDATE_MODES:
+            raise ValueError(f"update_mode must be one of {sorted(UPDATE_MODES)}, got {update_mode!r}")
+        if weight_sync not in ("reload", "broadcast"):
+            raise ValueError(f"weight_sync must be reload or broadcast, got {weight_sync!r}")
+        from weights.model_assets import resolve_model
+        from weights.precision import choose_dtype
+
+        self._dtype = choose_dtype(dtype, device, "generator")
+        self.device = device
+        self.model_path = str(resolve_model(model_path))
+        self._max_model_len = int(max_model_len)
+        self._version = int(initial_version)  # policy_version(): a method, as on GeneratorServer
+        self.update_mode = update_mode
+        self.weight_sync = weight_sync
+        self.update_timeout_s = float(update_timeout_s)
+        if drain_timeout_s is not None and not 0 < float(drain_timeout_s) < self.update_timeout_s:
+            raise ValueError(f"drain_timeout_s must be > 0 and below update_timeout_s ({self.update_timeout_s:g}), "
+                             f"got {drain_timeout_s}")
+        self._drain_timeout_s = None if drain_timeout_s is None else float(drain_timeout_s)
+        self._group_timeout_s: float | None = None  # the weight group's, once joined
+        self.counters = ReplicaCounters()
+        self._engine_kwargs: dict[str, Any] = dict(
+            model=self.model_path, dtype=self._dtype, max_model_len=self._max_model_len,
+            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager, seed=seed,
+            tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
+            worker_extension_cls="actors.generation.weight_worker.WeightSyncExtension",
+        )
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # broadcast: weights through vLLM's weight-transfer interface (its NCCL engine on CUDA,
+        # our gloo one on CPU: actors/generation/weight_transfer.py), one group with the learner's rank 0.
+        from actors.generation.weight_transfer import cpu_or_cuda_backend
+
+        self._transfer_backend = cpu_or_cuda_backend(device)
+        if weight_sync == "broadcast":
+            self._engine_kwargs["weight_transfer_config"] = {"backend": self._transfer_backend}
+        if device == "cuda":
+            self._engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # The engine core is a process of its own; its threads follow this
+            # process's CPU pinning (cluster.generator.cpus), not vLLM's own binding.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+            # As VllmGenerator: a seeded sampler cannot resume across prefill chunks on CPU.
+            self._engine_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=self._max_model_len,
+                                       **cpu_kv_cache_args(cpu_kv_cache_gb))
+        self._engine: Any = None
+        self._start_lock: asyncio.Lock | None = None
+        self._update_lock: asyncio.Lock | None = None
+        self._serving: asyncio.Event | None = None  # clear while an update (or a restart's first weights) is pending
+        self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
+        self._group_ready = False
+        from actors.generation.server import _restarted_by_ray
+
+        self._awaiting_weights = await_weights or _restarted_by_ray()
+
+    # -------------------------------------------------------------- engine
+    async def _ready(self) -> Any:
+        """The engine, started on first use: AsyncLLM binds to the running event loop."""
+        if self._engine is not None:
+            return self._engine
+        if self._start_lock is None:
+            self._start_lock, self._update_lock = asyncio.Lock(), asyncio.Lock()
+            self._serving = asyncio.Event()
+            if not self._awaiting_weights:
+                self._serving.set()
+        async with self._start_lock:
+            if self._engine is None:
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
+
+                from actors.generation.weight_transfer import register
+
+                register()  # seal_gloo must be known before the engine's config is checked
+
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs))
+                await engine.update_weight_version(str(self._version))
+                self._engine = engine
+        return self._engine
+
+    # --------------------------------------------------------- generation
+    async def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
+        """Every request goes to the engine at once and is served as it finishes;
+        the call returns when all of them have."""
+        await self._ready()
+        return list(await asyncio.gather(*(self._complete(r, sampling) for r in requests)))
+
+    async def _complete(self, req: GenerationRequest, sampling: SamplingConfig) -> GenerationOutput:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        budget = len(req.prompt_ids) + int(req.max_new_tokens)
+        c = self.counters
+        c.enter(budget)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        spans: list[VersionSpan] = []
+        cached = 0
+        finish = "abort"
+        piece = 0
+        try:
+            while True:
+                await self._serving.wait()  # a restart's first weights, or an update in progress
+                remaining = int(req.max_new_tokens) - len(ids)
+                if remaining <= 0:
+                    finish = "length"
+                    break
+                params = SamplingParams(
+                    temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=remaining, logprobs=0,
+                    seed=req.seed if req.seed is not None else sampling.seed, output_kind=RequestOutputKind.FINAL_ONLY,
+                )
+                epoch, version_now = self._abort_epoch, self._version
+                final = None
+                # The prefix cache is partitioned by weight version (module docstring).
+                prompt = TokensPrompt(prompt_token_ids=[*req.prompt_ids, *ids], cache_salt=f"seal-v{version_now}")
+                async for out in self._engine.generate(prompt, params, request_id=f"{req.request_id}#{piece}"):
+                    final = out
+                if final is None or not final.outputs:
+                    raise RuntimeError(f"vLLM returned no output for request {req.request_id}")
+                out = final.outputs[0]
+                new_ids = list(out.token_ids)
+                new_lps = [float(step[tok].logprob) for tok, step in zip(new_ids, out.logprobs or [])]
+                if len(new_lps) != len(new_ids):
+                    raise RuntimeError(f"vLLM returned {len(new_lps)} logprobs for {len(new_ids)} tokens")
+                offset = len(ids)
+                if piece == 0:
+                    cached = int(final.num_cached_tokens or 0)
+                for span in out.weight_versions or ([] if not new_ids else [None]):
+                    if span is None:  # the engine labelled nothing: the version when the piece started
+                        spans.append(VersionSpan(offset, offset + len(new_ids), version_now))
+                    else:
+                        spans.append(VersionSpan(offset + span.start, offset + span.end, version_of(span.version, version_now)))
+                ids.extend(new_ids)
+                logprobs.extend(new_lps)
+                finish = out.finish_reason or "abort"
+                if finish == "abort" and self._abort_epoch != epoch:
+                    piece += 1  # aborted by an abort-mode update: go on under the new weights
+                    c.continued += 1
+                    continue
+                break
+        finally:
+            c.leave(budget)
+        c.finished += 1
+        c.generated_tokens += len(ids)
+        c.prompt_tokens += len(req.prompt_ids)
+        c.cached_prompt_tokens += cached
+        spans = merge_spans(spans)
+        oldest = min((s.version for s in spans), default=self._version)
+        return GenerationOutput(
+            request_id=req.request_id, token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=oldest,
+            prompt_tokens=len(req.prompt_ids), cached_prompt_tokens=cached,
+            spans=tuple(spans) if len({s.version for s in spans}) > 1 else (),
+        )
+
+    # ------------------------------------------------------------ weights
+    async def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest,
+                             mode: str | None = None) -> float:
+        """Load new weights under ``mode`` (default: the configured update_mode); seconds taken.
+        ``source``: a snapshot directory, the learner's WeightManifest (weights/buckets.py)
+        or a name -> tensor mapping (callers in this process)."""
+        from actors.generation.server import _as_tensors
+        from weights.buckets import fetch_bucket_async
+        from actors.generation.weight_worker import weight_records
+
+        async def load(engine) -> None:
+            tensors = _as_tensors(source)
+            if isinstance(tensors, str):
+                if not os.path.isdir(tensors):
+                    raise FileNotFoundError(f"weights directory not found: {tensors}")
+                await engine.collective_rpc("reload_weights", kwargs={"weights_path": tensors})
+                return
+            # One reload in the workers across every bucket; here one bucket at a time: fetched
+            # (awaited: the actor's loop keeps serving), turned into records, sent, dropped.
+            await engine.collective_rpc("begin_weight_records")
+            if isinstance(tensors, WeightManifest):
+                who = f"generator replica loading v{version}"
+                for i in range(len(tensors.buckets)):
+                    records = weight_records(await fetch_bucket_async(tensors, i, who, self.update_timeout_s))
+                    await engine.collective_rpc("load_weight_records", kwargs={"records": records})
+                    del records
+            else:
+                await engine.collective_rpc("load_weight_records", kwargs={"records": weight_records(tensors)})
+            await engine.collective_rpc("finish_weight_records")
+
+        return await self._update(version, mode, load)
+
+    async def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1,
+                                timeout_s: float = 600.0) -> list[int]:
+        """Join the learner's weight group; this replica's workers take ranks rank .. rank + TP - 1."""
+        if self.weight_sync != "broadcast":
+            raise RuntimeError("join_weight_group needs weight_sync=broadcast in the generator config")
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        from actors.generation.weight_transfer import init_info
+
+        if backend != ("nccl" if self._transfer_backend == "nccl" else "gloo"):
+            raise ValueError(f"this replica transfers weights over {self._transfer_backend}; the learner asked for {backend}")
+        if self._drain_timeout_s is not None and self._drain_timeout_s >= float(timeout_s):
+            raise ValueError(f"drain_timeout_s ({self._drain_timeout_s:g}) must be below the weight group's timeout "
+                             f"({float(timeout_s):g} s): the learner's first send waits out the drain")
+        engine = await self._ready()
+        async with self._update_lock:  # never while a round is being received
+            if self._group_ready:
+                # Re-formed (a replica restored, the learner restarted): vLLM's NCCL engine would
+                # replace its communicator without closing the old one; close it first.
+                self._group_ready = False
+                await engine.shutdown_weight_transfer_engine()
+            info = init_info(host, port, rank, world_size, self._transfer_backend, timeout_s,
+                             label=f"generator replica pid {os.getpid()}")
+            await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+            self._group_ready = True
+            self._group_timeout_s = float(timeout_s)
+        return list(range(int(rank), int(rank) + int(self._engine_kwargs["tensor_parallel_size"])))
+
+    async def update_weights_from_group(self, version: int, metadata: list, mode: str | None = None) -> float:
+        """Receive one broadcast round (the learner sends concurrently) under ``mode``."""
+        from weights.group import WeightMeta
+
+        if not self._group_ready:
+            raise RuntimeError("update_weights_from_group before join_weight_group")
+        if not metadata:
+            raise ValueError("empty metadata: a round carries every weight of the model")
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        from actors.generation.weight_transfer import update_info
+
+        payload = update_info(WeightMeta.from_wire(m) for m in metadata)
+
+        async def load(engine) -> None:
+            # vLLM's weight-transfer lifecycle: layerwise reload around the received tensors.
+            await engine.start_weight_update()
+            await engine.update_weights(WeightTransferUpdateRequest(update_info=payload))
+            await engine.finish_weight_update()
+
+        return await self._update(version, mode, load)
+
+    async def _update(self, version: int, mode: str | None, load) -> float:
+        mode = mode or self.update_mode
+        if mode not in UPDATE_MODES:
+            raise ValueError(f"update mode must be one of {sorted(UPDATE_MODES)}, got {mode!r}")
+        if version < self._version:
+            raise ValueError(f"weight version {version} is older than the loaded {self._version}")
+        engine = await self._ready()
+        async with self._update_lock:
+            t0 = time.perf_counter()
+            was_serving = self._serving.is_set()
+            self._serving.clear()  # pieces continued after an abort wait here, not on the old weights
+            if mode == "abort":
+                self._abort_epoch += 1
+            try:
+                await asyncio.wait_for(self._swap(engine, version, mode, load), self.update_timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"generator replica (pid {os.getpid()}): the {mode} update to v{version} "
+                                   f"did not finish within {self.update_timeout_s:.0f} s") from None
+            except BaseException:
+                if was_serving and not self._awaiting_weights:
+                    self._serving.set()
+                raise
+            self._version = version
+            self._awaiting_weights = False
+            self._serving.set()
+            seconds = time.perf_counter() - t0
+            self.counters.updates += 1
+            self.counters.update_s += seconds
+            return seconds
+
+    async def _swap(self, engine, version: int, mode: str, load) -> None:
+        await self._pause(engine, mode)
+        try:
+            await load(engine)
+            await engine.collective_rpc("refresh_tied_weights")
+            await engine.update_weight_version(str(version))
+            # Blocks cached under the old weights go now if nothing holds one (pause, abort); keep's
+            # frozen requests hold theirs and vLLM refuses. Either way no later request reads them:
+            # its cache_salt is the new version.
+            if not await engine.reset_prefix_cache():
+                self.counters.prefix_cache_reset_refused += 1
+        finally:
+            await engine.resume_generation()
+
+    def drain_timeout_s(self) -> float:
+        """How long a pause-mode update waits for requests in flight to finish."""
+        if self._drain_timeout_s is not None:
+            return self._drain_timeout_s
+        bound = self.update_timeout_s if self._group_timeout_s is None else min(self.update_timeout_s, self._group_timeout_s)
+        return bound / 2
+
+    async def _pause(self, engine, mode: str) -> None:
+        if mode != "pause":  # keep: the frozen requests' KV cache must survive the pause
+            await engine.pause_generation(mode=UPDATE_MODES[mode], clear_cache=mode != "keep")
+            return
+        try:
+            await asyncio.wait_for(engine.pause_generation(mode="wait", clear_cache=True), self.drain_timeout_s())
+        except asyncio.TimeoutError:
+            # What is still running is aborted and continued on the new weights (abort mode), so the
+            # update (and the learner's send, by broadcast) never waits out a long request.
+            self._abort_epoch += 1
+            self.counters.drain_timeouts += 1
+            await engine.pause_generation(mode="abort", clear_cache=True)
+
+    # ------------------------------------------------------- diagnostics
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Logprob of each token after the first under the current weights: the canary
+        the driver compares with the learner's after an update."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        engine = await self._ready()
+        await self._serving.wait()
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        final = None
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params,
+                                         request_id=f"canary-{time.monotonic_ns()}"):
+            final = out
+        steps = final.prompt_logprobs or []
+        return [float(step[tok].logprob) for tok, step in zip(token_ids[1:], steps[1:])]
+
+    async def max_model_len(self) -> int:
+        """Starts the engine if needed (what the pipeline's start waits on)."""
+        await self._ready()
+        return self._max_model_len
+
+    def dtype(self) -> str:
+        """The resolved dtype (bfloat16 | float32): the learner sends weights in it."""
+        return str(self._dtype)
+
+    def policy_version(self) -> int:
+        return self._version
+
+    def load(self) -> dict[str, int]:
+        """What the router balances on."""
+        return {"outstanding": self.counters.outstanding, "outstanding_tokens": self.counters.outstanding_tokens}
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counters.to_dict(), "policy_version": self._version}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def awaiting_weights(self) -> bool:
+        return self._awaiting_weights
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()

@@ -1,0 +1,75 @@
+"""A generator replica's counters and the pieces of its outputs (actors/generation/async_vllm_engine.py).
+
+What ``stats()`` reports: the driver copies them into each step's metrics
+(seal/run/step_metrics.py), per replica and summed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.generator import VersionSpan
+
+
+@dataclass
+class ReplicaCounters:
+    requests: int = 0
+    finished: int = 0
+    continued: int = 0  # requests aborted by an update and continued on the new weights
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    outstanding: int = 0  # requests in the engine or waiting for an update to end
+    outstanding_tokens: int = 0  # their prompt + new-token budget: the router's load measure
+    updates: int = 0
+    update_s: float = 0.0
+    # vLLM refused to drop the prefix cache after an update (keep mode: frozen requests hold
+    # blocks); requests issued later still never read those blocks (their cache_salt differs)
+    prefix_cache_reset_refused: int = 0
+    drain_timeouts: int = 0  # pause-mode updates whose drain hit its bound: the rest were continued as in abort
+    busy_s: float = 0.0  # time with at least one request outstanding
+    started: float = field(default_factory=time.perf_counter)
+    _busy_since: float | None = None
+
+    def enter(self, tokens: int) -> None:
+        if self.outstanding == 0:
+            self._busy_since = time.perf_counter()
+        self.requests += 1
+        self.outstanding += 1
+        self.outstanding_tokens += tokens
+
+    def leave(self, tokens: int) -> None:
+        self.outstanding -= 1
+        self.outstanding_tokens -= tokens
+        if self.outstanding == 0 and self._busy_since is not None:
+            self.busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if not k.startswith("_") and k != "started"}
+        if self._busy_since is not None:
+            d["busy_s"] += time.perf_counter() - self._busy_since
+        d["wall_s"] = time.perf_counter() - self.started
+        d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        return d
+
+
+def version_of(label: str | None, default: int) -> int:
+    try:
+        return int(label) if label is not None else default
+    except ValueError:  # vLLM's "default" before the first set_weight_version
+        return default
+
+
+def merge_spans(spans: list[VersionSpan]) -> list[VersionSpan]:
+    """Adjacent spans of one version become one (a continued piece often starts on the same version)."""
+    out: list[VersionSpan] = []
+    for s in spans:
+        if s.end == s.start and out:
+            continue
+        if out and out[-1].version == s.version and out[-1].end == s.start:
+            out[-1] = VersionSpan(out[-1].start, s.end, s.version)
+        else:
+            out.append(s)
+    return out

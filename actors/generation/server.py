@@ -1,0 +1,248 @@
+"""One generator shared by many env actors.
+
+``GeneratorServer`` runs inside a generator actor (a Ray actor with many
+concurrent calls): every caller's ``generate`` lands on one engine thread,
+which merges the requests waiting at that moment into one engine batch (so
+groups from different env actors decode together) and applies weight updates
+between batches (so each output is stamped with one policy version).
+
+``RemoteGenerator`` is the env actor's side: the Generator interface over a
+Ray actor handle. A dead or restarting generator actor raises
+GeneratorUnavailable (the orchestrator re-issues the group), never a quiet
+aborted episode.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from rollout.generator import GenerationOutput, GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
+from weights.buckets import WeightManifest
+
+
+@dataclass
+class _Job:
+    kind: str  # generate | update (new weights: a callable returning seconds) | call (any other engine call)
+    args: tuple
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class ServerCounters:
+    batches: int = 0
+    requests: int = 0
+    generated_tokens: int = 0
+    busy_s: float = 0.0  # the engine generating or loading weights
+    update_s: float = 0.0
+    updates: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def to_dict(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.started
+        return {"batches": self.batches, "requests": self.requests, "generated_tokens": self.generated_tokens,
+                "busy_s": self.busy_s, "update_s": self.update_s, "updates": self.updates, "wall_s": wall,
+                "idle_ratio": max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0,
+                "mean_batch_requests": self.requests / self.batches if self.batches else 0.0}
+
+
+class GeneratorServer:
+    def __init__(self, make_generator: Callable[[], Generator], max_batch_requests: int = 256,
+                 await_weights: bool = False) -> None:
+        """``await_weights``: hold generate calls until the first weight update
+        (a restarted generator must not serve the base weights as if current)."""
+        self.generator = make_generator()
+        self.max_batch_requests = max_batch_requests
+        self.counters = ServerCounters()
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._front: deque[_Job] = deque()  # taken from the queue but not yet served, in arrival order
+        self._awaiting_weights = await_weights or _restarted_by_ray()
+        threading.Thread(target=self._engine_loop, name="generator-engine", daemon=True).start()
+
+    # ------------------------------------------------------- called remotely
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
+        job = _Job("generate", (list(requests), sampling))
+        self._jobs.put(job)
+        return job.future.result()
+
+    def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
+        """A snapshot directory, the learner's WeightManifest (its buckets fetched and loaded one
+        at a time on the engine thread) or a name -> array mapping; seconds the load took."""
+        return self._on_engine("update", lambda: self.generator.update_weights(version, _as_tensors(source)))
+
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1) -> list[int]:
+        """Join the learner's weight broadcast group, this engine's workers from ``rank`` on (vLLM
+        generators with weight_sync=broadcast); blocks until every member has joined."""
+        return self._on_engine("call", lambda: self.generator.init_weight_group(host, port, world_size, rank=rank, backend=backend))
+
+    def update_weights_from_group(self, version: int, metadata: list) -> float:
+        """Receive one broadcast round from the learner (sent concurrently)."""
+        return self._on_engine("update", lambda: self.generator.update_weights_from_group(version, metadata))
+
+    def _on_engine(self, kind: str, fn: Callable[[], Any]) -> Any:
+        job = _Job(kind, (fn,))
+        self._jobs.put(job)
+        return job.future.result()
+
+    def policy_version(self) -> int:
+        return self.generator.policy_version
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The weight-sync canary, between batches like every engine call."""
+        return self._on_engine("call", lambda: self.generator.prompt_logprobs(token_ids))
+
+    def dtype(self) -> str:
+        """The generator's resolved dtype (bfloat16 | float32): the learner sends weights in it."""
+        return str(getattr(self.generator, "dtype", "float32"))
+
+    def max_model_len(self) -> int:
+        return self.generator.max_model_len
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counters.to_dict(), "policy_version": self.generator.policy_version}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def awaiting_weights(self) -> bool:
+        return self._awaiting_weights
+
+    # ------------------------------------------------------------- engine
+    def _next_job(self, block: bool) -> _Job | None:
+        if self._front:
+            return self._front.popleft()
+        try:
+            return self._jobs.get(block=block)
+        except queue.Empty:
+            return None
+
+    def _take_batch(self) -> list[_Job]:
+        """The first waiting job, and if it generates, every waiting generate
+        job with the same sampling config (up to the request cap). Anything
+        else ends the batch and is held for the next one (arrival order kept),
+        so versions only move between engine calls."""
+        first = self._next_job(block=True)
+        if first.kind != "generate":
+            return [first]
+        batch, size = [first], len(first.args[0])
+        while size < self.max_batch_requests:
+            job = self._next_job(block=False)
+            if job is None:
+                break
+            if job.kind != "generate" or job.args[1] != first.args[1]:
+                self._front.appendleft(job)
+                break
+            batch.append(job)
+            size += len(job.args[0])
+        return batch
+
+    def _engine_loop(self) -> None:
+        parked: list[_Job] = []
+        while True:
+            batch = self._take_batch()
+            if self._awaiting_weights and batch[0].kind == "generate":
+                parked.extend(batch)
+                continue
+            t0 = time.perf_counter()
+            try:
+                if batch[0].kind == "call":
+                    batch[0].future.set_result(batch[0].args[0]())
+                elif batch[0].kind == "update":
+                    seconds = batch[0].args[0]()
+                    self.counters.updates += 1
+                    self.counters.update_s += seconds
+                    batch[0].future.set_result(seconds)
+                    if self._awaiting_weights:
+                        self._awaiting_weights = False
+                        self._front.extend(parked)
+                        parked = []
+                else:
+                    requests = [r for job in batch for r in job.args[0]]
+                    outputs = self.generator.generate(requests, batch[0].args[1])
+                    self.counters.batches += 1
+                    self.counters.requests += len(requests)
+                    self.counters.generated_tokens += sum(len(o.token_ids) for o in outputs)
+                    k = 0
+                    for job in batch:
+                        job.future.set_result(outputs[k : k + len(job.args[0])])
+                        k += len(job.args[0])
+            except Exception as exc:  # the callers get the engine's error
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+            self.counters.busy_s += time.perf_counter() - t0
+
+
+def _restarted_by_ray() -> bool:
+    """True inside a Ray actor that Ray has restarted after a crash."""
+    import warnings
+
+    try:
+        import ray
+
+        with warnings.catch_warnings():  # the property reads a deprecated accessor internally
+            warnings.simplefilter("ignore")
+            return ray.is_initialized() and bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except (ImportError, AttributeError, RuntimeError):
+        return False
+
+
+def _as_tensors(source: str | Mapping[str, Any] | WeightManifest) -> str | WeightManifest | dict[str, Any]:
+    """A name -> numpy array mapping (read-only, zero-copy out of Ray's object store; bf16
+    as int16 bits, weights/precision.py) as tensors over the same memory: the engine copies
+    them into its own parameters, so wrapping without a copy is safe. A path or a manifest
+    (fetched bucket by bucket by the engine) passes through."""
+    if isinstance(source, (str, WeightManifest)):
+        return source
+    import warnings
+
+    from weights.precision import from_wire_arrays
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*non-writable.*")
+        return from_wire_arrays(source)
+
+
+class RemoteGenerator(Generator):
+    """The Generator interface over a GeneratorServer actor handle."""
+
+    def __init__(self, handle: Any, tokenizer: Any = None) -> None:
+        import ray
+
+        self._handle = handle
+        self._tokenizer = tokenizer
+        self.max_model_len = self._call(lambda: ray.get(handle.max_model_len.remote()))
+
+    @staticmethod
+    def _call(fn):
+        import ray.exceptions
+
+        try:
+            return fn()
+        except ray.exceptions.RayActorError as exc:  # died, restarting or unreachable
+            raise GeneratorUnavailable(f"generator actor unavailable: {exc.__class__.__name__}") from None
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]
+        import ray
+
+        return self._call(lambda: ray.get(self._handle.policy_version.remote()))
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
+        import ray
+
+        return self._call(lambda: ray.get(self._handle.generate.remote(list(requests), sampling)))
+
+    def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
+        import ray
+
+        return self._call(lambda: ray.get(self._handle.update_weights.remote(version, source)))

@@ -1,0 +1,169 @@
+"""The gloo weight group as a vLLM weight-transfer engine (``seal_gloo``), so CPU and CUDA go through one interface.
+
+vLLM 0.32 moves weights from a trainer into its workers through
+``vllm.distributed.weight_transfer``: a worker-side engine per backend, made
+by ``WeightTransferEngineFactory`` from ``weight_transfer_config.backend``,
+driven by ``init_weight_transfer_engine`` / ``start_weight_update`` /
+``update_weights`` / ``finish_weight_update`` on the engine. Its NCCL backend
+needs CUDA; on CPU there is none, so this module registers one: the same
+trainer-rooted broadcast as ``weights/group.py`` (a ProcessGroupGloo on a
+TCPStore, the learner's rank 0 as root, each worker at ``rank_offset`` + its
+worker rank), with the NCCL backend's update info (names, dtype names,
+shapes, in sending order), so the learner's broadcaster (learner/weight_broadcast.py)
+feeds either backend unchanged (the NCCL one with ``packed=False``).
+
+Weights load through vLLM's layerwise reload (``start``/``finish_weight_update``),
+as the NCCL backend does; on CPU a tied lm_head is re-derived after it
+(``refresh_tied_cpu_weights``). Registration happens when this module is
+imported: in the replica's process before its engine starts, and in each
+worker through the worker extension (actors/generation/weight_worker.py imports it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BACKEND = "seal_gloo"
+
+
+def cpu_or_cuda_backend(device: str) -> str:
+    """vLLM's own NCCL engine on CUDA; ours on CPU."""
+    return "nccl" if device == "cuda" else BACKEND
+
+
+def register() -> None:
+    """Make ``seal_gloo`` known to vLLM's factory (idempotent)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, __name__, "GlooWeightTransferEngine")
+
+
+def init_info(host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0,
+              label: str = "") -> dict:
+    """The payload of ``init_weight_transfer_engine`` for ``backend`` (TCPStore rendezvous on host:port).
+    ``label``: who the engine is, named by the rank-0 side in errors (seal_gloo only: vLLM's NCCL
+    init info has no such field)."""
+    if backend == BACKEND:
+        return {"host": host, "port": int(port), "rank_offset": int(rank_offset), "world_size": int(world_size),
+                "timeout_s": float(timeout_s), "label": str(label)}
+    return {"master_address": host, "master_port": int(port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "packed": False}
+
+
+def update_info(metadata) -> dict:
+    """The payload of ``update_weights``: the round's tensors in sending order (NCCL's field names)."""
+    from weights.group import WeightMeta
+
+    metas = [WeightMeta.from_wire(m) for m in metadata]
+    return {"names": [m.name for m in metas], "dtype_names": [m.dtype for m in metas],
+            "shapes": [list(m.shape) for m in metas]}
+
+
+try:  # the engine classes need vLLM; the helpers above do not
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
+except ImportError:  # pragma: no cover - vLLM is part of every install of this repo
+    WeightTransferEngine = WeightTransferInitInfo = WeightTransferUpdateInfo = object
+
+
+@dataclass
+class GlooInitInfo(WeightTransferInitInfo):
+    host: str
+    port: int
+    rank_offset: int
+    world_size: int
+    timeout_s: float = 600.0
+    label: str = ""
+
+
+@dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(f"names, dtype_names and shapes differ in length: "
+                             f"{len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)}")
+        if not self.names:
+            raise ValueError("an update carries at least one tensor")
+
+
+class GlooWeightTransferEngine(WeightTransferEngine):
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        from weights.group import WeightGroup
+
+        p = self.parallel_config
+        rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
+        if self.group is not None and not self.group.closed:
+            # As vLLM's NCCL engine, which would leak the old communicator here: a re-formed group
+            # needs shutdown_weight_transfer_engine first. Refusing (not closing quietly) makes a
+            # CPU run catch a caller that would leak on GPU.
+            raise RuntimeError("seal_gloo weight transfer: init_transfer_engine while the previous group is open; "
+                               "call shutdown_weight_transfer_engine first (vLLM's NCCL engine would leak it)")
+        self.group = WeightGroup(init_info.host, init_info.port, rank, init_info.world_size, "gloo", self.device,
+                                 init_info.timeout_s, label=f"{init_info.label or 'generator'} worker {p.rank}")
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("seal_gloo weight transfer: update_weights before init_weight_transfer_engine")
+        self.group.begin_round()
+        for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
+            weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
+            self.group.broadcast(weight, name)
+            self.model.load_weights([(name, weight)])
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        refresh_tied_cpu_weights(self.model)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+def refresh_tied_cpu_weights(model: torch.nn.Module) -> int:
+    """Re-run CPU weight processing of embedding-method layers whose weight is shared; returns how many.
+
+    Only on CPU and only for unquantized embeddings/heads: their processing
+    just rebuilds the packed GEMM from the current weight, so running it again
+    is safe; quantized methods transform weights in place and must not be rerun.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0  # GPU kernels read the (shared, updated) weight itself
+    holders: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None:
+            holders.setdefault(id(weight), []).append(module)
+    refreshed = 0
+    for modules in holders.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, UnquantizedEmbeddingMethod):
+                method.process_weights_after_loading(module)
+                refreshed += 1
+    return refreshed

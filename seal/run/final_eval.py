@@ -1,0 +1,100 @@
+"""The end of `seal train`: A_0 and the run's final snapshot evaluated frozen, on the
+env's test split, raw interface, greedy (evaluation/frozen.py), after the pipeline
+has closed (its CPUs and memory are free again).
+
+One engine serves both snapshots: it starts on A_0's weights and then loads the
+final snapshot's from its directory, as a weight update does, so the evaluation pays
+one engine start. Results land in RUN_DIR/evaluation/final.json, the closing note
+(seal/run/summary.py) prints them, and TensorBoard gets them as `eval/` scalars at
+A_0's step and the final step.
+"""
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+
+FINAL_LOG = "final.log"
+
+
+def final_sampling(cfg) -> Any:
+    """Greedy, with the generation budget the run trained with (evaluation.max_new_tokens wins)."""
+    from rollout.generator import SamplingConfig
+
+    budget = cfg.evaluation.get("max_new_tokens") or cfg.sampling.max_new_tokens
+    return SamplingConfig(temperature=0.0, top_p=1.0, max_new_tokens=int(budget))
+
+
+def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None:
+    """Evaluate A_0 and the final snapshot; the record written to final.json, or None when
+    the run has no later snapshot than A_0 or `evaluation.final=false`."""
+    from omegaconf import OmegaConf
+
+    from rollout.chat import ChatTokenizer
+    from evaluation.frozen import FINAL_FILE, FINAL_TASKS_FILE, final_record, final_tasks, play_snapshot, write_final
+    from seal.config import instantiate
+    from seal.console import output_to_file
+    from seal.runtime.generator_fleet import local_generator
+    from seal.run.snapshots import read_snapshots, snapshot_weights
+
+    emit = emit or (lambda *_: None)
+    (Path(run_dir) / "evaluation" / FINAL_FILE).unlink(missing_ok=True)  # a resumed run's earlier one is stale
+    if not cfg.evaluation.get("final", True):
+        return None
+    records = read_snapshots(run_dir)
+    if len(records) < 2:
+        emit("eval", "no snapshot after A_0: nothing to compare")
+        return None
+    first, last = records[0], records[-1]
+    env_node = OmegaConf.create(OmegaConf.to_container(cfg.env, resolve=True))
+    make_env = lambda: instantiate(env_node)  # noqa: E731 - one env per episode
+    tasks = final_tasks(make_env().task_ids("test"), list(cfg.evaluation.heldout_categories),
+                        cfg.evaluation.get("final_per_category"))
+    sampling = final_sampling(cfg)
+    details = Path(run_dir) / "evaluation" / FINAL_TASKS_FILE
+    details.unlink(missing_ok=True)  # a resumed run evaluates again: its last snapshot is new
+    emit("eval", f"frozen evaluation of {first['name']} and {last['name']}: {len(tasks.task_ids)} test tasks, raw interface, "
+                 f"greedy, {sampling.max_new_tokens} new tokens per step")
+    log = Path(run_dir) / "evaluation" / FINAL_LOG
+    emit("eval", f"the engine's own output goes to {log}")
+    with output_to_file(log):  # vLLM's start-up and weight-load chatter, not the user's terminal
+        generator = local_generator(cfg.generator, model_path=snapshot_weights(run_dir, first), seed=int(cfg.seed))
+    try:
+        chat = ChatTokenizer(generator.tokenizer)
+        runs = []
+        for i, record in enumerate((first, last)):
+            with output_to_file(log):
+                if i:
+                    generator.update_weights(int(record["policy_version"]), snapshot_weights(run_dir, record))
+                got = play_snapshot(record["name"], make_env, generator, chat, tasks, sampling, int(cfg.seed), details)
+            runs.append(got)
+            solved = sum(ok for _, ok in got.results.values())
+            emit("eval", f"{record['name']}: {solved}/{len(got.results)} tasks solved in {got.wall_s:.0f} s")
+    finally:
+        with output_to_file(log):
+            generator.close()
+            del generator
+            gc.collect()
+    settings = {"interface": "raw", "temperature": 0.0, "max_new_tokens": sampling.max_new_tokens, "rollouts_per_task": 1,
+                "seed": int(cfg.seed), "split": "test", "per_category": cfg.evaluation.get("final_per_category"),
+                "steps": {first["name"]: int(first["step"]), last["name"]: int(last["step"])}}
+    record = final_record(runs[0], runs[1], tasks, settings)
+    write_final(run_dir, record)
+    _to_tensorboard(Path(run_dir), record)
+    return record
+
+
+def _to_tensorboard(run_dir: Path, record: dict[str, Any]) -> None:
+    """eval/<row>/success at both snapshots' steps, so the before/after chart has two points."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    steps = record["settings"]["steps"]
+    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    try:
+        for row in record["rows"]:
+            tag = f"eval/{row['name'].replace(' ', '_').replace('(', '').replace(')', '')}"
+            writer.add_scalar(f"{tag}/success", row["before"]["rate"], steps[record["before"]])
+            writer.add_scalar(f"{tag}/success", row["after"]["rate"], steps[record["after"]])
+    finally:
+        writer.close()

@@ -1,0 +1,3 @@
+"""What places and drives the run's actors on Ray: placement and the plan it checks against,
+storage, the control socket, the actor set, the generator fleet and its router, the learner
+group, and the weight publisher. Imports nothing from seal/run or seal/commands."""

@@ -1,0 +1,265 @@
+"""Creating, placing, scaling and stopping the pipeline's Ray actors.
+
+Each actor gets a factory of its component built from the resolved config
+(the component never sees hydra or this package) and the resources of the
+`cluster` group. Env actors and the generator restart after a crash (Ray's
+max_restarts); a restarted generator holds its requests until the driver has
+given it the latest weights. Scaling down retires env actors: they take no
+new group, and stop once their current group is sent, so no task is lost or
+played twice.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from actors.coordinator.policy import Coordinator
+from replay.auth import ClientKeys
+from seal.config import instantiate, instantiate_spec
+from seal.runtime.placement import ClusterConfig
+
+log = logging.getLogger(__name__)
+
+
+def make_coordinator(interface: dict, tag_weights: dict, closed_loop: bool, per_category: bool, vocabulary: str,
+                     guideline_policy: dict) -> Coordinator:
+    return Coordinator(instantiate_spec(interface), instantiate_spec(tag_weights), closed_loop=closed_loop,
+                       per_category_guidelines=per_category, vocabulary=vocabulary,
+                       guideline_policy=instantiate_spec(guideline_policy))
+
+
+def _spec(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True)
+
+
+class ActorSet:
+    def __init__(self, cfg, cluster: ClusterConfig, replay_address: str, storage: str | None = None,
+                 replay_keys: ClientKeys | None = None) -> None:
+        """``replay_keys``: the env actors' CURVE keys for the replay stream (None: a plain stream)."""
+        import ray
+
+        from seal.runtime.generator_fleet import GeneratorFleet, split_generator_spec
+        from seal.runtime.layout_guard import check_replicas_fit, planned_learner_nodes, reserve_learner, reserved_per_node
+        from seal.runtime.learner_group import GroupSettings, LearnerGroup
+
+        self.cfg, self.cluster, self.replay_address, self.replay_keys = cfg, cluster, replay_address, replay_keys
+        self.prefix = f"seal-{uuid.uuid4().hex[:8]}"  # actor names unique to this pipeline
+        self.sampling = instantiate(cfg.sampling)
+        transport = instantiate(cfg.transport)
+        self.hwm, self.send_timeout_s = transport.hwm, transport.send_timeout_s
+        self.generators: Any = None
+        self.coordinator: Any = None
+        self.learners: Any = None
+        self.env: dict[str, Any] = {}  # name -> handle, serving
+        self.retiring: dict[str, Any] = {}
+        self.closing: dict[str, Any] = {}  # retired env actor -> its close() call, in flight
+        self.recovering: dict[str, Any] = {}  # name -> probe ref: crashed, serving again once the probe answers
+        self.target_env = 0
+        self._created = 0
+        spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
+        settings, replicas = GroupSettings.from_spec(spec), split_generator_spec(gen_spec)[1]
+        # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:
+        # replicas started first could leave no node that holds every rank (seal/runtime/layout_guard.py).
+        nodes = ray.nodes()
+        self.learner_plan = planned_learner_nodes(cluster.generator, cluster.learner, replicas, settings.world_size, nodes)
+        pg = reserve_learner(cluster.learner, settings.world_size, self.learner_plan, settings.timeout_s)
+        try:
+            reserved = reserved_per_node(pg)
+            check_replicas_fit(cluster.generator, replicas, nodes, reserved)
+            # generator.replicas engines behind the router (seal/runtime/generator_fleet.py); started
+            # before the learner ranks so both load at once.
+            self.generators = GeneratorFleet(gen_spec, cluster.generator, self.prefix, cluster.max_restarts,
+                                             update_timeout_s=float(cfg.generator.get("update_timeout_s", 600.0)), wait=False,
+                                             reserved=reserved)
+            # The learner group: world_size ranks in the reserved bundles, each with cluster.learner's resources; `learner` is rank 0.
+            self.learners = LearnerGroup(functools.partial(instantiate_spec, spec), settings, cluster.learner,
+                                         env_vars=cluster.learner.env_vars(), placement=pg)
+            self.learner = self.learners.actors[0]
+            self.generators.wait_ready(self.generators.names)
+            self.check_layout(nodes)
+        except BaseException:
+            if self.learners is None and pg is not None:
+                ray.util.remove_placement_group(pg)  # the group owns it once made
+            self.close()
+            raise
+        if storage is not None:
+            self.check_storage(storage)
+
+    def node_roles(self) -> dict[str, str]:
+        """Ray node id -> the learner ranks and generator replicas on it."""
+        from seal.runtime.placement import actor_nodes
+
+        roles = self.learners.node_roles()
+        for name, node in actor_nodes(self.generators.handles, key="NodeID").items():
+            if node != "?":
+                roles[node] = f"{roles[node]}, {name}" if node in roles else name
+        return roles
+
+    def check_storage(self, storage: str) -> None:
+        """Every node with a learner rank or a generator replica must see the run's storage (seal/runtime/storage.py)."""
+        from seal.runtime.storage import check_nodes_see
+
+        check_nodes_see(storage, self.node_roles(), timeout_s=float(self.cfg.learner.get("timeout_s", 600.0)))
+
+    def check_layout(self, nodes: list) -> None:
+        """The ranks landed where the plan puts them, and every node with a rank or a replica has an
+        object store that holds the generator's weights (a replica's restore puts them there whole)."""
+        from seal.runtime.layout_guard import check_learner_nodes, check_object_stores, node_name, weights_bytes
+
+        check_learner_nodes(self.learner_plan, [n.get("node_id", "?") for n in self.learners.nodes],
+                            {n["NodeID"]: node_name(n) for n in nodes})
+        weights, what = weights_bytes(self.cfg)
+        check_object_stores(nodes, self.node_roles(), weights, what)
+
+    def placement(self) -> dict[str, dict[str, str]]:
+        """Where each actor runs now: {"learner": {"rank-0": ip}, "generator": {...}, "env": {...}, "coordinator": ...}."""
+        from seal.runtime.placement import actor_nodes
+
+        return {"learner": {f"rank-{r}": node["ip"] for r, node in enumerate(self.learners.nodes)},
+                "generator": actor_nodes(self.generators.handles), "env": actor_nodes(self.env),
+                "coordinator": actor_nodes({"coordinator": self.coordinator}) if self.coordinator is not None else {}}
+
+    @property
+    def generator(self) -> Any:
+        """The first replica (what a single-generator caller, e.g. a benchmark, talks to)."""
+        return self.generators.first
+
+    @staticmethod
+    def _wait_ready(refs: list, what: str) -> None:
+        import ray
+
+        try:
+            ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            cause = getattr(exc, "error_msg", None) or str(exc)
+            raise RuntimeError(f"the {what} failed to start: {cause.strip().splitlines()[-1]}") from None
+
+    def start_coordinator(self, state: dict | None) -> None:
+        import ray
+
+        from actors.coordinator.service import CoordinatorService
+
+        t = self.cfg.trainer
+        factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), bool(t.closed_loop),
+                                    bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary),
+                                    _spec(self.cfg.guideline_policy))
+        options = dict(name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()},
+                       **self.cluster.coordinator.ray_options())
+        if not self.cluster.coordinator.resources:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            # On the driver's node: the coordinator is the run's state (capability, interface, tag
+            # weights) and has no restart; on another node, losing that node would end the run.
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.coordinator = ray.remote(CoordinatorService).options(**options).remote(self.cluster.coordinator.pinned(factory), state)
+        self._wait_ready([self.coordinator.interface.remote()], "coordinator")
+
+    # ---------------------------------------------------------- env actors
+    def scale_env(self, n: int) -> None:
+        """Serve with n env actors: start new ones, or retire the newest."""
+        import ray
+
+        from actors.env_actor import EnvActor
+        from weights.model_assets import load_tokenizer
+
+        if n < 1:
+            raise ValueError(f"env actors must be >= 1, got {n}")
+        self.target_env = n
+        res = self.cluster.env_actor
+        options: dict[str, Any] = dict(max_concurrency=2, max_restarts=self.cluster.max_restarts, max_task_retries=0,
+                                       runtime_env={"env_vars": {**res.env_vars(), "TOKENIZERS_PARALLELISM": "false"}},
+                                       **res.ray_options())
+        if self.cluster.spread_env_actors:
+            options["scheduling_strategy"] = "SPREAD"
+        started = []
+        while len(self.env) < n:
+            name = f"env-{self._created}"
+            self._created += 1
+            handle = ray.remote(EnvActor).options(**options).remote(
+                # The actor's constructor calls the tokenizer factory before any env work: it pins the process.
+                name, functools.partial(instantiate_spec, _spec(self.cfg.env)), res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
+                self.generators.names[0], f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s,
+                # The keys travel as a constructor argument: in memory, through Ray (whose token
+                # auth guards the cluster, docs/main-job.md), never in a file; Ray keeps them to restart the actor.
+                self.replay_keys, not self.generators.is_async)
+            self.env[name] = handle
+            self.coordinator.register_env_actor.remote(name, handle)
+            started.append(handle)
+        while len(self.env) > n:
+            name = sorted(self.env, key=lambda k: int(k.split("-")[1]))[-1]
+            self.retiring[name] = self.env.pop(name)
+        if started:
+            self._wait_ready([h.pid.remote() for h in started], "env actors")
+
+    def idle_env_actor(self, busy: set[str]) -> tuple[str, Any] | None:
+        self.reap(busy)
+        self._check_recovering()
+        for name, handle in self.env.items():
+            if name not in busy and name not in self.recovering:
+                return name, handle
+        return None
+
+    def crashed(self, name: str) -> None:
+        """An env actor's group failed with the actor gone: Ray restarts it;
+        no group goes to it until it answers."""
+        if name in self.env:
+            self.recovering[name] = self.env[name].pid.remote()
+
+    def _check_recovering(self) -> None:
+        import ray
+
+        for name, probe in list(self.recovering.items()):
+            ready, _ = ray.wait([probe], timeout=0)
+            if not ready:
+                continue
+            try:
+                ray.get(probe)
+                del self.recovering[name]
+                log.warning("env actor %s is back", name)
+            except ray.exceptions.ActorDiedError:  # out of restarts: replace it
+                del self.recovering[name]
+                self.coordinator.unregister_env_actor.remote(name)
+                del self.env[name]
+                log.warning("env actor %s is gone for good; starting a replacement", name)
+                self.scale_env(self.target_env)
+            except ray.exceptions.RayActorError:  # still restarting
+                self.recovering[name] = self.env[name].pid.remote()
+
+    def reap(self, busy: set[str]) -> None:
+        """Stop retired env actors that have finished their last group: first
+        their sender delivers what it still holds (``EnvActor.close``, waited
+        for without blocking the loop), then the actor is killed."""
+        import ray
+
+        for name in [k for k in self.retiring if k not in busy and k not in self.closing]:
+            self.closing[name] = self.retiring[name].close.remote()
+        for name, ref in list(self.closing.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:  # it died meanwhile: its groups are re-issued as lost
+                log.warning("env actor %s failed to close its sender: %s", name, exc)
+            del self.closing[name]
+            handle = self.retiring.pop(name)
+            self.coordinator.unregister_env_actor.remote(name)
+            ray.kill(handle, no_restart=True)
+            log.info("env actor %s retired", name)
+
+    def close(self) -> None:
+        import ray
+
+        if self.learners is not None:
+            self.learners.close()
+        if getattr(self, "generators", None) is not None:
+            self.generators.close()
+        for handle in [*self.env.values(), *self.retiring.values(), self.coordinator]:
+            if handle is not None:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception:  # already gone
+                    pass

@@ -1,0 +1,442 @@
+"""The run's generator replicas, as the driver sees them.
+
+``generator.replicas=M`` Ray actors, each one engine (with its own
+tensor-parallel workers: ``generator.tensor_parallel_size`` on GPU), spread
+over the nodes. The blocking engine (actors/generation/vllm_engine.py) is served by a
+``GeneratorServer``; the async engine (actors/generation/async_vllm_engine.py) is its
+own Ray async actor. Both answer the same calls.
+
+The fleet owns:
+- routing (seal/runtime/router.py): each group's replica is fixed at dispatch;
+- weight updates: every serving replica gets each version (object store or
+  the learner's broadcast group, which spans 1 + M x TP ranks); a replica
+  that does not confirm within ``update_timeout_s`` is named in the log,
+  taken out of the router and restarted (Ray restarts it), then re-synced;
+- restore: a restarted replica holds its requests until it has the latest
+  weights (probed every 2 s), and only then rejoins the router;
+- scaling: ``scale(M)`` starts replicas (current weights before they serve)
+  or retires the newest (out of the router first; stopped once its groups end).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from seal.runtime.router import ReplicaRouter
+
+log = logging.getLogger(__name__)
+ASYNC_ENGINES = ("actors.generation.async_vllm_engine.AsyncVllmGenerator",)
+
+
+@dataclass
+class FleetCounters:
+    update_timeouts: int = 0  # updates not confirmed in time (the replica was restarted)
+    restores: int = 0  # restarted replicas given the latest weights
+    retired: int = 0
+    failed_replicas: list[str] = field(default_factory=list)  # named in the metrics of the step they failed in
+    canary_failures: int = 0  # replicas whose logprobs after an update did not match the learner's
+    canary_max_diff: float | None = None  # max |logprob difference| over the canaries since the last metrics row
+
+
+def split_generator_spec(spec: dict) -> tuple[dict, int]:
+    """The engine's constructor arguments and the replica count (a fleet setting, not the engine's)."""
+    spec = dict(spec)
+    replicas = spec.pop("replicas", 1)
+    if not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"generator.replicas must be an integer >= 1, got {replicas!r}")
+    return spec, replicas
+
+
+def check_fleet_spec(spec: dict) -> dict:
+    """The fleet's settings checked before anything starts; returns the engine's arguments."""
+    spec, _ = split_generator_spec(spec)
+    if spec.get("_target_") in ASYNC_ENGINES:
+        from actors.generation.async_vllm_engine import UPDATE_MODES
+
+        mode = spec.get("update_mode", "pause")
+        if mode not in UPDATE_MODES:
+            raise ValueError(f"generator.update_mode must be one of {', '.join(UPDATE_MODES)}, got {mode!r}")
+        if float(spec.get("update_timeout_s", 600.0)) <= 0:
+            raise ValueError(f"generator.update_timeout_s must be > 0, got {spec.get('update_timeout_s')}")
+    elif "update_mode" in spec:
+        raise ValueError("generator.update_mode needs the async engine (generator=vllm_async_cpu or vllm_async_gpu): "
+                         "the blocking engine always finishes a batch before its weights change")
+    return spec
+
+
+def spread_choice(handles: Mapping[str, Any], chosen: Mapping[str, str], ask: Mapping[str, float],
+                  reserved: Mapping[str, Mapping[str, float]]) -> tuple[str | None, Any]:
+    """The node for one more replica and its scheduling strategy (soft node affinity), or (None, None)
+    to leave it to Ray: the node hosting the fewest of ``handles`` (placed, or ``chosen`` at their start)
+    that holds one more beside them and beside ``reserved`` (the learner ranks' placement group)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from seal.runtime.layout_guard import free_nodes
+    from seal.runtime.placement import actor_nodes, least_used_node
+
+    used: dict[str, int] = {}
+    for name, node in actor_nodes(handles, key="NodeID").items():
+        node = node if node != "?" else chosen.get(name)
+        if node is not None:
+            used[node] = used.get(node, 0) + 1
+    node = least_used_node(free_nodes(ray.nodes(), reserved), ask, used, prefer=ray.get_runtime_context().get_node_id())
+    return (node, NodeAffinitySchedulingStrategy(node, soft=True)) if node is not None else (None, None)
+
+
+class GeneratorFleet:
+    def __init__(self, spec: dict, resources, prefix: str, max_restarts: int, update_timeout_s: float = 600.0,
+                 wait: bool = True, reserved: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        """``wait``: return once every replica has started (else call ``wait_ready``). ``reserved``:
+        node id -> resources held there for others (the learner ranks' placement group), which a
+        replica's node choice must leave alone."""
+        self.spec, count = split_generator_spec(spec)
+        self.reserved = dict(reserved or {})
+        self.resources, self.prefix, self.max_restarts = resources, prefix, max_restarts
+        self.tp = int(self.spec.get("tensor_parallel_size", 1))
+        self.is_async = self.spec.get("_target_") in ASYNC_ENGINES
+        self.update_timeout_s = float(update_timeout_s)
+        self.handles: dict[str, Any] = {}
+        self.versions: dict[str, int] = {}
+        self.retiring: dict[str, Any] = {}
+        self.pending: dict[Any, tuple[str, int, float]] = {}  # update ref -> (replica, version, started)
+        self.probes: dict[str, tuple[Any, float]] = {}  # replica -> (awaiting_weights ref, sent)
+        self.restoring: set[str] = set()  # out of the router until they have the latest weights
+        self._probed: dict[str, float] = {}
+        self.restores: dict[str, tuple[Any, int, float]] = {}  # replica -> (update ref, version, started)
+        self.published_version = 0
+        self.counters = FleetCounters()
+        # The weight-sync canary: after each confirmed update the replica scores canary_ids and
+        # its logprobs must be within canary_max_diff of the learner's (``expect``) at that version.
+        self.canary_ids: list[int] = []
+        self.canary_max_diff = 1.0
+        self._expected: tuple[int, list[float]] | None = None
+        self.canaries: dict[Any, tuple[str, int, list[float]]] = {}  # prompt_logprobs ref -> (replica, version, expected)
+        self._made = 0
+        self.chosen_nodes: dict[str, str] = {}  # replica -> the node asked for at its start
+        names = [self._start(await_weights=False) for _ in range(count)]
+        self.router = ReplicaRouter(names)
+        if wait:
+            self.wait_ready(names)
+
+    # ------------------------------------------------------------ actors
+    def _start(self, await_weights: bool) -> str:
+        import ray
+
+        from actors.generation.server import GeneratorServer
+        from seal.config import instantiate_spec
+
+        name = f"{self.prefix}-generator-{self._made}"
+        self._made += 1
+        res = self.resources
+        options: dict[str, Any] = dict(name=name, max_concurrency=1024, max_restarts=self.max_restarts, max_task_retries=0,
+                                       runtime_env={"env_vars": res.env_vars()}, **res.ray_options())
+        node, strategy = spread_choice(self.handles, self.chosen_nodes, self.resources.bundle(), self.reserved)
+        if node is not None:  # replicas on different nodes where there are several (soft: Ray may still move it)
+            options["scheduling_strategy"] = strategy
+            self.chosen_nodes[name] = node
+        if self.is_async:
+            from actors.generation.async_vllm_engine import AsyncVllmGenerator
+
+            kwargs = {k: v for k, v in self.spec.items() if k != "_target_"}
+            handle = ray.remote(AsyncVllmGenerator).options(**options).remote(
+                **kwargs, await_weights=await_weights, setup=res.pinned(dict))
+        else:
+            handle = ray.remote(GeneratorServer).options(**options).remote(
+                res.pinned(functools.partial(instantiate_spec, self.spec)), await_weights=await_weights)
+        self.handles[name] = handle
+        self.versions[name] = -1 if await_weights else 0
+        return name
+
+    def wait_ready(self, names: list[str]) -> None:
+        import ray
+
+        try:
+            ray.get([self.handles[n].max_model_len.remote() for n in names])
+        except ray.exceptions.RayActorError as exc:
+            cause = getattr(exc, "error_msg", None) or str(exc)
+            raise RuntimeError(f"a generator replica failed to start: {cause.strip().splitlines()[-1]}") from None
+
+    @property
+    def first(self) -> Any:
+        return self.handles[self.names[0]]
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.handles, key=lambda n: int(n.rsplit("-", 1)[1]))
+
+    def serving(self) -> list[str]:
+        return [n for n in self.names if n in self.router.replicas]
+
+    def acked(self) -> int:
+        """The version every serving replica has (admission counts staleness from it)."""
+        live = [self.versions[n] for n in self.serving()]
+        return min(live) if live else max(self.versions.values(), default=0)
+
+    def all_down(self) -> bool:
+        return not self.router.replicas
+
+    # ----------------------------------------------------------- weights
+    def publish(self, version: int, weights: Any = None, metadata: list | None = None) -> list:
+        """``version`` to every replica: from the broadcast group (``metadata``) or the object store
+        (``weights``: the learner's WeightManifest, weights/buckets.py; each replica fetches and
+        loads its buckets one at a time)."""
+        refs = []
+        self.published_version = max(self.published_version, int(version))
+        for name in self.names:
+            if name in self.restoring:
+                continue  # it gets the latest weights when its restore runs
+            handle = self.handles[name]
+            if metadata is not None:
+                ref = handle.update_weights_from_group.remote(version, metadata)
+            else:
+                ref = handle.update_weights.remote(version, weights)
+            self.pending[ref] = (name, version, time.perf_counter())
+            refs.append(ref)
+        return refs
+
+    def published(self, ref) -> float | None:
+        """A replica confirmed (or failed) an update; seconds it took from the publish, or None."""
+        import ray
+
+        if ref not in self.pending:
+            return None  # given up as overdue
+        name, version, started = self.pending.pop(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            log.warning("generator replica %s failed the update to v%d: %s", name, version, exc.__class__.__name__)
+            if name in self.handles:
+                self._take_out(name)
+            return None
+        self.versions[name] = max(self.versions.get(name, 0), version)
+        self._send_canary(name, version)
+        return time.perf_counter() - started
+
+    # ------------------------------------------------------------ canary
+    def expect(self, version: int, logprobs: list[float]) -> None:
+        """The learner's canary logprobs at ``version`` (the version about to be published)."""
+        self._expected = (int(version), [float(x) for x in logprobs])
+
+    def _send_canary(self, name: str, version: int) -> None:
+        if self.canary_ids and self._expected is not None and self._expected[0] == version and name in self.handles:
+            self.canaries[self.handles[name].prompt_logprobs.remote(self.canary_ids)] = (name, version, self._expected[1])
+
+    def poll_canaries(self) -> None:
+        """Compare the replicas' canaries that are in; one off by more than canary_max_diff is
+        treated as failed: named, taken out of the router, restarted and re-synced."""
+        import ray
+
+        if not self.canaries:
+            return
+        ready, _ = ray.wait(list(self.canaries), num_returns=len(self.canaries), timeout=0)
+        for ref in ready:
+            name, version, want = self.canaries.pop(ref)
+            try:
+                got = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue  # the replica died; its restore re-syncs it
+            if len(got) != len(want):
+                diff = float("inf")
+            else:
+                diff = max((abs(a - b) for a, b in zip(got, want)), default=0.0)
+            prev = self.counters.canary_max_diff
+            self.counters.canary_max_diff = diff if prev is None else max(prev, diff)
+            if diff > self.canary_max_diff and name in self.handles:
+                self.counters.canary_failures += 1
+                self.counters.failed_replicas.append(name)
+                log.error("generator replica %s: logprobs after the update to v%d differ from the learner's by %.3g "
+                          "(> %.3g): treated as failed, restarted and re-synced", name, version, diff, self.canary_max_diff)
+                self._take_out(name)
+                ray.kill(self.handles[name], no_restart=False)
+
+    def overdue(self) -> None:
+        """Updates not confirmed within the timeout: name the replica, take it out, restart it."""
+        import ray
+
+        now = time.perf_counter()
+        for ref, (name, version, started) in list(self.pending.items()):
+            if ref not in self.pending or now - started < self.update_timeout_s:
+                continue
+            if ray.wait([ref], timeout=0)[0]:
+                continue  # it did answer; the driver has not read it yet (published() will)
+            for other in [r for r, (n, _, _) in self.pending.items() if n == name]:
+                del self.pending[other]  # its later updates too: the restore brings it the latest weights
+            self.counters.update_timeouts += 1
+            self.counters.failed_replicas.append(name)
+            log.error("generator replica %s did not confirm the update to v%d within %.0f s: taken out of the router "
+                      "and restarted", name, version, self.update_timeout_s)
+            self._take_out(name)
+            if name in self.handles:
+                ray.kill(self.handles[name], no_restart=False)  # Ray restarts it; the probe re-syncs it
+
+    def _take_out(self, name: str) -> None:
+        self.router.remove(name)
+        self.restoring.add(name)
+
+    def replica_lost(self, name: str) -> None:
+        """A group failed because its replica is gone (GeneratorUnavailable): restore it when it is back."""
+        if name in self.handles:
+            self._take_out(name)
+
+    def check(self, latest: Callable[[], tuple[Any, int]], force: bool = False, every_s: float = 2.0) -> list[str]:
+        """Probe every replica (every ``every_s``; at once when ``force``): one Ray restarted
+        comes back with the base weights and holds its requests, so it leaves the router and
+        gets the latest weights (``latest()`` -> (weights ref, version)) before it rejoins.
+        Restores run while the driver goes on (``force`` waits for them). Returns the
+        replicas restored now."""
+        import ray
+
+        now = time.monotonic()
+        for name in self.names:
+            if name in self.restores or name in self.probes:
+                continue
+            if force or name in self.restoring or now - self._probed.get(name, 0.0) > every_s:
+                self.probes[name] = (self.handles[name].awaiting_weights.remote(), now)
+                self._probed[name] = now
+        for name, (ref, _) in list(self.probes.items()):
+            ready, _ = ray.wait([ref], timeout=30.0 if force else 0)
+            if not ready:
+                continue
+            del self.probes[name]
+            try:
+                awaiting = ray.get(ref)
+            except ray.exceptions.RayActorError:  # restarting: out of the router until it answers
+                if name in self.handles:
+                    self._take_out(name)
+                continue
+            if name not in self.handles or not (awaiting or name in self.restoring):
+                continue
+            self._take_out(name)
+            weights, version = latest()
+            self.restores[name] = (self.handles[name].update_weights.remote(version, weights), version, time.monotonic())
+        return self._finish_restores(latest, block=force)
+
+    def _finish_restores(self, latest: Callable[[], tuple[Any, int]], block: bool) -> list[str]:
+        import ray
+
+        restored = []
+        for name, (ref, version, started) in list(self.restores.items()):
+            ready, _ = ray.wait([ref], timeout=self.update_timeout_s if block else 0)
+            if not ready:
+                if time.monotonic() - started > self.update_timeout_s:
+                    del self.restores[name]
+                    log.error("generator replica %s did not load the weights to restore within %.0f s: restarted",
+                              name, self.update_timeout_s)
+                    if name in self.handles:
+                        ray.kill(self.handles[name], no_restart=False)
+                continue
+            del self.restores[name]
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                log.warning("restoring generator replica %s failed (%s); retrying", name, exc.__class__.__name__)
+                continue
+            if name not in self.handles:
+                continue  # retired meanwhile
+            if version < self.published_version:  # a publish went out while it loaded: catch up first
+                weights, newest = latest()
+                self.restores[name] = (self.handles[name].update_weights.remote(newest, weights), newest, time.monotonic())
+                continue
+            self.versions[name] = version
+            self.restoring.discard(name)
+            self.router.add(name)
+            self.counters.restores += 1
+            restored.append(name)
+            log.warning("generator replica %s is serving with policy v%d", name, version)
+        return restored
+
+    def join_weight_group(self, host: str, port: int, backend: str) -> tuple[int, list]:
+        """Every replica joins the learner's group: replica i's workers are ranks 1 + i x TP ..;
+        returns (world size, the join refs: they block until the learner joins too)."""
+        world = 1 + len(self.names) * self.tp
+        refs = [self.handles[n].join_weight_group.remote(host, port, world, backend, 1 + i * self.tp)
+                for i, n in enumerate(self.names)]
+        return world, refs
+
+    # ------------------------------------------------------------ scaling
+    def scale(self, count: int, latest: Callable[[], tuple[Any, int]]) -> None:
+        """Serve with ``count`` replicas: new ones get the current weights before they serve;
+        the newest retire (no new group; stopped by ``reap`` once their groups end)."""
+        if count < 1:
+            raise ValueError(f"generators must be >= 1, got {count}")
+        while len(self.handles) < count:
+            name = self._start(await_weights=True)
+            self.wait_ready([name])
+            self.restoring.add(name)  # check() gives it the weights, then the router takes it
+            self.router.remove(name)
+            deadline = time.monotonic() + self.update_timeout_s
+            while name not in self.router.replicas and time.monotonic() < deadline:
+                self.check(latest, force=True)  # a probe or load that fails (or is slow) is retried
+            if name not in self.router.replicas:
+                raise ValueError(f"generator replica {name} did not load the current weights within "
+                                   f"{self.update_timeout_s:.0f} s; the run goes on with {len(self.router.replicas)}")
+        while len(self.handles) > count:
+            name = self.names[-1]
+            self.router.remove(name)
+            self.restoring.discard(name)
+            self.restores.pop(name, None)
+            self.retiring[name] = self.handles.pop(name)
+            log.info("generator replica %s retiring", name)
+
+    def reap(self) -> None:
+        import ray
+
+        for name in list(self.retiring):
+            if self.router.groups_on(name) or any(n == name for n, _, _ in self.pending.values()):
+                continue
+            ray.kill(self.retiring.pop(name), no_restart=True)
+            self.versions.pop(name, None)
+            self.counters.retired += 1
+            log.info("generator replica %s retired", name)
+
+    # ------------------------------------------------------------ metrics
+    def stats(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Each replica's counters (requests, tokens, load, prefix hits); a replica that does not answer is left out."""
+        import ray
+
+        refs = {name: self.handles[name].stats.remote() for name in self.names}
+        out = {}
+        for name, ref in refs.items():
+            try:
+                out[name] = ray.get(ref, timeout=timeout_s)
+            except (ray.exceptions.RayError, TimeoutError):
+                continue
+        return out
+
+    def close(self) -> None:
+        import ray
+
+        for handle in [*self.handles.values(), *self.retiring.values()]:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+
+ASYNC_ONLY_KEYS = ("update_mode", "update_timeout_s", "drain_timeout_s", "max_num_seqs")
+
+
+def local_generator(node, **overrides) -> Any:
+    """A generator for this process alone (`seal rollout`, `seal eval`, `seal evaluate`, the closing
+    evaluation of `seal train`): one engine with blocking calls (local_generator_spec)."""
+    from seal.config import instantiate_spec
+
+    return instantiate_spec(local_generator_spec(node, **overrides))
+
+
+def local_generator_spec(node, **overrides) -> dict[str, Any]:
+    """An async-engine config maps to the blocking engine with the same model, dtype and cache
+    settings (greedy evaluation batches gain nothing from continuous batching); the fleet's
+    replica count does not apply."""
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
+    spec, _ = split_generator_spec(spec)
+    if spec.get("_target_") in ASYNC_ENGINES:
+        spec = {k: v for k, v in spec.items() if k not in ASYNC_ONLY_KEYS}
+        spec["_target_"] = "actors.generation.vllm_engine.VllmGenerator"
+    return spec

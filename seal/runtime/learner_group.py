@@ -1,0 +1,335 @@
+"""The learner group on the driver side: N LearnerRank actors (learner/rank.py) in one placement
+group, one torch.distributed group among them, every call made on all ranks at once and waited
+for with a timeout. A rank that dies or a call that overruns stops the run with one error naming
+the rank, its node and the step; the group's actors are killed then, so none is left waiting in
+a collective.
+
+PACK places the ranks on as few nodes as fit them (NCCL within a node) and spans nodes otherwise.
+
+Calls that touch the model or a process group carry a ticket per rank, numbered in the order this
+driver issues them; each rank runs them in that order, one at a time (learner/call_order.py). So
+a broadcast started without waiting (the generator loads while the next batch is played) and the
+next step or checkpoint never run their collectives at once, and every rank runs the same
+sequence; the driver itself never blocks on the broadcast.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from weights.buckets import WeightManifest
+from learner.group import RankShard, Rendezvous, merge_results, shard_batch
+from seal.runtime.placement import ActorResources
+
+log = logging.getLogger(__name__)
+
+
+class LearnerGroupError(RuntimeError):
+    """A rank failed or a call overran its timeout (the message names rank, node and step)."""
+
+
+@dataclass
+class GroupCall:
+    """Calls in flight on every rank (one ref per rank, rank order)."""
+    refs: list
+    what: str
+    step: int
+    deadline: float
+    results: dict[int, Any] = field(default_factory=dict)
+    # Errors that fail the call on a rank but leave the group whole (the rank finished its part of
+    # every collective): kept as that rank's result instead of stopping the run.
+    survivable: tuple[type, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    world_size: int = 1
+    timeout_s: float = 600.0  # collectives (the ranks' process group) and control calls
+    step_timeout_s: float = 3600.0  # one training step on every rank
+    mini_batch_groups: int = 1
+    backend: str = "gloo"
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> "GroupSettings":
+        lcfg = spec["cfg"]
+        return cls(int(spec.get("world_size", 1)), float(spec.get("timeout_s", 600.0)), float(spec.get("step_timeout_s", 3600.0)),
+                   int(lcfg.get("mini_batch_groups", 1)), "nccl" if lcfg.get("device") == "cuda" else "gloo")
+
+
+class LearnerGroup:
+    def __init__(self, make_learner: Callable[[], Any], settings: GroupSettings, resources: ActorResources,
+                 storage: str | Path | None = None, env_vars: Mapping[str, str] | None = None,
+                 placement: Any = None) -> None:
+        """``placement``: a placement group already reserved for the ranks, one bundle per rank, which
+        the group then owns (seal/runtime/layout_guard.py reserve_learner: the plan's layout); None: PACK here."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from learner.rank import LearnerRank
+
+        self.settings, self.step = settings, 0
+        self.actors: list = []
+        self.nodes: list[dict[str, Any]] = [{"ip": "?", "host": "?"}] * settings.world_size
+        self._pending: list[GroupCall] = []  # calls not waited for (broadcast), checked at the next call
+        self._tickets = [0] * settings.world_size  # the next ticket per rank (learner/call_order.py)
+        self.survivable_failures: list[str] = []  # e.g. a weight round a receiver left (``broadcast_weights``)
+        bundle = {k: v for k, v in resources.bundle().items() if v}
+        self.pg = placement if placement is not None else (
+            placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None)
+        try:
+            if self.pg is not None and not self.pg.wait(settings.timeout_s):
+                raise LearnerGroupError(f"the cluster cannot place {settings.world_size} learner ranks of {bundle} "
+                                        f"within {settings.timeout_s:g}s (learner.world_size, cluster.learner)")
+            threads = resources.thread_count() or None
+            for r in range(settings.world_size):
+                # Threads: an ordered call running, the next one waiting for its turn, and probes (pid, node).
+                opts: dict[str, Any] = dict(max_restarts=0, max_concurrency=4, runtime_env={"env_vars": dict(env_vars or {})},
+                                            **resources.ray_options())
+                if self.pg is not None:
+                    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)
+                self.actors.append(ray.remote(LearnerRank).options(**opts).remote(threads))
+            self.nodes = self._probe_all(lambda a: a.node.remote(), "start")
+            host, port = self._get_one(self.actors[0].address.remote(), 0, "start")
+            factory = resources.pinned(make_learner)
+            self._all("start", "start", lambda r: (Rendezvous(host, port, r, settings.world_size, settings.backend,
+                                                              settings.timeout_s, settings.step_timeout_s), factory))
+            if storage is not None:
+                self.check_storage(Path(storage))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------- calls
+    def _name(self, rank: int) -> str:
+        node = self.nodes[rank]
+        return f"learner rank {rank} on node {node['ip']} ({node['host']})"
+
+    def _fail(self, message: str) -> None:
+        self.close()  # the other ranks would wait in a collective until its timeout
+        raise LearnerGroupError(message)
+
+    def _ticket(self, rank: int) -> int:
+        ticket, self._tickets[rank] = self._tickets[rank], self._tickets[rank] + 1
+        return ticket
+
+    def _submit(self, rank: int, method: str, *args):
+        """An ordered call on one rank: ``method(ticket, *args)``."""
+        return getattr(self.actors[rank], method).remote(self._ticket(rank), *args)
+
+    def _start(self, method: str, what: str, args=lambda rank: (), timeout_s: float | None = None,
+               survivable: tuple[type, ...] = ()) -> GroupCall:
+        """``method`` on every rank, in order (a ticket each); ``args(rank)``: that rank's arguments."""
+        refs = [self._submit(r, method, *args(r)) for r in range(len(self.actors))]
+        return GroupCall(refs, what, self.step, time.monotonic() + (timeout_s or self.settings.timeout_s), survivable=survivable)
+
+    def _collect(self, call: GroupCall, block: bool) -> bool:
+        """Results of finished ranks into ``call.results``; True when every rank has answered."""
+        import ray
+
+        while len(call.results) < len(call.refs):
+            waiting = [ref for r, ref in enumerate(call.refs) if r not in call.results]
+            left = call.deadline - time.monotonic()
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=max(0.0, left) if block else 0)
+            if not ready:
+                if block or time.monotonic() >= call.deadline:  # a blocking wait that returns empty has timed out
+                    ranks = [r for r in range(len(call.refs)) if r not in call.results]
+                    self._fail(f"learner {call.what} at step {call.step} did not finish in time: "
+                               + ", ".join(self._name(r) for r in ranks) + " had not answered")
+                return False
+            for ref in ready:
+                rank = call.refs.index(ref)
+                try:
+                    call.results[rank] = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    if call.survivable and isinstance(getattr(exc, "cause", None), call.survivable):
+                        call.results[rank] = exc.cause
+                        continue
+                    rank, exc = self._first_death(call, rank, exc)
+                    cause = (getattr(exc, "error_msg", None) or str(exc)).strip().splitlines()
+                    died = isinstance(exc, ray.exceptions.RayActorError)
+                    self._fail(f"{self._name(rank)} {'died' if died else 'failed'} during {call.what} at step {call.step}: "
+                               f"{cause[-1] if cause else exc.__class__.__name__}")
+        return True
+
+    def _first_death(self, call: GroupCall, rank: int, exc: Exception, grace_s: float = 15.0) -> tuple[int, Exception]:
+        """The rank to blame: when one rank dies its peers' collectives fail at once (connection reset),
+        often before Ray has noticed the death; a dead rank found within ``grace_s`` is the cause."""
+        import ray
+
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return rank, exc
+        # The peers' own calls, and a ping each (actors serve two calls at once): a dead one raises.
+        probes = {ref: r for r, ref in enumerate(call.refs) if r != rank and r not in call.results}
+        probes.update({a.pid.remote(): r for r, a in enumerate(self.actors) if r != rank})
+        deadline = time.monotonic() + grace_s
+        while probes and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(probes), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                r = probes.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as death:
+                    return r, death
+                except ray.exceptions.RayError:
+                    pass
+        return rank, exc
+
+    def _all(self, method: str, what: str, args=lambda rank: (), timeout_s: float | None = None) -> list:
+        """An ordered call on every rank, waited for (a call not waited for before it is checked
+        first; the ranks run it after that one anyway)."""
+        self._check_pending()
+        call = self._start(method, what, args, timeout_s)
+        self._collect(call, block=True)
+        return [call.results[r] for r in range(len(self.actors))]
+
+    def _probe_all(self, fn, what: str) -> list:
+        """A call that touches neither model nor group (no ticket: it answers while a step runs)."""
+        call = GroupCall([fn(a) for a in self.actors], what, self.step, time.monotonic() + self.settings.timeout_s)
+        self._collect(call, block=True)
+        return [call.results[r] for r in range(len(self.actors))]
+
+    def _get_one(self, ref, rank: int, what: str):
+        call = GroupCall([ref], what, self.step, time.monotonic() + self.settings.timeout_s)
+        self._collect(call, block=True)
+        return call.results[0]
+
+    def _check_pending(self) -> None:
+        for call in list(self._pending):
+            if self._collect(call, block=False):
+                self._finished(call)
+
+    def _finished(self, call: GroupCall) -> None:
+        """A call not waited for has ended on every rank: note a survivable failure (the weight
+        round that a replica left: the fleet restores the replica and the group is formed again)."""
+        self._pending.remove(call)
+        for rank, result in sorted(call.results.items()):
+            if isinstance(result, BaseException):
+                message = f"{self._name(rank)}: {call.what} at step {call.step} failed: {result}"
+                log.warning("%s", message)
+                self.survivable_failures.append(message)
+
+    # ------------------------------------------------------------- training
+    def train(self, trajectories: Sequence, tag_weights, group_weights: Mapping[str, float] | None = None,
+              policy_version: int | None = None, partial: bool = False) -> GroupCall:
+        """Start one step on every rank: groups split by ``shard_batch``; ``tag_weights`` may be an object ref."""
+        self._check_pending()
+        groups = len({t.group_id for t in trajectories})
+        if not partial and groups % self.settings.mini_batch_groups:
+            raise ValueError(f"a batch must hold whole mini-batches of {self.settings.mini_batch_groups} groups; got {groups}")
+        shards = shard_batch(trajectories, self.settings.world_size, self.settings.mini_batch_groups)
+        self.step += 1
+        return self._start("train_shard", "train step", lambda r: (shards[r], tag_weights, group_weights, policy_version),
+                           self.settings.step_timeout_s)
+
+    def done(self, call: GroupCall) -> bool:
+        return self._collect(call, block=False)
+
+    def result(self, call: GroupCall) -> dict[str, Any]:
+        self._collect(call, block=True)
+        return merge_results([call.results[r] for r in range(len(self.actors))])
+
+    def train_now(self, trajectories: Sequence, tag_weights, group_weights=None, policy_version=None, partial=False) -> dict[str, Any]:
+        return self.result(self.train(trajectories, tag_weights, group_weights, policy_version, partial))
+
+    # -------------------------------------------------------------- weights
+    def weights(self, dtype: str | None = None) -> WeightManifest:
+        """The weights in the generator's ``dtype`` through the object store: every rank joins the
+        bucketed gathers, rank 0 puts each bucket as its own object; their manifest (small: refs)."""
+        self._check_pending()
+        call = self._start("weights", "weight gather", lambda r: (dtype,))
+        self._collect(call, block=True)
+        manifest = call.results[0]
+        if not isinstance(manifest, WeightManifest):
+            self._fail(f"{self._name(0)} returned {type(manifest).__name__} from the weight gather at step {self.step}, "
+                       "not a weight manifest")
+        return manifest
+
+    def canary_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The learner's logprobs of a fixed sequence at its current weights (every rank
+        joins the forward: ZeRO-3 gathers), what each replica's must match after an update."""
+        return self._all("canary_logprobs", "weight canary", lambda r: (list(token_ids),))[0]
+
+    def publish(self, out_dir: str, version: int) -> tuple[str, float]:
+        return self._all("publish", "publish", lambda r: (out_dir, version))[0]
+
+    def weight_group_address(self) -> tuple[str, int]:
+        return self._get_one(self.actors[0].weight_group_address.remote(), 0, "weight group")
+
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str, dtype: str | None = None):
+        """Rank 0 joins the broadcast group, sending in the generator's ``dtype`` (a ref: the generator
+        joins at the same time). Ordered on rank 0: a broadcast still running ends before its group goes."""
+        return self._submit(0, "join_weight_group", host, port, world_size, backend, dtype)
+
+    def broadcast_weights(self) -> None:
+        """Every rank joins the bucketed gathers, rank 0 sends. Not waited for: the ranks run their
+        next call after it (tickets), and its failure surfaces at the driver's next call."""
+        from weights.group import WeightGroupError
+
+        self._check_pending()
+        # A receiver gone or stalled fails the round on rank 0 only (it still walks every ZeRO-3
+        # gather): the group is whole, the run goes on, the round is counted (``survivable_failures``).
+        self._pending.append(self._start("broadcast_weights", "weight broadcast", survivable=(WeightGroupError,)))
+
+    def wait_pending(self) -> None:
+        """Wait for the calls not waited for (the weight broadcast), within their timeouts."""
+        for call in list(self._pending):
+            self._collect(call, block=True)
+            self._finished(call)
+
+    # ---------------------------------------------------------- checkpoints
+    def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
+        return self._all("save_checkpoint", "checkpoint", lambda r: (path, extra, keep))[0]
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self._all("load_checkpoint", "resume", lambda r: (path,))[0]
+
+    def check_storage(self, storage: Path) -> None:
+        """Every rank's node writes a probe under the run's storage path; the driver must read each back."""
+        from seal.runtime.storage import StorageError, check_nodes_see
+
+        try:
+            check_nodes_see(storage, self.node_roles(), self.settings.timeout_s)
+        except StorageError as exc:
+            self._fail(str(exc))
+
+    def node_roles(self) -> dict[str, str]:
+        """Ray node id -> the ranks on it ("learner ranks 0, 1")."""
+        ranks: dict[str, list[str]] = {}
+        for r, node in enumerate(self.nodes):
+            ranks.setdefault(node["node_id"], []).append(str(r))
+        return {node: f"learner rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}" for node, rs in ranks.items()}
+
+    def pids(self) -> list[int]:
+        return self._probe_all(lambda a: a.pid.remote(), "pid")
+
+    def comm_profile(self, enabled: bool) -> None:
+        self._all("comm_profile", "comm profile", lambda r: (enabled,))
+
+    def comm_seconds(self) -> list[float]:
+        return self._all("comm_seconds", "comm profile")
+
+    def peak_memory_gb(self) -> list[float]:
+        return self._probe_all(lambda a: a.peak_memory_gb.remote(), "memory probe")
+
+    def param_shares(self) -> list[dict[str, int]]:
+        return self._all("param_share", "parameter count")
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.actors = []
+        if self.pg is not None:
+            try:
+                ray.util.remove_placement_group(self.pg)
+            except Exception:
+                pass
+            self.pg = None

@@ -1,0 +1,36 @@
+"""The coordinator service without Ray: tags in, weights and interface out."""
+from __future__ import annotations
+
+from actors.coordinator.policy import Coordinator
+from actors.coordinator.service import CoordinatorService
+from env_pool.interface.state import InterfaceState
+from actors.coordinator.tag_weights import TagWeights
+from replay.messages import TagSummary
+
+
+def make() -> Coordinator:
+    return Coordinator(InterfaceState(schema_lite=True, error_feedback=True, guidelines=True), TagWeights())
+
+
+def summaries(k: int) -> list[TagSummary]:
+    return [TagSummary(f"t{i}", "base", ["empty_turn_model_response"], ["missing_tool_call"], 0.0, False, 0.0, 0) for i in range(k)]
+
+
+def test_round_trip_of_tags_weights_and_interface():
+    service = CoordinatorService(make)
+    assert service.record(summaries(8)) == 8
+    weights = service.step_weights()
+    assert weights["empty_turn_model_response"] > 1.0
+    out = service.end_round()  # no env actors registered: nothing pushed
+    assert out["interface_version"] == 1 and out["active_guidelines"] == ["active_respond"] and out["pushed_to"] == 0
+    assert service.interface().version == 1 and service.interface().state["active_guidelines"] == ["active_respond"]
+
+
+def test_state_survives_a_restart_through_state_dict():
+    service = CoordinatorService(make)
+    service.record(summaries(8))
+    service.step_weights()
+    service.end_round()
+    restored = CoordinatorService(make, state=service.state_dict())
+    assert restored.state_dict() == service.state_dict()
+    assert restored.interface() == service.interface()

@@ -1,0 +1,140 @@
+"""Every config file composes; each group's node fits its component's constructor."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+from hydra.utils import get_class, get_method
+from omegaconf import OmegaConf
+
+from seal.config import compose, config_dir, instantiate
+
+GROUP_FILES = sorted(p for p in config_dir().glob("*/*.yaml"))
+# Constructors cheap enough to run here; the generator starts an engine.
+CHEAP = {"env", "interface", "sampling", "tag_weights", "cluster", "transport", "guideline_policy"}
+EXTRA = {("model", "local"): ["model.path=/models/some-model"]}
+
+
+def test_there_are_config_groups():
+    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling", "learner", "tag_weights",
+                                                     "cluster", "transport", "guideline_policy"}
+
+
+@pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_each_group_option_composes_and_fits_its_constructor(path: Path):
+    group, option = path.parent.name, path.stem
+    cfg = compose([f"{group}={option}", *EXTRA.get((group, option), [])])
+    node = OmegaConf.to_container(cfg[group], resolve=True)
+    assert node, f"{group}/{option} is empty"
+    target = node.pop("_target_", None)
+    if group == "generator":  # the fleet's setting (seal/runtime/generator_fleet.py), not the engine's
+        from seal.runtime.generator_fleet import split_generator_spec
+
+        node, replicas = split_generator_spec(node)
+        assert replicas == 1
+    if target is None:  # plain settings group, read by others through interpolation
+        return
+    try:
+        ctor = get_class(target)
+    except Exception:
+        ctor = get_method(target)
+    inspect.signature(ctor).bind(**node)  # every key is a constructor parameter
+    for key, value in node.items():  # nested component configs too (learner.cfg, its loss and apatch)
+        if isinstance(value, dict) and "_target_" in value:
+            nested = dict(value)
+            inspect.signature(get_class(nested.pop("_target_"))).bind(**{k: v for k, v in nested.items()})
+    if group == "learner":
+        cfg_node = instantiate(cfg.learner.cfg)  # the config objects themselves are cheap
+        assert cfg_node.loss.kl_coef == 0.001 and cfg_node.apatch.apply_to == "all"
+        assert (cfg_node.apatch.scale_min, cfg_node.apatch.scale_max) == (0.5, 2.0)  # the release's clip range
+    if group in CHEAP:
+        assert type(instantiate(cfg[group])).__name__ == ctor.__name__
+
+
+def test_generator_configs_take_the_model_group():
+    cfg = compose(["model=tiny"])
+    assert cfg.generator.model_path == "tiny" and cfg.generator.max_model_len == cfg.model.max_model_len
+
+
+def test_root_config_defaults():
+    cfg = compose([])
+    # The CPU default trains on the built-in shopping env (docs/main-job.md: BFCL gives SmolLM2-135M no reward to learn from).
+    assert cfg.split == "train" and cfg.env._target_ == "env_pool.shopping.env.ShoppingEnv" and cfg.env.tool_format == "python"
+    assert cfg.trainer.filter_groups == "zero_variance"
+    assert compose(["env=bfcl"]).env.tool_format == "json"
+    assert cfg.learner.cfg.mini_batch_groups == cfg.trainer.groups_per_step and cfg.learner.group_size == cfg.n
+    assert instantiate(cfg.interface).schema_lite is True and instantiate(cfg.interface).worked_examples is True
+    assert instantiate(compose(["interface=raw"]).interface).is_raw
+    assert instantiate(compose(["sampling=eval"]).sampling).temperature == 0.0  # evaluation stays greedy
+    assert (cfg.sampling.temperature, cfg.sampling.max_new_tokens) == (0.7, 48)  # the CPU default's sampling group
+
+
+def test_bad_overrides_are_clear_errors():
+    with pytest.raises(ValueError, match="bad config"):
+        compose(["env=nope"])
+    with pytest.raises(ValueError, match="tool_format"):
+        instantiate(compose(["env.tool_format=xml"]).env)
+    with pytest.raises(ValueError, match="temperature"):
+        instantiate(compose(["sampling.temperature=-1"]).sampling)
+    with pytest.raises(ValueError, match=r"0 < scale_min <= scale_max, got \[2.5, 2.0\]"):
+        instantiate(compose(["learner.cfg.apatch.scale_min=2.5"]).learner.cfg)
+    with pytest.raises(ValueError, match="min_prevalence must be in"):
+        instantiate(compose(["guideline_policy.min_prevalence=10"]).guideline_policy)
+    for env in ("bfcl", "toy", "shopping"):
+        with pytest.raises(ValueError, match="diagnosis.instance_mismatch must be one of release, classes, got 'scope'"):
+            instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=scope"]).env)
+
+
+@pytest.mark.parametrize("env", ["bfcl", "toy", "shopping"])
+def test_instance_mismatch_rule_reaches_the_env(env):
+    assert instantiate(compose([f"env={env}"]).env).instance_mismatch == "release"
+    assert instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=classes"]).env).instance_mismatch == "classes"
+
+
+def test_algo_recipes_set_what_they_say():
+    release = compose(["algo=seal_release"])
+    lc, iface = instantiate(release.learner.cfg), instantiate(release.interface)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (True, False, False, False)
+    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.weight_decay) == ("recompute", "seq-mean-token-mean", "none", 0.01)
+    assert release.trainer.filter_groups == "none"
+    paper = compose(["algo=seal_paper"])
+    lc, iface = instantiate(paper.learner.cfg), instantiate(paper.interface)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (True, True, True, False)
+    assert (lc.old_logprobs, lc.loss_agg) == ("behaviour", "token-mean")
+    # An ablation still applies on top of an algo (it comes later in the defaults list).
+    both = compose(["algo=seal_paper", "ablation=no_reweighting"])
+    assert both.algo.name == "seal_paper" and instantiate(both.learner.cfg).apatch.enabled is False
+
+
+def test_off_policy_and_sampling_defaults():
+    cfg = compose([])
+    lc = instantiate(cfg.learner.cfg)
+    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.loss.is_mode, lc.loss.is_threshold) == \
+        ("recompute", "token-mean", "token", "truncate", 2.0)
+    assert cfg.trainer.filter_groups == "zero_variance" and cfg.trainer.unfilled == "skip"
+    with pytest.raises(ValueError, match="old_logprobs"):
+        instantiate(compose(["learner.cfg.old_logprobs=vllm"]).learner.cfg)
+
+
+@pytest.mark.parametrize("generator", ["vllm_cpu", "vllm_async_cpu", "vllm_gpu", "vllm_async_gpu"])
+def test_every_generator_config_maps_to_a_blocking_engine_it_can_build(generator):
+    """`seal evaluate`, `seal rollout` and the closing evaluation of `seal train` build a blocking
+    engine from whatever generator the run trains with: every key must be one it takes."""
+    import inspect
+
+    from actors.generation.vllm_engine import VllmGenerator
+    from seal.runtime.generator_fleet import local_generator_spec
+
+    spec = local_generator_spec(compose([f"generator={generator}"]).generator, model_path="embedded")
+    assert spec["_target_"] == "actors.generation.vllm_engine.VllmGenerator"
+    accepted = set(inspect.signature(VllmGenerator.__init__).parameters)
+    assert set(spec) - {"_target_"} <= accepted, set(spec) - {"_target_"} - accepted
+
+
+@pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8"])
+def test_gpu_recipes_recompute_every_micro_batch_as_their_plan_assumes(recipe):
+    """seal/runtime/memory.py sizes a recipe's learner with recomputation on every micro-batch; the root
+    config's 2048-token threshold (the CPU default's short shopping groups) must not reach them."""
+    lc = compose([f"recipe={recipe}"]).learner.cfg
+    assert lc.gradient_checkpointing is True and lc.gradient_checkpointing_min_tokens == 0

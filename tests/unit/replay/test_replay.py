@@ -1,0 +1,153 @@
+"""Wire messages and the replay queue."""
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replay.messages import Control, InterfaceUpdate, Segment, TagSummary, Trajectory
+from replay.queue import ReplayQueue
+from replay.wire import WireError, decode, encode
+
+
+def traj(group="g0", index=0, version=0, reward=1.0, n_tokens=12) -> Trajectory:
+    gen = n_tokens // 3
+    ids = list(range(1000, 1000 + n_tokens))
+    mask = [0] * (n_tokens - gen) + [1] * gen
+    logprobs = [0.0] * (n_tokens - gen) + [-0.5] * gen
+    return Trajectory(task_id="multi_turn_base_1", category="base", env="bfcl", group_id=group, rollout_index=index,
+                      interface_version=2, token_ids=ids, loss_mask=mask, logprobs=logprobs, prompt_length=n_tokens - gen,
+                      segments=[Segment(n_tokens - gen, n_tokens, version)], reward=reward, success=bool(reward), progress=1.0,
+                      tags=["pass"], labels=["pass"], error_type=None, outcome="completed", num_tool_calls=1, num_steps=1,
+                      timings={"total_s": 0.1})
+
+
+@pytest.mark.parametrize("message", [
+    traj(),
+    InterfaceUpdate(4, {"version": 4, "schema_lite": True}),
+    TagSummary("t", "base", ["pass"], ["pass"], 1.0, True, 1.0, 4),
+    Control("scale", {"env": 6}),
+])
+def test_every_message_round_trips(message):
+    assert decode(encode(message)) == message
+
+
+def test_token_arrays_travel_as_raw_bytes():
+    t = traj(n_tokens=3000)
+    frame = msgpack.unpackb(encode(t), raw=False)
+    assert isinstance(frame["body"]["token_ids"], bytes) and len(frame["body"]["token_ids"]) == 4 * 3000
+    assert len(encode(t)) < len(msgpack.packb(t.to_dict()))
+
+
+@pytest.mark.parametrize("frame, reason", [
+    (b"\xc1garbage", "not msgpack"),
+    (msgpack.packb([1, 2]), "map with keys"),
+    (msgpack.packb({"v": 99, "kind": "control", "body": {"command": "x"}}), "schema version"),
+    (msgpack.packb({"v": 1, "kind": "nope", "body": {}}), "unknown message kind"),
+    (msgpack.packb({"v": 1, "kind": "control", "body": {"cmd": "x"}}), "bad control body"),
+])
+def test_malformed_frames_are_rejected_with_a_reason(frame, reason):
+    with pytest.raises(WireError, match=reason):
+        decode(frame)
+
+
+def test_inconsistent_trajectory_is_rejected():
+    frame = msgpack.unpackb(encode(traj()), raw=False)
+    frame["body"]["loss_mask"] = bytes(len(frame["body"]["loss_mask"]))  # mask no longer matches the segments
+    with pytest.raises(WireError, match="loss mask"):
+        decode(msgpack.packb(frame, use_bin_type=True))
+    frame = msgpack.unpackb(encode(traj()), raw=False)
+    frame["body"]["logprobs"] = b"\x00\x01\x02"
+    with pytest.raises(WireError, match="logprobs"):
+        decode(msgpack.packb(frame, use_bin_type=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_random_bytes_only_ever_raise_wire_error(data):
+    try:
+        decode(data)
+    except WireError:
+        pass
+
+
+def test_groups_complete_in_any_order_and_duplicates_are_ignored():
+    q = ReplayQueue(group_size=3, groups_per_batch=1)
+    assert q.add(traj("a", 2)) and q.add(traj("a", 0))
+    assert not q.add(traj("a", 0))  # duplicate
+    assert q.take_batch() is None
+    q.add(traj("a", 1))
+    (group,) = q.take_batch()
+    assert [t.rollout_index for t in group.trajectories] == [0, 1, 2] and group.weight == 1.0
+    assert not q.add(traj("a", 1))  # late duplicate of a delivered group
+    assert q.stats.duplicates == 2 and q.stats.accepted == 3
+
+
+def test_staleness_bound_drops_or_downweights():
+    q = ReplayQueue(group_size=1, groups_per_batch=1, max_staleness=1)
+    q.add(traj("old", 0, version=0))
+    q.add(traj("new", 0, version=2))
+    q.set_policy_version(3)
+    (group,) = q.take_batch()
+    assert group.group_id == "new" and group.staleness == 1 and q.stats.dropped_stale == 1
+    d = ReplayQueue(group_size=1, groups_per_batch=1, max_staleness=1, stale_policy="downweight")
+    d.add(traj("old", 0, version=0))
+    d.set_policy_version(3)
+    (group,) = d.take_batch()
+    assert group.staleness == 3 and group.weight == 0.25 and d.stats.downweighted == 1
+
+
+def test_incomplete_groups_are_reissued_once_and_late_rollouts_ignored():
+    now = [0.0]
+    q = ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=10, clock=lambda: now[0])
+    q.add(traj("slow", 0))
+    now[0] = 9.0
+    assert q.expired() == []
+    now[0] = 10.0
+    assert q.expired() == [("slow", "multi_turn_base_1")] and q.stats.reissued == 1
+    assert not q.add(traj("slow", 1))  # the old attempt's straggler
+    assert q.take_batch() is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**6), groups=st.integers(1, 6), n=st.integers(1, 4), dup_rate=st.floats(0, 0.5))
+def test_every_group_reaches_the_learner_exactly_once(seed, groups, n, dup_rate):
+    rng = random.Random(seed)
+    deliveries = [traj(f"g{g}", i) for g in range(groups) for i in range(n)]
+    deliveries += [t for t in deliveries if rng.random() < dup_rate]
+    rng.shuffle(deliveries)
+    q = ReplayQueue(group_size=n, groups_per_batch=1)
+    seen = []
+    for t in deliveries:
+        q.add(t)
+        while (batch := q.take_batch()) is not None:
+            seen.extend(g.group_id for g in batch)
+    assert sorted(seen) == sorted(f"g{g}" for g in range(groups))
+
+
+def test_zero_variance_groups_are_set_aside_and_never_batched():
+    q = ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="zero_variance")
+    for i in range(2):
+        q.add(traj("flat", i, reward=0.0))
+    assert q.take_batch() is None and q.stats.filtered == 1
+    (flat,) = q.drain_filtered()
+    assert flat.group_id == "flat" and [t.reward for t in flat.trajectories] == [0.0, 0.0] and q.drain_filtered() == []
+    q.add(traj("flat", 0, reward=1.0))  # a late duplicate of a filtered group is still a duplicate
+    assert q.stats.duplicates == 1
+    q.add(traj("mixed", 0, reward=1.0))
+    q.add(traj("mixed", 1, reward=0.0))
+    assert [g.group_id for g in q.take_batch()] == ["mixed"]
+
+
+def test_no_filter_keeps_every_group_and_partial_takes_what_is_ready():
+    q = ReplayQueue(group_size=2, groups_per_batch=2)
+    for i in range(2):
+        q.add(traj("flat", i, reward=0.0))
+    assert q.take_batch() is None and q.stats.filtered == 0
+    assert [g.group_id for g in q.take_batch(partial=True)] == ["flat"]
+    assert q.take_batch(partial=True) is None  # nothing ready: still None
+    with pytest.raises(ValueError, match="filter_groups"):
+        ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="dapo")

@@ -1,0 +1,61 @@
+"""scripts/gpu_check.sh without CUDA: one table, every row skipped with the reason, exit 0; the learner
+rows themselves run on the CPU (--device cpu) so a GPU machine meets checks that have run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seal.commands.gpu_check import Row, check_names, main, summary_counts, table
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _no_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the no-CUDA table is for CPU machines")
+
+
+def test_without_cuda_every_row_is_skipped_and_it_exits_0(capsys):
+    _no_cuda()
+    assert main(["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["check"] for r in out["rows"]] == check_names()
+    assert {r["status"] for r in out["rows"]} == {"skipped: no CUDA"} and out["failed"] == []
+    assert "sees no CUDA device" in out["rows"][0]["detail"]
+
+
+def test_the_script_prints_one_table():
+    _no_cuda()
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].split() == ["check", "result", "detail"]
+    body = [x for x in lines[2:] if x.strip() and not x.startswith("no check failed")]
+    assert len(body) == len(check_names()) and all("skipped: no CUDA" in x for x in body)
+    assert lines[-1] == "no check failed"
+
+
+def test_table_and_pytest_counts():
+    text = table([Row("CUDA device", "ok", "H100"), Row("pytest -m gpu", "FAIL", "1 failed")])
+    assert text.splitlines()[2].startswith("CUDA device    ok    H100")
+    assert summary_counts("....\n3 passed, 2 skipped, 1 failed in 9.1s\n") == {"passed": 3, "skipped": 2, "failed": 1}
+    assert summary_counts("no tests ran") == {}
+
+
+@pytest.mark.integration
+def test_the_learner_rows_run_on_cpu():
+    """The bf16 learner step, the reference's precision hook and the plan comparison, on the CPU (the
+    GPU run uses the same code with device cuda)."""
+    done = subprocess.run([sys.executable, "-m", "seal.commands.gpu_check", "--device", "cpu", "--models", "tiny", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["check"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])["rows"]}
+    assert rows["learner bf16 step (tiny)"]["status"] == "ok" and "policy matmuls in bfloat16" in rows["learner bf16 step (tiny)"]["detail"]
+    assert rows["reference under autocast (tiny)"]["status"] == "ok"
+    assert "seal plan" in rows["peak memory vs seal plan (tiny)"]["detail"]

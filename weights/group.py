@@ -1,0 +1,272 @@
+"""Weights from the learner to vLLM workers by broadcast over a group of their own.
+
+The OpenRLHF/verl arrangement: the learner's rank 0 and the vLLM workers form
+a group apart from both DeepSpeed's training group and vLLM's tensor-parallel
+group; the learner is rank 0, the workers ranks 1..N. Nothing here calls
+``torch.distributed.init_process_group``: the default group of either process
+stays whatever DeepSpeed or vLLM made it.
+
+- NCCL (CUDA): vLLM's ``StatelessProcessGroup`` (a TCPStore) for the
+  rendezvous and a ``PyNcclCommunicator`` for the data.
+- gloo (CPU): a ``ProcessGroupGloo`` built directly on a TCPStore. Its own
+  ``broadcast`` method takes the root in group numbering;
+  ``torch.distributed.broadcast`` would map a global rank through the default
+  group, which this group is not registered in.
+
+One round: the caller gives every worker the metadata (name, dtype, shape of
+each tensor in sending order) while rank 0 broadcasts the tensors in that
+order. Every operation is bounded (``WeightGroup``'s watchdog): a member gone
+or stalled ends the round on every side with ``WeightGroupError`` naming the
+members, and the group must be re-formed. The worker side (receive into fresh buffers,
+feed vLLM's in-place reload bucket by bucket, re-derive a tied CPU lm_head) is
+actors/generation/weight_worker.py; the learner's side is learner/weight_broadcast.py.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any, Iterable, Mapping
+
+import torch
+
+_STORE_PREFIX = "seal-weight-sync"
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class WeightMeta:
+    """One tensor of a broadcast round, as the receiver must allocate it."""
+
+    name: str  # checkpoint (HF) name, what the model's load_weights expects
+    dtype: str  # torch dtype without the "torch." prefix, e.g. "float32"
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
+            raise ValueError(f"{self.name}: unknown dtype {self.dtype!r}")
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @classmethod
+    def of(cls, name: str, shape: Iterable[int], dtype: torch.dtype) -> "WeightMeta":
+        return cls(name, str(dtype).removeprefix("torch."), tuple(shape))
+
+    def to_wire(self) -> dict[str, Any]:
+        # vLLM's multiprocess RPC encodes with msgpack: plain dicts cross it,
+        # dataclasses only with VLLM_ALLOW_INSECURE_SERIALIZATION.
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: "WeightMeta | Mapping[str, Any]") -> "WeightMeta":
+        return obj if isinstance(obj, WeightMeta) else cls(obj["name"], obj["dtype"], tuple(obj["shape"]))
+
+
+def weight_metadata(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[WeightMeta]:
+    return [WeightMeta.of(name, t.shape, t.dtype) for name, t in named_tensors]
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        # PyNcclCommunicator compares devices exactly: "cuda" != "cuda:0".
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+OP_TIMEOUT_S = 120.0  # one tensor of a round once the round is under way (the first waits the group timeout)
+_MEMBER_KEY = "seal-weight-member/"  # rank -> who holds it, for errors that name the members
+
+
+class WeightGroupError(RuntimeError):
+    """A broadcast round failed: a member gone or stalled, or the group closed. The group is
+    aborted and refuses further rounds; the caller re-forms it (a new group, every member)."""
+
+
+class WeightGroup:
+    """One member of the weight group; ``broadcast`` sends from rank 0 and fills the buffer elsewhere.
+
+    The constructor blocks until all ``world_size`` members have joined, so
+    rank 0 and the workers must open it concurrently (rank 0 hosts the store).
+
+    Every operation has a bound (the watchdog torch's own NCCL groups have and
+    vLLM's PyNccl communicator lacks): the first of a round (``begin_round``)
+    waits up to ``timeout_s``, since members may still be finishing other work
+    (a replica draining its requests, a learner rank its previous call); each
+    later one ``op_timeout_s``. On NCCL the host polls the operation's CUDA event
+    and NCCL's asynchronous error (a peer gone over a network transport is seen at
+    once; over NVLink only the bound sees it); on gloo a peer gone is an error at
+    once and the bound is gloo's per-operation timeout. Either way the group is
+    aborted and the error names the operation and the members (each writes who
+    it is into the store at join: ``label``).
+    """
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                 device: str | torch.device = "cpu", timeout_s: float = 600.0,
+                 op_timeout_s: float = OP_TIMEOUT_S, label: str | None = None) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if world_size < 2 or not 0 <= rank < world_size:
+            raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+        if timeout_s <= 0 or op_timeout_s <= 0:
+            raise ValueError(f"timeouts must be > 0, got timeout_s={timeout_s}, op_timeout_s={op_timeout_s}")
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.timeout_s, self.op_timeout_s = float(timeout_s), min(float(op_timeout_s), float(timeout_s))
+        self.device = _resolve_device(device)
+        self._failed: str | None = None
+        self._first = True  # the next operation starts a round
+        self._comm = self._pg = self._store = None
+        if backend == "nccl" and self.device.type != "cuda":
+            raise ValueError(f"nccl needs a CUDA device, got {self.device}")
+        if backend == "gloo":
+            from torch.distributed import PrefixStore, TCPStore
+            from torch.distributed.distributed_c10d import ProcessGroupGloo
+
+            from weights.netif import use_node_interface
+
+            use_node_interface()  # reachable from the other nodes, not the hostname's 127.0.0.1 (weights/netif.py)
+            timeout = timedelta(seconds=timeout_s)
+            store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+            self._pg = ProcessGroupGloo(PrefixStore(_STORE_PREFIX, store), rank, world_size, timeout)
+            self._store = store  # the group only borrows it
+        else:
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+            from vllm.distributed.utils import StatelessProcessGroup
+
+            pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
+                                              store_timeout=int(timeout_s))
+            self._comm = PyNcclCommunicator(pg, device=self.device)
+            self._store = pg.store
+        self._announce(label)
+
+    # ------------------------------------------------------------ members
+    def _announce(self, label: str | None) -> None:
+        import os
+        import socket
+
+        if self.rank == 0 or self._store is None:
+            return
+        who = label or f"pid {os.getpid()} on {socket.gethostname()}"
+        try:
+            self._store.set(f"{_MEMBER_KEY}{self.rank}", who)
+        except Exception:  # naming is for error messages only; a store hiccup must not fail the join
+            pass
+
+    def members(self) -> dict[int, str]:
+        """rank -> who (as each member announced itself; members that did not are left out)."""
+        out: dict[int, str] = {}
+        if self._store is None:
+            return out
+        for r in range(1, self.world_size):
+            key = f"{_MEMBER_KEY}{r}"
+            try:
+                if self._store.check([key]):
+                    out[r] = self._store.get(key).decode()
+            except Exception:
+                break  # the store went with rank 0
+        return out
+
+    def describe(self) -> str:
+        named = self.members()
+        listed = "; ".join(f"rank {r}: {named.get(r, '(not announced)')}" for r in range(1, self.world_size))
+        return f"weight group ({self.backend}, rank {self.rank} of {self.world_size}; receivers {listed})"
+
+    # -------------------------------------------------------------- rounds
+    def begin_round(self) -> None:
+        """The next operation starts a round: it may wait up to ``timeout_s``."""
+        self._first = True
+
+    def broadcast(self, tensor: torch.Tensor, what: str = "") -> None:
+        """Send (rank 0) or receive ``tensor``; ``what`` names it in errors."""
+        if self._failed is not None:
+            raise WeightGroupError(f"{self._failed}; the group was aborted: re-form it before another round")
+        if self._pg is None and self._comm is None:
+            raise WeightGroupError("broadcast on a closed weight group")
+        if tensor.device != self.device:
+            raise ValueError(f"tensor is on {tensor.device}, the group works on {self.device}")
+        if not tensor.is_contiguous():
+            raise ValueError("broadcast needs a contiguous tensor")
+        bound = self.timeout_s if self._first else self.op_timeout_s
+        self._first = False
+        if self.backend == "gloo":
+            from torch.distributed import BroadcastOptions
+
+            opts = BroadcastOptions()
+            opts.rootRank = 0
+            opts.timeout = timedelta(seconds=bound)
+            try:
+                self._pg.broadcast([tensor], opts).wait()
+            except RuntimeError as exc:
+                self._fail(what, bound, str(exc).splitlines()[0])
+        else:
+            stream = torch.cuda.current_stream(self.device)
+            self._comm.broadcast(tensor, src=0, stream=stream)
+            self._watch(stream, what, bound)
+
+    def _watch(self, stream, what: str, bound: float) -> None:
+        """Wait for the NCCL operation just queued on ``stream``, within ``bound``, watching NCCL's errors."""
+        import time
+
+        done = torch.cuda.Event()
+        done.record(stream)
+        deadline = time.monotonic() + bound
+        pause = 1e-4
+        while not done.query():
+            error = self._nccl_async_error()
+            if error:
+                self._fail(what, bound, f"NCCL reported {error}")
+            if time.monotonic() > deadline:
+                self._fail(what, bound, f"not complete within {bound:.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+    def _nccl_async_error(self) -> str | None:
+        """NCCL's asynchronous error on the communicator (a peer's connection lost), or None;
+        None also where the library does not expose it."""
+        import ctypes
+
+        try:
+            nccl, comm = self._comm.nccl, self._comm.comm
+            handle = comm if isinstance(comm, ctypes.c_void_p) else ctypes.c_void_p(comm)
+            result = ctypes.c_int(0)
+            if nccl.lib.ncclCommGetAsyncError(handle, ctypes.byref(result)) != 0:
+                return None
+        except (AttributeError, OSError):
+            return None
+        if result.value in (0, 7):  # ncclSuccess, ncclInProgress
+            return None
+        return nccl.ncclGetErrorString(result.value)
+
+    def _fail(self, what: str, bound: float, cause: str) -> None:
+        """Abort the group (pending operations end; the other members see their peer gone) and raise."""
+        self._failed = (f"{self.describe()}: broadcast of {what or 'a tensor'} failed "
+                        f"(bound {bound:.0f} s): {cause}. A member is gone or stalled")
+        self._abort()
+        raise WeightGroupError(self._failed)
+
+    def _abort(self) -> None:
+        comm, pg = self._comm, self._pg
+        self._comm = self._pg = None
+        if comm is not None:
+            comm.destroy()  # ncclCommAbort in a bounded thread (vLLM's PyNcclCommunicator)
+        if pg is not None:
+            pg.abort()
+
+    def synchronize(self) -> None:
+        """NCCL calls only enqueue work; wait for it (timing, or handing buffers to another stream)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        """End this member's part: the communicator's resources go now, not whenever the garbage collector runs."""
+        if self._comm is not None:
+            self._comm.destroy()
+        if self._pg is not None:
+            self._pg.shutdown()
+        self._comm = self._pg = self._store = None
+
+    @property
+    def closed(self) -> bool:
+        return self._comm is None and self._pg is None
