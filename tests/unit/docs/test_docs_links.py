@@ -22,7 +22,7 @@ REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.MUL
 EXTERNAL = re.compile(r"^(https?:|mailto:)", re.IGNORECASE)
 FIRST_COMMANDS = ["bash scripts/setup.sh && .venv/bin/seal train", "bash scripts/test.sh"]
 # The top-level folders the layout must name (more are found below: any folder with code or config).
-REQUIRED_DIRS = {"actors", "learner", "env_pool", "replay", "evaluation", "seal", "configs", "benchmarks",
+REQUIRED_DIRS = {"weights", "rollout", "actors", "learner", "env_pool", "replay", "evaluation", "seal", "configs", "benchmarks",
                  "tests", "scripts", "requirements", "docs"}
 CODE_SUFFIXES = {".py", ".yaml", ".yml", ".sh", ".txt", ".toml", ".cfg", ".ini", ".json", ".md"}
 
