@@ -1,7 +1,7 @@
 """Weight publishing: learner weights -> generator -> first token at the new version, vs model size.
 
 For each model the pipeline's own generator and learner actors are started
-(seal/pipeline_actors.ActorSet: same classes, options and placement as in a
+(seal/runtime/actor_set.ActorSet: same classes, options and placement as in a
 training run) and a publish is timed exactly as the pipeline does it:
 learner.weights() (gathered bucket by bucket, each bucket into Ray's object store;
 a manifest of them returned) -> generator update_weights(version, manifest)
