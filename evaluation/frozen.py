@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from evaluation.before_after import before_after_rows, row_record
-from evaluation.views import task_category
+from evaluation.catalog import task_category
 
 FINAL_FILE, FINAL_TASKS_FILE = "final.json", "final_tasks.jsonl"
 

@@ -1,10 +1,11 @@
 """The offline OOD harnesses (env_pool/ood) as `seal evaluate` views.
 
 Each view of ``env_pool.ood.AVAILABLE_VIEWS`` (tau2_retail, tau2_airline,
-tau2_telecom, bfcl_memory_kv, bfcl_memory_rec_sum) is registered here with
-role "ood"; each of ``UNAVAILABLE_VIEWS`` (they need the network) is
-registered too, and always builds as unavailable with its reason, so asking
-for one says why instead of "unknown view".
+tau2_telecom, bfcl_memory_kv, bfcl_memory_rec_sum) is registered in
+``OOD_VIEWS`` with role "ood"; each of ``UNAVAILABLE_VIEWS`` (they need the
+network) is registered too, and always builds as unavailable with its reason,
+so asking for one says why instead of "unknown view". evaluation/catalog.py
+joins this registry with the in-distribution one (evaluation/views.py).
 
 Task ids carry their view so the split and limit logic stays pure:
 ``tau2_<domain>/<tau2 task id>`` and bfcl-eval's own memory question ids
@@ -19,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from env_pool.ood import AVAILABLE_VIEWS, MEMORY_LABEL, TAU2_SIMULATOR_NOTE, UNAVAILABLE_VIEWS, VIEW_TARGETS
 from evaluation.records import OOD_TEST
-from evaluation.views import CATEGORY_RULES, View, ViewContext, register_view
+from evaluation.view_base import View, ViewBuilder, ViewContext, register_in
 
 HARNESS_KEY = "ood_harness"
 TAU2_PREFIX = "tau2_"
@@ -29,6 +30,7 @@ TAU2_MAX_ERRORS = 10
 # Agent and user simulator are the same engine: the evaluated snapshot.
 USER_SIMULATOR = "the evaluated snapshot's own model (agent and user simulator share one VllmGenerator)"
 _MODULES = {"tau2": "env_pool.ood.tau2", "bfcl_memory": "env_pool.ood.bfcl_memory"}
+OOD_VIEWS: dict[str, ViewBuilder] = {}
 
 
 def tau2_task_id(domain: str, task_id: str) -> str:
@@ -52,19 +54,18 @@ def memory_backend(task_id: str) -> str:
     raise ValueError(f"not a BFCL memory question id: {task_id!r}")
 
 
-def _rule(parse):
-    # task_category's contract: an id no rule understands is a KeyError
-    def category(task_id: str) -> str:
-        try:
-            return parse(task_id)
-        except ValueError as exc:
-            raise KeyError(f"no category rule for task id {task_id!r}: {exc}") from None
-
-    return category
+def is_harness_task(task_id: str) -> bool:
+    """Whether ``task_id`` has a harness view's id shape (its category is then ``harness_category``'s)."""
+    return task_id.startswith((TAU2_PREFIX, MEMORY_PREFIX))
 
 
-CATEGORY_RULES[TAU2_PREFIX] = _rule(lambda t: split_tau2_id(t)[0])
-CATEGORY_RULES[MEMORY_PREFIX] = _rule(memory_backend)
+def harness_category(task_id: str) -> str:
+    """A harness task's tau2 domain or memory backend; a KeyError (evaluation.catalog.task_category's
+    contract) for an id no harness view holds."""
+    try:
+        return split_tau2_id(task_id)[0] if task_id.startswith(TAU2_PREFIX) else memory_backend(task_id)
+    except ValueError as exc:
+        raise KeyError(f"no category rule for task id {task_id!r}: {exc}") from None
 
 
 def harness_env(view: str) -> dict[str, Any]:
@@ -110,9 +111,9 @@ def _unavailable(view: str, reason: str):
 
 
 for _name in AVAILABLE_VIEWS:
-    register_view(_name)(_builder(_name))
+    register_in(OOD_VIEWS, _name)(_builder(_name))
 for _name, _reason in UNAVAILABLE_VIEWS.items():
-    register_view(_name)(_unavailable(_name, _reason))
+    register_in(OOD_VIEWS, _name)(_unavailable(_name, _reason))
 
 
 def unavailable_views(names: Sequence[str]) -> dict[str, str]:

@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from evaluation.catalog import task_category
 from evaluation.records import TaskResult
-from evaluation.views import task_category
 
 
 def settings_key(**parts: Any) -> str:

@@ -17,6 +17,7 @@ from env_pool.bfcl.runtime import package_dir, prepare_import
 
 CATEGORIES: tuple[str, ...] = ("base", "miss_func", "miss_param", "long_context")
 SPLITS: tuple[str, ...] = ("train", "test", "all")
+TASK_PREFIX = "multi_turn_"
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ class BfclTask:
 
 
 def category_of(task_id: str) -> str:
-    prefix = "multi_turn_"
-    cat = task_id[len(prefix) :].rsplit("_", 1)[0] if task_id.startswith(prefix) else ""
+    """The category in the id (``multi_turn_<category>_<n>``), without loading any task."""
+    cat = task_id[len(TASK_PREFIX) :].rsplit("_", 1)[0] if task_id.startswith(TASK_PREFIX) else ""
     if cat not in CATEGORIES:
         raise KeyError(f"not a BFCL V3 multi-turn task id: {task_id!r}")
     return cat

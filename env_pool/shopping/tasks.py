@@ -19,7 +19,7 @@ from env_pool.tool_calls import ToolCall
 CATEGORIES = ("base", "miss_param", "recovery")
 NUM_TASKS = 480  # 240 train, 240 test (80 per category: the frozen evaluation's sample)
 NUM_TRAIN = 240
-PREFIX = "shop_"
+TASK_PREFIX = "shop_"
 _ITEMS = (*PLURALS, *MASS_ITEMS)
 _THANKS = ("Thanks, that is all for now.", "Great, thank you!", "Perfect, thanks for the help.")
 _VIEW = ("What is on my shopping list now?", "Can you show me my list?")
@@ -47,17 +47,22 @@ def task_ids(split: str) -> list[str]:
     ranges = {"train": range(NUM_TRAIN), "test": range(NUM_TRAIN, NUM_TASKS), "all": range(NUM_TASKS)}
     if split not in ranges:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(ranges)}")
-    return [f"{PREFIX}{i}" for i in ranges[split]]
+    return [f"{TASK_PREFIX}{i}" for i in ranges[split]]
 
 
 def get_task(task_id: str) -> ShoppingTask:
     try:
-        index = int(task_id.removeprefix(PREFIX))
+        index = int(task_id.removeprefix(TASK_PREFIX))
     except ValueError:
         index = -1
-    if not task_id.startswith(PREFIX) or not 0 <= index < NUM_TASKS:
-        raise KeyError(f"unknown shopping task id {task_id!r} ({PREFIX}0 .. {PREFIX}{NUM_TASKS - 1})")
+    if not task_id.startswith(TASK_PREFIX) or not 0 <= index < NUM_TASKS:
+        raise KeyError(f"unknown shopping task id {task_id!r} ({TASK_PREFIX}0 .. {TASK_PREFIX}{NUM_TASKS - 1})")
     return _generate(task_id, index)
+
+
+def category_of(task_id: str) -> str:
+    """base, miss_param or recovery; a KeyError names an unknown id."""
+    return get_task(task_id).category
 
 
 def _add(item: str, quantity: int) -> ToolCall:

@@ -106,9 +106,9 @@ def test_parse_errors_unknown_tools_and_the_instance_rule():
 
 def test_step_limit_cuts_the_episode_off():
     task = _task_of("base", "add_item")
-    env = ShoppingEnv(step_limit=2)
+    env = ShoppingEnv(step_limit=1)
     env.reset(task.id)
-    env.step(_call("view_list"))
+    assert not env.step(_call("view_list")).done
     assert env.step(_call("view_list")).done
     result = env.result()
     assert (result.outcome, result.reward, result.error_type) == ("step_limit", 0, T.ERR_FORCE_TERMINATED)

@@ -53,9 +53,9 @@ def test_tool_results_and_feedback():
 
 
 def test_step_limit_and_bad_ids():
-    env = ToyToolEnv(tool_format="json", step_limit=2)
+    env = ToyToolEnv(tool_format="json", step_limit=1)
     env.reset("toy_3")
-    env.step(render_calls([ToolCall("add", {"a": 1, "b": 1})], "json"))
+    assert not env.step(render_calls([ToolCall("add", {"a": 1, "b": 1})], "json")).done
     assert env.step(render_calls([ToolCall("add", {"a": 1, "b": 1})], "json")).done
     assert env.result().outcome == "step_limit"
     with pytest.raises(KeyError, match="unknown toy task"):

@@ -7,8 +7,10 @@ import pytest
 
 from env_pool.ood import AVAILABLE_VIEWS, UNAVAILABLE_VIEWS
 from evaluation import ood_views as O
+from evaluation.catalog import VIEW_BUILDERS, build_views, register_view, stratified_head, task_category
+from evaluation.config import EvalConfig
 from evaluation.records import OOD_TEST
-from evaluation.views import VIEW_BUILDERS, EvalConfig, ViewContext, build_views, stratified_head, task_category
+from evaluation.view_base import ViewContext
 
 
 def ctx(**cfg) -> ViewContext:
@@ -28,12 +30,13 @@ def fake_ids(monkeypatch):
 
 
 def test_every_harness_view_is_registered_with_the_ood_role():
-    assert set(AVAILABLE_VIEWS) | set(UNAVAILABLE_VIEWS) <= set(VIEW_BUILDERS)
+    assert set(AVAILABLE_VIEWS) | set(UNAVAILABLE_VIEWS) == set(O.OOD_VIEWS)
+    assert all(VIEW_BUILDERS[name] is builder for name, builder in O.OOD_VIEWS.items())  # the catalog holds them
     for name, reason in UNAVAILABLE_VIEWS.items():
         view = VIEW_BUILDERS[name](ctx())
         assert view.role == OOD_TEST and view.unavailable == reason and "network" in reason and not view.task_ids
     with pytest.raises(ValueError, match="registered twice"):
-        O.register_view("tau2_retail")(lambda c: None)
+        register_view("tau2_retail")(lambda c: None)
 
 
 def test_task_ids_carry_their_domain_or_backend():

@@ -1,5 +1,5 @@
-"""evaluation.views: the split functions and view builders, on the real BFCL
-split and the toy env's ids (no model)."""
+"""evaluation.views and evaluation.catalog: the split functions, view builders
+and the joined registry, on the real BFCL split and the toy env's ids (no model)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -8,19 +8,10 @@ import pytest
 
 from env_pool.bfcl.tasks import split_ids
 from env_pool.toy.env import ToyToolEnv
-from evaluation.views import (
-    VIEW_BUILDERS,
-    EvalConfig,
-    View,
-    ViewContext,
-    build_views,
-    register_view,
-    schedule_record,
-    stratified_head,
-    task_category,
-    training_task_ids,
-    validation_task_ids,
-)
+from evaluation.catalog import VIEW_BUILDERS, build_views, register_view, stratified_head, task_category
+from evaluation.config import EvalConfig
+from evaluation.view_base import View, ViewContext
+from evaluation.views import ID_VIEWS, schedule_record, training_task_ids, validation_task_ids
 
 TRAIN = split_ids("train")
 
@@ -96,7 +87,8 @@ def test_replay_covers_the_pool_after_an_epoch_and_needs_a_step():
 
 
 def test_registry_takes_new_views_and_rejects_unknown_ones():
-    assert {"validation", "id", "ood", "replay"} <= set(VIEW_BUILDERS)
+    assert set(ID_VIEWS) == {"validation", "id", "ood", "replay"}
+    assert all(VIEW_BUILDERS[name] is builder for name, builder in ID_VIEWS.items())  # the catalog holds them
     with pytest.raises(ValueError, match="unknown views"):
         build_views(["tau2_retail_not_registered"], ctx(EvalConfig()))
     name = "test_other_env"

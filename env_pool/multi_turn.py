@@ -1,0 +1,209 @@
+"""The one multi-turn step loop every tool environment runs (the episode API of env_pool/base.py).
+
+A step decodes the assistant text in the env's tool format, then:
+- a step that fails to decode gets a format hint under the training interface
+  (``error_feedback``) and ends the user turn under the raw one, as bfcl-eval's
+  inference loop does;
+- a step with no call ends the user turn: the next user turn begins, or, after
+  the last one, the episode is completed;
+- otherwise its calls are executed in order and each answered by a tool message.
+
+The per-turn step limit is bfcl-eval's (``count > MAXIMUM_STEP_LIMIT``): a turn
+may take ``step_limit`` steps that do not end it; the step past that ends the
+whole episode with ``Outcome.STEP_LIMIT`` (its calls still ran, as in bfcl-eval).
+BFCL's official agreement depends on this exact boundary, so it is the only one.
+
+An environment subclasses ``MultiTurnEnv`` and supplies its hooks: the task
+(``_load``), the opening messages (``_open``), the parser's signatures, the tool
+names a turn sees, executing one call, the next user turn's messages and the
+verdict (``_judge``). Everything else (counters, outcomes, the context check,
+stats, the ``EpisodeResult``) lives here once.
+"""
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any, Protocol, Sequence
+
+from env_pool import tags as T
+from env_pool.base import Environment, EpisodeResult, EpisodeStateError, Message, Outcome, StepResult, TokenCounter
+from env_pool.interface.feedback import parse_failure_hint
+from env_pool.interface.state import RAW_INTERFACE, InterfaceState
+from env_pool.tool_calls import FORMATS, ParsedStep, Signatures, ToolCall, parse_step
+
+
+class Task(Protocol):
+    id: str
+    category: str
+
+    @property
+    def num_turns(self) -> int: ...
+
+
+class Verdict(Protocol):
+    """What an env's verifier says about a finished episode."""
+
+    reward: int
+    progress: float
+    tags: Sequence[str]  # released vocabulary, one per user turn
+    labels: Sequence[str]  # paper vocabulary, one per user turn
+    error_type: str | None
+
+
+class MultiTurnEnv(Environment):
+    def __init__(self, tool_format: str, step_limit: int, instance_mismatch: str = "release",
+                 max_context_tokens: int | None = None, token_counter: TokenCounter | None = None) -> None:
+        super().__init__()
+        if tool_format not in FORMATS:
+            raise ValueError(f"tool_format must be one of {FORMATS}, got {tool_format!r}")
+        if step_limit < 1:
+            raise ValueError(f"step_limit must be >= 1, got {step_limit}")
+        if (max_context_tokens is None) != (token_counter is None):
+            raise ValueError("max_context_tokens and token_counter go together")
+        self.instance_mismatch = T.check_instance_mismatch_rule(instance_mismatch)
+        self.tool_format = tool_format
+        self.step_limit = step_limit
+        self.max_context_tokens = max_context_tokens
+        self.token_counter = token_counter
+        self._task: Any = None
+        self._done = True
+
+    # ------------------------------------------------------------ hooks
+    @abc.abstractmethod
+    def _load(self, task_id: str) -> Task:
+        """The task of ``task_id``; a KeyError names an unknown id."""
+
+    @abc.abstractmethod
+    def _open(self, task: Any) -> list[Message]:
+        """Set up the episode's tool state and return its opening messages (the first user turn last)."""
+
+    @abc.abstractmethod
+    def _signatures(self) -> Signatures:
+        """Parameter names per tool, to bind python-format positional arguments."""
+
+    @abc.abstractmethod
+    def _tool_names(self, turn: int) -> list[str]:
+        """The tools the agent sees at ``turn`` (named in feedback hints)."""
+
+    @abc.abstractmethod
+    def _execute(self, call: ToolCall, turn: int) -> str:
+        """Run one call; the tool message's content (with its hint under ``error_feedback``)."""
+
+    @abc.abstractmethod
+    def user_messages(self, turn: int) -> list[Message]:
+        """The messages that open user turn ``turn``."""
+
+    @abc.abstractmethod
+    def _judge(self) -> Verdict:
+        """The verifier's verdict on the finished episode (``self._turn_parsed``, ``self._outcome``)."""
+
+    def _release(self) -> None:
+        """Free per-episode tool state once the episode ends (nothing by default)."""
+
+    # -------------------------------------------------------------- API
+    def reset(self, task_id: str, interface: InterfaceState | None = None) -> list[Message]:
+        task = self._load(task_id)
+        self._task = task
+        self._interface = interface or RAW_INTERFACE
+        self._turn = self._steps_in_turn = 0
+        self._turn_texts: list[list[str]] = [[]]
+        self._turn_parsed: list[list[ParsedStep]] = [[]]
+        self._num_steps = self._num_calls = self._num_parse_errors = 0
+        self._outcome: Outcome | None = None
+        self._result: EpisodeResult | None = None
+        self._done = False
+        self._env_seconds = 0.0
+        self._messages: list[Message] = self._open(task)
+        self._check_context()
+        return list(self._messages)
+
+    @property
+    def messages(self) -> list[Message]:
+        return self._messages
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def step(self, assistant_text: str) -> StepResult:
+        if self._task is None or self._done:
+            raise EpisodeStateError("step() needs an episode in progress: call reset() first")
+        t0 = time.perf_counter()
+        turn = self._turn
+        parsed = parse_step(assistant_text, self.tool_format, self._signatures())
+        self._turn_texts[turn].append(assistant_text)
+        self._turn_parsed[turn].append(parsed)
+        self._messages.append({"role": "assistant", "content": assistant_text})
+        self._num_steps += 1
+        new: list[Message] = []
+        end_turn = False
+        if parsed.error is not None:
+            self._num_parse_errors += 1
+            if self._interface.error_feedback:
+                hint = parse_failure_hint(self.tool_format, parsed.error, self._tool_names(turn))
+                new.append({"role": "tool", "name": "parse_error", "content": hint})
+            else:
+                end_turn = True  # bfcl-eval: a step that fails to decode ends the turn
+        elif not parsed.calls:
+            end_turn = True
+        else:
+            for call in parsed.calls:
+                new.append({"role": "tool", "name": call.name, "content": self._execute(call, turn)})
+            self._num_calls += len(parsed.calls)
+
+        outcome: Outcome | None = None
+        if not end_turn:
+            self._steps_in_turn += 1
+            if self._steps_in_turn > self.step_limit:
+                outcome = Outcome.STEP_LIMIT  # bfcl-eval force-quits the whole entry
+        elif turn + 1 >= self._task.num_turns:
+            outcome = Outcome.COMPLETED
+        else:
+            self._turn, self._steps_in_turn = turn + 1, 0
+            self._turn_texts.append([])
+            self._turn_parsed.append([])
+            new.extend(self.user_messages(self._turn))
+        self._messages.extend(new)
+        if outcome is None:
+            self._check_context()
+        else:
+            self._finish(outcome)
+        self._env_seconds += time.perf_counter() - t0
+        return StepResult(new, turn, end_turn, self._done, self._outcome, len(parsed.calls), parsed.error)
+
+    def end(self, outcome: Outcome) -> None:
+        if self._task is None:
+            raise EpisodeStateError("end() needs an episode: call reset() first")
+        if not self._done:
+            self._finish(outcome)
+
+    def result(self) -> EpisodeResult:
+        if self._task is None or not self._done:
+            raise EpisodeStateError("result() is available once the episode is done")
+        if self._result is None:
+            t0 = time.perf_counter()
+            verdict = self._judge()
+            task = self._task
+            self._result = EpisodeResult(
+                env=self.kind, task_id=task.id, category=task.category, reward=verdict.reward,
+                success=bool(verdict.reward), progress=verdict.progress, tags=list(verdict.tags),
+                labels=list(verdict.labels), error_type=verdict.error_type,
+                outcome=(self._outcome or Outcome.ABORTED).value, interface_version=self._interface.version,
+                num_steps=self._num_steps, num_tool_calls=self._num_calls, num_parse_errors=self._num_parse_errors,
+                turns=[list(t) for t in self._turn_texts], env_seconds=self._env_seconds,
+                judge_seconds=time.perf_counter() - t0,
+            )
+        return self._result
+
+    # ---------------------------------------------------------- helpers
+    def _check_context(self) -> None:
+        if self.token_counter is None or self._done:
+            return
+        if self.token_counter(self._messages) > self.max_context_tokens:  # type: ignore[operator]
+            self._finish(Outcome.CONTEXT_OVERFLOW)
+
+    def _finish(self, outcome: Outcome) -> None:
+        self._done = True
+        self._outcome = outcome
+        self._release()
+        self.stats.record(outcome, self._num_steps, self._num_calls, self._num_parse_errors)
