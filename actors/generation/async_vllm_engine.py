@@ -5,10 +5,10 @@ it finishes, so an env actor whose episode needs a short turn is not held
 behind the longest sequence of someone else's batch (the blocking
 ``VllmGenerator`` serves one ``LLM.generate`` batch at a time).
 
-Used as a Ray async actor (all methods are coroutines on the actor's event
-loop, ``max_concurrency`` calls at once); the method names are those of
-``actors.generation.server.GeneratorServer``, so the driver and the env actors
-drive either the same way.
+Used as a Ray async actor (``max_concurrency`` calls at once on its event
+loop); the method names are those of ``actors.generation.server.GeneratorServer``,
+so the driver and the env actors drive either the same way. Engine settings
+and environment: actors/generation/engine_settings.py, shared with ``VllmGenerator``.
 
 Weight updates pause the engine with vLLM's own ``pause_generation``; the
 ``update_mode`` says what happens to requests in flight:
@@ -26,16 +26,12 @@ token with the weight version it was sampled under (``set_weight_version``),
 and a finished output carries the spans (``CompletionOutput.weight_versions``).
 
 The prefix cache is partitioned by weight version: every request carries
-``cache_salt`` = the version it was issued under, which vLLM mixes into its
-block hashes, so a request never reads KV another request computed under
-other weights. vLLM's ``reset_prefix_cache`` (tried after every update, to free
-the old blocks at once) is refused while any block is held, which in ``keep``
-mode is always (the frozen requests hold theirs): without the salt, prefixes
-cached under old weights would serve requests stamped with newer versions for
-as long as the engine stayed busy. Refusals are counted
-(``prefix_cache_reset_refused``); the old blocks are unreachable and go by LRU.
-What ``keep`` does keep: a request in the engine at the update (running or
-queued) continues with the KV of its own version.
+``cache_salt`` = the version it was issued under (vLLM mixes it into its block
+hashes), so a request never reads KV computed under other weights, even while
+vLLM refuses the ``reset_prefix_cache`` tried after each update (always in
+``keep``: the frozen requests hold blocks; counted ``prefix_cache_reset_refused``).
+A request in the engine at the update keeps the KV of its own version
+(docs/generator-fleet.md, "Prefix cache across updates").
 
 ``pause`` drains for at most ``drain_timeout_s`` (default half the update timeout,
 or of the weight group's timeout when weights come by broadcast, so the learner's
@@ -43,13 +39,11 @@ first send never outwaits a drain); requests still running then are aborted and
 continued on the new weights as in ``abort`` (counted: ``drain_timeouts``).
 
 Weights reach the engine's workers (another process) three ways: a
-safetensors directory; name -> array records through ``collective_rpc``
-(vLLM's RPC encodes tensors as lists, so they travel as raw bytes:
-``WeightSyncExtension.load_weight_records``), one bucket of the learner's
-``WeightManifest`` at a time (weights/buckets.py); or the learner's broadcast
-group through vLLM's weight-transfer interface (``join_weight_group`` /
-``update_weights_from_group``: vLLM's NCCL engine on CUDA, ``seal_gloo`` on
-CPU, actors/generation/weight_transfer.py).
+safetensors directory; name -> array records through ``collective_rpc`` (as
+raw bytes: vLLM's RPC encodes tensors as lists), one bucket of the learner's
+``WeightManifest`` at a time; or the learner's broadcast group through vLLM's
+weight-transfer interface (``join_weight_group`` / ``update_weights_from_group``:
+NCCL on CUDA, ``seal_gloo`` on CPU, actors/generation/weight_transfer.py).
 """
 from __future__ import annotations
 
@@ -58,15 +52,21 @@ import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from rollout.generator import GenerationOutput, GenerationRequest, SamplingConfig, VersionSpan
+from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
-from actors.generation.vllm_engine import cpu_kv_cache_args
+from actors.generation.sources import as_tensors, restarted_by_ray, send_weights_async
+from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig, VersionSpan
 from weights.buckets import WeightManifest
 
 UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
 
 
-class AsyncVllmGenerator:
+class AsyncVllmGenerator(Generator):
+    """The Generator interface with the async engine's semantics: ``generate``, ``update_weights`` and
+    ``close`` are coroutines (a Ray async actor's methods run on its event loop, which AsyncLLM is
+    bound to), and ``policy_version`` and ``max_model_len`` are methods, as on GeneratorServer (an
+    actor handle reaches methods only). Each method says where it differs from the interface."""
+
     def __init__(
         self,
         model_path: str,
@@ -88,66 +88,45 @@ class AsyncVllmGenerator:
         await_weights: bool = False,
         setup: Callable[[], Any] | None = None,
     ) -> None:
-        """``setup``: called first, in this process (the cluster's CPU pinning)."""
+        """``setup``: called first, in this process (the cluster's CPU pinning). The engine keywords
+        go to ``EngineSettings`` (actors/generation/engine_settings.py), which checks them; the
+        engine itself starts on first use (``_ready``)."""
         if setup is not None:
             setup()
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        settings = EngineSettings(
+            model_path=model_path, engine="async", device=device, dtype=dtype, max_model_len=int(max_model_len),
+            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
+            # The engine core is a process of its own; its threads follow this process's CPU
+            # pinning (cluster.generator.cpus), not vLLM's own binding.
+            cpu_threads_bind="nobind", cpu_kv_cache_gb=cpu_kv_cache_gb, max_num_seqs=max_num_seqs, seed=seed,
+            weight_sync=weight_sync,
+        )
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"update_mode must be one of {sorted(UPDATE_MODES)}, got {update_mode!r}")
-        if weight_sync not in ("reload", "broadcast"):
-            raise ValueError(f"weight_sync must be reload or broadcast, got {weight_sync!r}")
-        from weights.model_assets import resolve_model
-        from weights.precision import choose_dtype
-
-        self._dtype = choose_dtype(dtype, device, "generator")
+        if drain_timeout_s is not None and not 0 < float(drain_timeout_s) < float(update_timeout_s):
+            raise ValueError(f"drain_timeout_s must be > 0 and below update_timeout_s ({float(update_timeout_s):g}), "
+                             f"got {drain_timeout_s}")
+        prepared = engine_setup(settings)
+        prepared.apply_env()
+        self.settings = prepared.settings  # resolved: the model directory, bfloat16 | float32
+        self._engine_kwargs = prepared.kwargs
         self.device = device
-        self.model_path = str(resolve_model(model_path))
-        self._max_model_len = int(max_model_len)
+        self.model_path = prepared.settings.model_path
         self._version = int(initial_version)  # policy_version(): a method, as on GeneratorServer
         self.update_mode = update_mode
         self.weight_sync = weight_sync
         self.update_timeout_s = float(update_timeout_s)
-        if drain_timeout_s is not None and not 0 < float(drain_timeout_s) < self.update_timeout_s:
-            raise ValueError(f"drain_timeout_s must be > 0 and below update_timeout_s ({self.update_timeout_s:g}), "
-                             f"got {drain_timeout_s}")
         self._drain_timeout_s = None if drain_timeout_s is None else float(drain_timeout_s)
         self._group_timeout_s: float | None = None  # the weight group's, once joined
         self.counters = ReplicaCounters()
-        self._engine_kwargs: dict[str, Any] = dict(
-            model=self.model_path, dtype=self._dtype, max_model_len=self._max_model_len,
-            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager, seed=seed,
-            tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
-            worker_extension_cls="actors.generation.weight_worker.WeightSyncExtension",
-        )
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        # broadcast: weights through vLLM's weight-transfer interface (its NCCL engine on CUDA,
-        # our gloo one on CPU: actors/generation/weight_transfer.py), one group with the learner's rank 0.
-        from actors.generation.weight_transfer import cpu_or_cuda_backend
-
-        self._transfer_backend = cpu_or_cuda_backend(device)
-        if weight_sync == "broadcast":
-            self._engine_kwargs["weight_transfer_config"] = {"backend": self._transfer_backend}
-        if device == "cuda":
-            self._engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            # The engine core is a process of its own; its threads follow this
-            # process's CPU pinning (cluster.generator.cpus), not vLLM's own binding.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-            # As VllmGenerator: a seeded sampler cannot resume across prefill chunks on CPU.
-            self._engine_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=self._max_model_len,
-                                       **cpu_kv_cache_args(cpu_kv_cache_gb))
         self._engine: Any = None
         self._start_lock: asyncio.Lock | None = None
         self._update_lock: asyncio.Lock | None = None
         self._serving: asyncio.Event | None = None  # clear while an update (or a restart's first weights) is pending
         self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
         self._group_ready = False
-        from actors.generation.server import _restarted_by_ray
-
-        self._awaiting_weights = await_weights or _restarted_by_ray()
+        self._awaiting_weights = await_weights or restarted_by_ray()
 
     # -------------------------------------------------------------- engine
     async def _ready(self) -> Any:
@@ -173,10 +152,21 @@ class AsyncVllmGenerator:
                 self._engine = engine
         return self._engine
 
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer. The engine starts inside the actor's event loop on first use, so
+        before that there is none: one is not loaded on the side, which could differ from vLLM's."""
+        if self._engine is None:
+            raise RuntimeError("the async engine has not started: await max_model_len() (or any call) first")
+        return self._engine.get_tokenizer()
+
     # --------------------------------------------------------- generation
     async def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
         """Every request goes to the engine at once and is served as it finishes;
-        the call returns when all of them have."""
+        the call returns when all of them have. A coroutine. Unlike the interface's
+        promise, an update may land during the call (update modes keep and abort,
+        or a pause drain past its bound): such an output carries one span per version
+        (``GenerationOutput.spans``) and ``policy_version`` is its oldest."""
         await self._ready()
         return list(await asyncio.gather(*(self._complete(r, sampling) for r in requests)))
 
@@ -253,30 +243,11 @@ class AsyncVllmGenerator:
                              mode: str | None = None) -> float:
         """Load new weights under ``mode`` (default: the configured update_mode); seconds taken.
         ``source``: a snapshot directory, the learner's WeightManifest (weights/buckets.py)
-        or a name -> tensor mapping (callers in this process)."""
-        from actors.generation.server import _as_tensors
-        from weights.buckets import fetch_bucket_async
-        from actors.generation.weight_worker import weight_records
-
+        or a name -> tensor mapping (callers in this process). A coroutine: requests keep
+        being served (or drained, frozen, aborted: ``mode``) while it runs."""
         async def load(engine) -> None:
-            tensors = _as_tensors(source)
-            if isinstance(tensors, str):
-                if not os.path.isdir(tensors):
-                    raise FileNotFoundError(f"weights directory not found: {tensors}")
-                await engine.collective_rpc("reload_weights", kwargs={"weights_path": tensors})
-                return
-            # One reload in the workers across every bucket; here one bucket at a time: fetched
-            # (awaited: the actor's loop keeps serving), turned into records, sent, dropped.
-            await engine.collective_rpc("begin_weight_records")
-            if isinstance(tensors, WeightManifest):
-                who = f"generator replica loading v{version}"
-                for i in range(len(tensors.buckets)):
-                    records = weight_records(await fetch_bucket_async(tensors, i, who, self.update_timeout_s))
-                    await engine.collective_rpc("load_weight_records", kwargs={"records": records})
-                    del records
-            else:
-                await engine.collective_rpc("load_weight_records", kwargs={"records": weight_records(tensors)})
-            await engine.collective_rpc("finish_weight_records")
+            await send_weights_async(engine.collective_rpc, as_tensors(source), f"generator replica loading v{version}",
+                                     self.update_timeout_s)
 
         return await self._update(version, mode, load)
 
@@ -289,8 +260,9 @@ class AsyncVllmGenerator:
 
         from actors.generation.weight_transfer import init_info
 
-        if backend != ("nccl" if self._transfer_backend == "nccl" else "gloo"):
-            raise ValueError(f"this replica transfers weights over {self._transfer_backend}; the learner asked for {backend}")
+        transfer_backend = cpu_or_cuda_backend(self.device)
+        if backend != ("nccl" if transfer_backend == "nccl" else "gloo"):
+            raise ValueError(f"this replica transfers weights over {transfer_backend}; the learner asked for {backend}")
         if self._drain_timeout_s is not None and self._drain_timeout_s >= float(timeout_s):
             raise ValueError(f"drain_timeout_s ({self._drain_timeout_s:g}) must be below the weight group's timeout "
                              f"({float(timeout_s):g} s): the learner's first send waits out the drain")
@@ -301,12 +273,12 @@ class AsyncVllmGenerator:
                 # replace its communicator without closing the old one; close it first.
                 self._group_ready = False
                 await engine.shutdown_weight_transfer_engine()
-            info = init_info(host, port, rank, world_size, self._transfer_backend, timeout_s,
+            info = init_info(host, port, rank, world_size, transfer_backend, timeout_s,
                              label=f"generator replica pid {os.getpid()}")
             await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
             self._group_ready = True
             self._group_timeout_s = float(timeout_s)
-        return list(range(int(rank), int(rank) + int(self._engine_kwargs["tensor_parallel_size"])))
+        return list(range(int(rank), int(rank) + int(self.settings.tensor_parallel_size)))
 
     async def update_weights_from_group(self, version: int, metadata: list, mode: str | None = None) -> float:
         """Receive one broadcast round (the learner sends concurrently) under ``mode``."""
@@ -411,16 +383,19 @@ class AsyncVllmGenerator:
         steps = final.prompt_logprobs or []
         return [float(step[tok].logprob) for tok, step in zip(token_ids[1:], steps[1:])]
 
-    async def max_model_len(self) -> int:
-        """Starts the engine if needed (what the pipeline's start waits on)."""
+    async def max_model_len(self) -> int:  # type: ignore[override]
+        """Starts the engine if needed (what the pipeline's start waits on): a coroutine, not the
+        interface's attribute, because an actor handle reaches methods only."""
         await self._ready()
-        return self._max_model_len
+        return self.settings.max_model_len
 
     def dtype(self) -> str:
         """The resolved dtype (bfloat16 | float32): the learner sends weights in it."""
-        return str(self._dtype)
+        return str(self.settings.dtype)
 
-    def policy_version(self) -> int:
+    def policy_version(self) -> int:  # type: ignore[override]
+        """The version loaded now: a method, not the interface's attribute, because an actor handle
+        reaches methods only (GeneratorServer's is one too). Outputs carry their own versions."""
         return self._version
 
     def load(self) -> dict[str, int]:
@@ -437,6 +412,8 @@ class AsyncVllmGenerator:
         return self._awaiting_weights
 
     async def close(self) -> None:
+        """A coroutine, unlike the interface's: like every call that touches the engine it runs on the
+        actor's event loop, so it never lands halfway through another call's use of the engine."""
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()

