@@ -91,6 +91,9 @@ class EngineSettings:
             cpu_kv_cache_args(self.cpu_kv_cache_gb)  # raises on a size that holds nothing; CUDA never reads it
 
 
+_SET_HERE: dict[str, str] = {}  # variable -> the value apply_env last set in this process
+
+
 @dataclass(frozen=True)
 class EngineSetup:
     """What a generator starts its engine with (``engine_setup``)."""
@@ -101,9 +104,13 @@ class EngineSetup:
 
     def apply_env(self) -> None:
         """Set each variable the user has not set: one set on purpose (say VLLM_CPU_OMP_THREADS_BIND)
-        wins, as it did before these settings existed."""
+        wins. One an earlier engine of this process set is this engine's to set again: a second
+        engine asking ``cpu_threads_bind=nobind`` after a first one's ``all`` gets ``nobind``
+        (vLLM's multiprocess engine cannot parse ``all``)."""
         for name, value in self.env.items():
-            os.environ.setdefault(name, value)
+            if name not in os.environ or _SET_HERE.get(name) == os.environ[name]:
+                os.environ[name] = value
+                _SET_HERE[name] = value
 
 
 def engine_setup(settings: EngineSettings) -> EngineSetup:

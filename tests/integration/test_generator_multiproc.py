@@ -72,7 +72,10 @@ SCRIPT = textwrap.dedent('''
 
 def test_reload_updates_cross_vllms_process_boundary():
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONPATH": str(root)}
+    # An engine an earlier test started in this process left its thread binding in os.environ
+    # (say 'all', which vLLM's multiprocess engine cannot parse): the child gets the generator's own.
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONPATH": str(root)})
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -94,6 +94,17 @@ def test_apply_env_leaves_a_variable_the_user_set(model_dir, clean_env):
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
 
 
+
+def test_a_later_engine_sets_again_what_an_earlier_engine_set(model_dir, clean_env):
+    """Found running test_weight_sync.py before test_generator_multiproc.py in one process: the
+    first engine's bind 'all' stayed, and the second's multiprocess engine failed to parse it."""
+    engine_setup(EngineSettings(model_dir, cpu_threads_bind="all")).apply_env()
+    engine_setup(EngineSettings(model_dir, engine="async", cpu_threads_bind="nobind")).apply_env()
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    clean_env.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")  # the user's own, set between two engines, stays
+    engine_setup(EngineSettings(model_dir, cpu_threads_bind="all")).apply_env()
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
+
 def _defaults(fn) -> dict:
     return {n: p.default for n, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
 
