@@ -47,7 +47,7 @@ class PipelineRun:
     """One pipeline: build it, optionally use its idle actors first (``before``),
     run ``warmup + steps`` learner steps, close it. ``rows`` are the measured
     steps' metrics rows; ``staleness`` the staleness of every group the
-    learner took during them."""
+    learner took during them; ``trainer`` the trainer settings it ran with."""
 
     def __init__(self, cfg, overrides: Sequence[str], steps: int, warmup: int,
                  before: Callable[[Any], Any] | None = None) -> None:
@@ -58,11 +58,12 @@ class PipelineRun:
         self.staleness: list[int] = []
         with tempfile.TemporaryDirectory(prefix="seal-bench-") as tmp:
             pipeline = Pipeline(cfg, create_run_dir(str(Path(tmp) / "run"), cfg, list(overrides)))
+            self.trainer = pipeline.trainer
             try:
                 self._record_staleness(pipeline, warmup)
                 if before is not None:
                     self.before_result = before(pipeline)
-                log(f"  pipeline mode={cfg.trainer.mode}: {warmup} warm-up + {steps} measured steps")
+                log(f"  pipeline mode={self.trainer.mode}: {warmup} warm-up + {steps} measured steps")
                 self.all_rows = pipeline.run(warmup + steps)
             finally:
                 pipeline.close()
@@ -76,7 +77,7 @@ class PipelineRun:
 
         def take_batch():
             groups = take()
-            if groups is not None and pipeline.step >= warmup:
+            if groups is not None and pipeline.state.step >= warmup:
                 self.staleness.extend(g.staleness for g in groups)
             return groups
 

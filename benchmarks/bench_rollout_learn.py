@@ -49,7 +49,7 @@ def _alone(pipeline) -> dict[str, float]:
     from seal.config import instantiate, instantiate_spec
 
     cfg = pipeline.cfg
-    groups, n = int(cfg.trainer.groups_per_step), int(cfg.n)
+    groups, n = pipeline.trainer.groups_per_step, int(cfg.n)
     env_spec = OmegaConf.to_container(cfg.env, resolve=True)
     sampling = instantiate(cfg.sampling)
     interface = InterfaceState.from_dict(ray.get(pipeline.actors.coordinator.interface.remote()).state)
@@ -124,7 +124,10 @@ def _in_pipeline(rows: list[dict[str, Any]], n: int) -> dict[str, float]:
 
 
 def run(args) -> dict[str, Any]:
+    from seal.config import TrainerConfig
+
     cfg = compose_cfg(args.overrides)
+    trainer = TrainerConfig.of(cfg)
     n = int(cfg.n)
     repeats = []
     with ray_session(cfg):
@@ -137,8 +140,8 @@ def run(args) -> dict[str, Any]:
                             "generate_over_learn": alone["t_generate_batch"] / alone["t_learn_batch"]})
     agg = lambda path: summary([_get(rep, path) for rep in repeats])  # noqa: E731
     report = {
-        "mode": str(cfg.trainer.mode), "model": str(cfg.model.path), "env": str(cfg.env._target_).rsplit(".", 1)[-1],
-        "n": n, "groups_per_step": int(cfg.trainer.groups_per_step), "max_new_tokens": int(cfg.sampling.max_new_tokens),
+        "mode": trainer.mode, "model": str(cfg.model.path), "env": str(cfg.env._target_).rsplit(".", 1)[-1],
+        "n": n, "groups_per_step": trainer.groups_per_step, "max_new_tokens": int(cfg.sampling.max_new_tokens),
         "alone": {k: agg(("alone", k)) for k in (*METRICS, "t_generate_batch")},
         "pipeline": {k: agg(("pipeline", k)) for k in (*METRICS, "step_s")},
         "pipeline_over_alone": {k: agg(("pipeline_over_alone", k)) for k in METRICS},

@@ -32,7 +32,7 @@ def _run_mode(overrides, mode: str, args) -> dict[str, Any]:
     cfg = compose_cfg([*overrides, *extra])
     pr = PipelineRun(cfg, [*overrides, *extra], args.steps, args.warmup)
     times = [stage_times(r) for r in pr.rows]
-    batch = int(cfg.n) * int(cfg.trainer.groups_per_step)
+    batch = int(cfg.n) * pr.trainer.groups_per_step
     return {
         "t_step": median([t["step"] for t in times]),
         "t_learn": median([t["learn"] for t in times]),
@@ -50,8 +50,11 @@ def _run_mode(overrides, mode: str, args) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
+    from seal.config import TrainerConfig
+
     cfg = compose_cfg(args.overrides)
-    if cfg.trainer.max_staleness < 1:  # both modes run whatever trainer.mode says
+    trainer = TrainerConfig.of(cfg)
+    if trainer.max_staleness < 1:  # both modes run whatever trainer.mode says
         raise ValueError("the async runs need trainer.max_staleness >= 1")
     repeats = []
     with ray_session(cfg):
@@ -72,7 +75,7 @@ def run(args) -> dict[str, Any]:
     staleness = Counter(x for rep in repeats for x in rep["async"]["staleness"])
     report: dict[str, Any] = {
         "model": str(cfg.model.path), "env": str(cfg.env._target_).rsplit(".", 1)[-1], "n": int(cfg.n),
-        "groups_per_step": int(cfg.trainer.groups_per_step), "max_staleness": int(cfg.trainer.max_staleness),
+        "groups_per_step": trainer.groups_per_step, "max_staleness": trainer.max_staleness,
         "env_actors": int(cfg.cluster.env_actors), "max_new_tokens": int(cfg.sampling.max_new_tokens),
         "learner": f"{cfg.learner.cfg.backend}" + (f"-zero{cfg.learner.cfg.zero_stage}" if cfg.learner.cfg.backend == "deepspeed" else ""),
         "t_step_sync": agg("t_step", "sync")["median"],

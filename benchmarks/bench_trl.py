@@ -196,18 +196,20 @@ def _run_ours(cfg, overrides, args) -> dict[str, Any]:
     from benchmarks._pipeline import PipelineRun
 
     pr = PipelineRun(cfg, overrides, args.steps, args.warmup)
-    batch = int(cfg.n) * int(cfg.trainer.groups_per_step)
+    batch = int(cfg.n) * pr.trainer.groups_per_step
     return {"step_s": [r["step_s"] for r in pr.rows], "samples_per_s": median([batch / r["step_s"] for r in pr.rows]),
             "tokens_per_s": median([r["gen_tokens_per_s"] for r in pr.rows]), "reward": [r["reward_mean"] for r in pr.rows]}
 
 
 def run(args) -> dict[str, Any]:
     from benchmarks._pipeline import compose_cfg, ray_session
+    from seal.config import TrainerConfig
 
     trl_version = ensure_trl(args.install)
     cpus = _cpu_set(args.cpus)
     overrides = list(args.overrides) + ([f"generator.cpu_threads_bind={args.cpus}"] if cpus else [])
     cfg = compose_cfg(overrides, DEFAULTS)
+    mode = TrainerConfig.of(cfg).mode
     saved_affinity = os.sched_getaffinity(0)
     if cpus:
         os.sched_setaffinity(0, cpus)  # before Ray starts: its processes inherit it
@@ -237,7 +239,7 @@ def run(args) -> dict[str, Any]:
         "spread": {"ratio": summary([rep["ratio"] for rep in repeats]), "ours_samples_per_s": agg("ours", "samples_per_s"),
                    "trl_samples_per_s": agg("trl", "samples_per_s")},
         "trl_version": trl_version, "model": str(cfg.model.path), "n": int(cfg.n), "max_new_tokens": int(cfg.sampling.max_new_tokens),
-        "mode": str(cfg.trainer.mode), "trl_threads": args.threads, "cpus": sorted(cpus) if cpus else f"all {os.cpu_count()}",
+        "mode": mode, "trl_threads": args.threads, "cpus": sorted(cpus) if cpus else f"all {os.cpu_count()}",
         "precision": {"ours_generator": resolve_dtype(str(cfg.generator.dtype), str(cfg.generator.device))[0],
                       "ours_learner": resolve_dtype(str(cfg.learner.cfg.dtype), str(cfg.learner.cfg.device))[0],
                       "trl": spec["precision"], "trl_requested": args.trl_precision, "trl_fallbacks": fallbacks},
@@ -250,7 +252,7 @@ def run(args) -> dict[str, Any]:
             "completion; loss_type dapo (token-level, like ours); plain torch through accelerate; bf16 = Trainer(bf16=True) autocast where the CPU has it; gradient checkpointing off",
             "ours: multi-step episodes (call, tool result, answer; up to the env's step limit), so a sample can hold more generated "
             "tokens and env work; vLLM CPU generator, the configured learner backend, dual clip, A-Patch and interface evolution on; "
-            f"{cfg.trainer.mode} mode",
+            f"{mode} mode",
             "samples/s = completions trained per wall second of a learner step; tokens/s = generated tokens per wall second",
         ],
     }

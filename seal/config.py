@@ -1,8 +1,10 @@
-"""Hydra config composition for `seal` commands (compose API, no chdir)."""
+"""Hydra config composition for `seal` commands (compose API, no chdir), and the trainer group typed."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
 
 
 def config_dir() -> Path:
@@ -44,3 +46,105 @@ def instantiate_spec(spec: dict):
     from omegaconf import OmegaConf
 
     return instantiate(OmegaConf.create(spec))
+
+
+# ------------------------------------------------------------------ the trainer group
+def _at_least(low: int | float, why: str = "") -> Any:
+    return field(metadata={"min": low, "why": why})
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The ``trainer:`` group, typed. Its values are written once, in configs/config.yaml (recipes,
+    algos and ablations override some); this class says what each must be, so a bad one is one
+    line before anything starts. ``TrainerConfig.of(cfg)`` builds it from a composed config."""
+    mode: Literal["sync", "async"]
+    steps: int = _at_least(1)
+    groups_per_step: int = _at_least(1)
+    max_staleness: int = _at_least(0)
+    stale_policy: Literal["drop", "downweight"]
+    reissue_after_s: float = field(metadata={"above": 0})
+    checkpoint_every: int = _at_least(0, "0: never")
+    storage: str | None
+    checkpoint_keep: int = _at_least(0, "0: keep all")
+    snapshot_every: int = _at_least(0, "0: A_0 and the end of each run only")
+    closed_loop: bool
+    per_category_guidelines: bool
+    skip_overlong: bool
+    filter_groups: Literal["none", "zero_variance"]
+    oversample: int = _at_least(0)
+    fill_patience: int = _at_least(1, "batches of filtered groups")
+    unfilled: Literal["skip", "partial"]
+    weight_canary: bool
+    canary_max_logprob_diff: float = field(metadata={"above": 0})
+
+    def __post_init__(self) -> None:
+        hints = get_type_hints(type(self))
+        for f in fields(self):
+            # object.__setattr__: the one place a frozen instance takes a value (an int given for a float)
+            object.__setattr__(self, f.name, _checked(f"trainer.{f.name}", hints[f.name], getattr(self, f.name), f.metadata))
+        if self.mode == "async" and self.max_staleness < 1:
+            raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
+
+    @classmethod
+    def of(cls, cfg) -> "TrainerConfig":
+        """From a composed config's ``trainer`` node (resolved)."""
+        from omegaconf import OmegaConf
+
+        return cls.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "TrainerConfig":
+        names = [f.name for f in fields(cls)]
+        unknown = [k for k in values if k not in names]
+        if unknown:
+            raise ValueError(f"trainer.{unknown[0]} is not a trainer setting (they are: {', '.join(names)})")
+        missing = [k for k in names if k not in values]
+        if missing:
+            raise ValueError(f"trainer.{missing[0]} is not set (configs/config.yaml sets every trainer setting)")
+        return cls(**values)
+
+    @property
+    def sync(self) -> bool:
+        return self.mode == "sync"
+
+    @property
+    def staleness(self) -> int:
+        """Policy versions a group may lag: 0 in sync mode, whatever max_staleness says."""
+        return 0 if self.sync else self.max_staleness
+
+
+def recorded_trainer(node) -> dict[str, Any]:
+    """A run's recorded trainer settings (RUN_DIR/config.yaml) as TrainerConfig takes them: a
+    setting the run predates reads as configs/config.yaml has it now, and one since retired
+    (e.g. max_filtered_per_step) is left out; the run's own values win."""
+    from omegaconf import OmegaConf
+
+    today = OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").trainer, resolve=True)
+    recorded = OmegaConf.to_container(node, resolve=True)
+    return {**today, **{k: v for k, v in recorded.items() if k in today}}
+
+
+def _checked(key: str, hint: Any, value: Any, meta: Mapping[str, Any]) -> Any:
+    """``value`` as the field's type has it, or ValueError naming the key."""
+    if get_origin(hint) is Literal:
+        choices = get_args(hint)
+        if value not in choices:
+            raise ValueError(f"{key} must be {' or '.join(choices)}, got {value!r}")
+        return value
+    if hint is bool and not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    if hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        value = float(value)
+    if hint == (str | None) and value is not None and not isinstance(value, str):
+        raise ValueError(f"{key} must be a path or null, got {value!r}")
+    why = f" ({meta['why']})" if meta.get("why") else ""
+    if "min" in meta and value < meta["min"]:
+        raise ValueError(f"{key} must be >= {meta['min']}{why}, got {value!r}")
+    if "above" in meta and value <= meta["above"]:
+        raise ValueError(f"{key} must be > {meta['above']}, got {value!r}")
+    return value

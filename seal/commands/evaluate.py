@@ -33,7 +33,7 @@ def load_run_config(run_dir: Path, overrides: list[str]):
     import yaml
     from omegaconf import OmegaConf
 
-    from seal.config import config_dir
+    from seal.config import config_dir, recorded_trainer
 
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -42,6 +42,7 @@ def load_run_config(run_dir: Path, overrides: list[str]):
     OmegaConf.set_struct(cfg, False)
     if "evaluation" not in cfg:
         cfg.evaluation = OmegaConf.load(config_dir() / "evaluation" / "default.yaml")
+    cfg.trainer = recorded_trainer(cfg.trainer)  # every setting, as the typed TrainerConfig takes them
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key or "/" in key:
@@ -74,10 +75,11 @@ def _snapshot_info(record: dict[str, Any]):
                         update_tokens=int(round(float(record.get("update_tokens", 0)))))
 
 
-def _views(cfg, eval_cfg, records, names):
+def _views(cfg, eval_cfg, records, names, groups_per_step: int):
     from omegaconf import OmegaConf
 
-    from evaluation.views import ViewContext, build_views
+    from evaluation.catalog import build_views
+    from evaluation.view_base import ViewContext
     from seal.config import instantiate
 
     probe = instantiate(cfg.env)
@@ -88,7 +90,7 @@ def _views(cfg, eval_cfg, records, names):
 
         return tuple(select_tasks(cfg)[0])
 
-    trained = max(int(r["step"]) for r in records) * int(cfg.trainer.groups_per_step)
+    trained = max(int(r["step"]) for r in records) * groups_per_step
     ctx = ViewContext(eval_cfg, probe.task_ids, pool, trained)
     views = build_views(names, ctx)
     env_of = {v.name: OmegaConf.to_container(cfg.env, resolve=True) if v.env is None else dict(v.env) for v in views}
@@ -148,12 +150,13 @@ def evaluate(args) -> int:
     from evaluation.records import OOD_TEST, write_task_csv
     from evaluation.ood_views import harness_notes, unavailable_views
     from evaluation.views import schedule_record, validation_task_ids
-    from seal.config import instantiate
+    from seal.config import TrainerConfig, instantiate
     from seal.errors import CliError
     from seal.run.snapshots import read_snapshots
 
     run_dir = Path(args.run_dir)
     cfg = load_run_config(run_dir, args.overrides)
+    trainer = TrainerConfig.of(cfg)
     if args.limit is not None:
         if args.limit < 1:
             raise CliError("--limit must be >= 1")
@@ -171,7 +174,7 @@ def evaluate(args) -> int:
     sampling = eval_sampling(cfg, eval_cfg)
     t0 = time.perf_counter()
     with stdout_to_stderr(args.json):
-        views, env_of, pool = _views(cfg, eval_cfg, all_records, names)
+        views, env_of, pool = _views(cfg, eval_cfg, all_records, names, trainer.groups_per_step)
         runnable = [v for v in views if v.unavailable is None]
         if not runnable:
             raise CliError("no view can be run: " + "; ".join(f"{v.name}: {v.unavailable}" for v in views))
@@ -185,11 +188,10 @@ def evaluate(args) -> int:
     ood = OOD_TEST if OOD_TEST in roles.values() else next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)
     summary = summarize(results, [_snapshot_info(r) for r in records], validation_view=roles.get("validation", "validation"),
                         id_view=roles.get("id", "id"), ood_view=ood, replay_view=roles.get("replay", "replay"))
-    t = cfg.trainer
     validation = set(validation_task_ids(instantiate(cfg.env).task_ids("train"), eval_cfg.validation_size, eval_cfg.heldout_categories))
-    summary["schedule"] = schedule_record(eval_cfg.schedule, pool_size=len(pool()), groups_per_step=int(t.groups_per_step),
+    summary["schedule"] = schedule_record(eval_cfg.schedule, pool_size=len(pool()), groups_per_step=trainer.groups_per_step,
                                           rollouts=int(cfg.n), mini_batch_groups=int(cfg.learner.cfg.mini_batch_groups),
-                                          steps=max(int(r["step"]) for r in all_records), snapshot_every=int(t.snapshot_every))
+                                          steps=max(int(r["step"]) for r in all_records), snapshot_every=trainer.snapshot_every)
     summary["view_tasks"] = {v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable}
     summary["views_unavailable"] = {**unavailable_views(names), **{v.name: v.unavailable for v in views if v.unavailable}}
     summary["ood_harnesses"] = harness_notes(runnable, {r["name"]: str(r["weights"]) for r in records})

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODELS = ("tiny", "embedded")
 GROUPS, N, PROMPT, RESPONSE = 2, 2, 48, 32  # the synthetic batch: 2 groups of 2, 48 prompt + 2 x 16 generated tokens
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from seal.config import TrainerConfig
 from seal.errors import CliError
 
 # Settings compared with numbers downstream: a string there would surface as a TypeError deep inside.
-INTEGERS = ("n", "seed", "trainer.steps", "trainer.groups_per_step", "trainer.max_staleness", "trainer.oversample",
-            "trainer.fill_patience", "trainer.checkpoint_every", "trainer.snapshot_every", "cluster.env_actors",
-            "learner.cfg.mini_batch_groups", "learner.cfg.micro_batch_size", "sampling.max_new_tokens", "generator.max_model_len")
+# (The trainer group's are typed by seal/config.py TrainerConfig.)
+INTEGERS = ("n", "seed", "cluster.env_actors", "learner.cfg.mini_batch_groups", "learner.cfg.micro_batch_size",
+            "sampling.max_new_tokens", "generator.max_model_len")
 CHEAP = ("env", "interface", "sampling", "tag_weights", "guideline_policy", "transport", "evaluation")  # plain objects
 HEAVY = ("generator", "learner")  # their constructors load models: only their keys are checked
 
@@ -52,18 +53,18 @@ def check(cfg) -> None:
         raise ValueError(f"n (rollouts per group) must be >= 1, got {cfg.n}")
     if cfg.limit is not None and (not _is_int(cfg.limit) or cfg.limit < 1):
         raise ValueError(f"limit must be a number of tasks >= 1 or null, got {cfg.limit!r}")
-    from seal.run.driver import check_trainer_config
+    from seal.run.driver import check_pipeline_config
 
-    check_trainer_config(cfg)  # the pipeline's own checks (mode, staleness, filter, guideline_policy)
+    trainer = check_pipeline_config(cfg)  # the pipeline's own checks (the trainer group typed, learner size, guideline_policy)
     built = {group: _build(cfg, group) for group in CHEAP}
-    _build_queue(cfg)
+    _build_queue(cfg, trainer)
     _check_signatures(cfg)
-    _check_batch_split(cfg)
+    _check_batch_split(cfg, trainer)
     if cfg.sampling.max_new_tokens >= cfg.generator.max_model_len:
         raise ValueError(f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} leaves no room for a prompt in "
                          f"generator.max_model_len={cfg.generator.max_model_len}")
     check_model(str(cfg.model.path))
-    _check_resume(cfg)
+    _check_resume(cfg, trainer)
     from seal.run.task_fit import training_pool
 
     training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
@@ -115,13 +116,12 @@ def _build(cfg, group: str):
     return instantiate(cfg[group])
 
 
-def _build_queue(cfg) -> None:
-    """The replay queue checks the settings it is given (stale_policy among them); it is a plain object."""
+def _build_queue(cfg, t: TrainerConfig) -> None:
+    """The replay queue checks the settings it is given; it is a plain object."""
     from replay.queue import ReplayQueue
 
-    t = cfg.trainer
-    ReplayQueue(cfg.n, t.groups_per_step, max_staleness=0 if t.mode == "sync" else int(t.max_staleness),
-                stale_policy=t.stale_policy, reissue_after_s=t.reissue_after_s, filter_groups=t.filter_groups)
+    ReplayQueue(cfg.n, t.groups_per_step, max_staleness=t.staleness, stale_policy=t.stale_policy,
+                reissue_after_s=t.reissue_after_s, filter_groups=t.filter_groups)
 
 
 def _check_signatures(cfg) -> None:
@@ -156,8 +156,8 @@ def _check_signatures(cfg) -> None:
             raise ValueError(f"generator.{exc}") from None
 
 
-def _check_batch_split(cfg) -> None:
-    lc, groups = cfg.learner.cfg, cfg.trainer.groups_per_step
+def _check_batch_split(cfg, trainer: TrainerConfig) -> None:
+    lc, groups = cfg.learner.cfg, trainer.groups_per_step
     per_mini = lc.mini_batch_groups * cfg.n
     if per_mini % lc.micro_batch_size:
         raise ValueError(f"a learner mini-batch of {per_mini} trajectories (learner.cfg.mini_batch_groups={lc.mini_batch_groups} x n={cfg.n}) "
@@ -182,11 +182,11 @@ def check_model(path: str) -> None:
         raise FileNotFoundError(f"model.path={path} is not a HF model directory (no config.json)")
 
 
-def _check_resume(cfg) -> None:
+def _check_resume(cfg, trainer: TrainerConfig) -> None:
     if cfg.resume:
         from seal.runtime.storage import resume_checkpoint, run_storage
 
-        run_storage(Path(cfg.resume), cfg.trainer.get("storage"))  # a storage other than the one it started with: one line
+        run_storage(Path(cfg.resume), trainer.storage)  # a storage other than the one it started with: one line
         if not resume_checkpoint(Path(cfg.resume)).is_dir():
             raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume_checkpoint(Path(cfg.resume))}")
     # A fresh run into an old run's directory would append steps 1.. to its metrics and snapshots.

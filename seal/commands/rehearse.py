@@ -70,7 +70,7 @@ def rehearsal_overrides(target, user: list[str], address: str, run_dir: str, ste
     world = int(_select(target, "learner.world_size", 1))
     gen = target.generator
     engine = "vllm_async_cpu" if gen._target_ in ASYNC_ENGINES else "vllm_cpu"
-    out = [*user, f"generator={engine}", "env=toy", "env.step_limit=2", "limit=null", "n=2", "sampling.max_new_tokens=16",
+    out = [*user, f"generator={engine}", "env=toy", "env.step_limit=1", "limit=null", "n=2", "sampling.max_new_tokens=16",
            f"model.path={model}", f"model.max_model_len={MAX_MODEL_LEN}", "generator.dtype=float32",
            "generator.cpu_kv_cache_gb=0.0625",  # 64 MiB a worker: 16 sequences of 2048 tokens; 8 TP workers held 8 GiB at 1
            "learner.cfg.device=cpu", "learner.cfg.dtype=float32", f"learner.cfg.mini_batch_groups={world}",
@@ -267,8 +267,8 @@ def _read_out(report, pipeline, target, steps: int) -> None:
     if cfg.generator.get("weight_sync") == "broadcast" and not getattr(pipeline, "weight_groups", []):
         report.failures.append("the weight group (weight_sync=broadcast) never formed")
     # Weights per replica.
-    final = pipeline.version if hasattr(pipeline, "version") else 0
-    limit = float(cfg.trainer.get("canary_max_logprob_diff", 1.0))
+    final = pipeline.state.version if hasattr(pipeline, "state") else 0
+    limit = pipeline.trainer.canary_max_logprob_diff
     for name in replicas:
         records = getattr(pipeline, "updates", {}).get(name, {})
         report.weights[name] = [records[v] for v in sorted(records)]

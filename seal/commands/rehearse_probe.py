@@ -2,7 +2,7 @@
 of what a report needs and the run does not record (seal/commands/rehearse.py drives it).
 
 - the weight group: its world size, backend and the ranks each replica's workers took (the
-  fleet's ``join_weight_group`` answer, which the pipeline waits on and drops);
+  fleet's ``join_weight_group`` answer, which the weight publisher waits on and drops);
 - per replica, every weight version it confirmed and its canary's max |logprob difference|
   from the learner's at that version (the run's metrics keep only the max over replicas);
 - the learner ranks' nodes and ZeRO shares (a rank's held parameters against the whole model:
@@ -17,15 +17,53 @@ import time
 from typing import Any
 
 from seal.run.driver import Pipeline
+from seal.runtime.publisher import WeightPublisher
+
+
+class ProbedPublisher(WeightPublisher):
+    """The pipeline's publisher, recording each weight group it forms."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.weight_groups: list[dict[str, Any]] = []
+        super().__init__(*args, **kwargs)
+
+    def form_group(self) -> None:
+        import ray
+
+        fleet = self.fleet
+        join = fleet.join_weight_group
+        seen: dict[str, Any] = {}
+
+        def on_join(host, port, backend):
+            world, refs = join(host, port, backend)
+            seen.update(world=world, refs=refs, backend=backend, names=list(fleet.names))
+            return world, refs
+
+        fleet.join_weight_group = on_join
+        try:
+            super().form_group()
+        finally:
+            del fleet.join_weight_group  # the class's own method again
+        ranks = ray.get(seen["refs"])  # already awaited by the publisher: their answers
+        self.weight_groups.append({"world_size": seen["world"], "backend": seen["backend"],
+                                   "ranks": {"learner rank 0": [0], **dict(zip(seen["names"], ranks))},
+                                   "tensors": len(self.group_meta or [])})
 
 
 class RehearsalPipeline(Pipeline):
+    publisher_type = ProbedPublisher
+
     def _start(self, resume) -> None:
-        self.weight_groups: list[dict[str, Any]] = []
         self.updates: dict[str, dict[int, dict[str, Any]]] = {}  # replica -> version -> record
         self.expected: dict[int, list[float]] = {}  # version -> the learner's canary logprobs
         self._watch_fleet()
         super()._start(resume)
+
+    @property
+    def weight_groups(self) -> list[dict[str, Any]]:
+        """Each weight group formed: world size, backend, ranks per replica, tensors a round."""
+        publisher = getattr(self, "publisher", None)
+        return publisher.weight_groups if publisher is not None else []
 
     # ------------------------------------------------------------------ read-outs
     def _watch_fleet(self) -> None:
@@ -63,28 +101,6 @@ class RehearsalPipeline(Pipeline):
 
         fleet.published, fleet.poll_canaries, fleet.expect = on_published, on_poll, on_expect
 
-    def _form_weight_group(self) -> None:
-        import ray
-
-        fleet = self.actors.generators
-        join = fleet.join_weight_group
-        seen: dict[str, Any] = {}
-
-        def on_join(host, port, backend):
-            world, refs = join(host, port, backend)
-            seen.update(world=world, refs=refs, backend=backend, names=list(fleet.names))
-            return world, refs
-
-        fleet.join_weight_group = on_join
-        try:
-            super()._form_weight_group()
-        finally:
-            del fleet.join_weight_group  # the class's own method again
-        ranks = ray.get(seen["refs"])  # already awaited by the pipeline: their answers
-        self.weight_groups.append({"world_size": seen["world"], "backend": seen["backend"],
-                                   "ranks": {"learner rank 0": [0], **dict(zip(seen["names"], ranks))},
-                                   "tensors": len(self.weight_meta or [])})
-
     # ------------------------------------------------------------------ after the steps
     def drain(self, timeout_s: float) -> None:
         """Wait for the updates and canaries still in flight (the last version's), so every replica's
@@ -96,7 +112,7 @@ class RehearsalPipeline(Pipeline):
         while (fleet.pending or fleet.canaries) and time.monotonic() < deadline:
             ray.wait(list(fleet.pending) + list(fleet.canaries), num_returns=1, timeout=1.0)
             for ref in [r for r in list(fleet.pending) if ray.wait([r], timeout=0)[0]]:
-                self._published(ref)
+                self.publisher.published(ref)
             fleet.poll_canaries()
         self.actors.learners._check_pending()  # a broadcast still running: its failure surfaces here
 

@@ -35,27 +35,29 @@ def run(args) -> int:
         f"; skipping {tasks[1]} whose opening prompt does not fit the model's context ({cfg.generator.max_model_len} tokens "
         f"with {cfg.sampling.max_new_tokens} to answer; trainer.skip_overlong=false keeps them)" if tasks[1] else ""))
 
+    from seal.config import TrainerConfig
     from seal.run.driver import Pipeline
     from seal.run.run_dir import create_run_dir
 
+    trainer = TrainerConfig.of(cfg)  # checked by preflight: the values it let through
     resume = Path(cfg.resume) if cfg.resume else None
     run_dir = create_run_dir(str(resume) if resume else cfg.run_dir, cfg, list(args.overrides))
     learner = f"ZeRO-{cfg.learner.cfg.zero_stage}" if cfg.learner.cfg.backend == "deepspeed" else "torch"
-    progress.emit("run", f"{run_dir}: mode={cfg.trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} "
-                         f"learner={learner} env_actors={cfg.cluster.env_actors}; {cfg.trainer.steps} steps x "
-                         f"{cfg.trainer.groups_per_step} groups/step x {cfg.n} rollouts")
+    progress.emit("run", f"{run_dir}: mode={trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} "
+                         f"learner={learner} env_actors={cfg.cluster.env_actors}; {trainer.steps} steps x "
+                         f"{trainer.groups_per_step} groups/step x {cfg.n} rollouts")
     pipeline = Pipeline(cfg, run_dir, resume, progress=progress, tasks=tasks)
     try:
         if resume is not None:
-            progress.emit("run", f"resumed at step {pipeline.step}, policy version {pipeline.version}")
+            progress.emit("run", f"resumed at step {pipeline.state.step}, policy version {pipeline.state.version}")
         progress.emit("run", f"scale env actors while it runs: .venv/bin/seal scale {run_dir} env=N")
-        history = pipeline.run(cfg.trainer.steps)
+        history = pipeline.run(trainer.steps)
     finally:
         pipeline.close()
     from seal.run.final_eval import run_final_evaluation
 
     run_final_evaluation(cfg, run_dir, progress.emit)
-    text = close_run(run_dir, time.monotonic() - progress.started, len(history), bool(cfg.trainer.checkpoint_every))
+    text = close_run(run_dir, time.monotonic() - progress.started, len(history), bool(trainer.checkpoint_every))
     if quiet:  # the one line a script needs
         print(text.splitlines()[0], flush=True)
     else:

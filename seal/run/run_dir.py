@@ -22,7 +22,7 @@ def code_version(repo: Path) -> str:
 def create_run_dir(requested: str | None, cfg, overrides: list[str]) -> Path:
     from omegaconf import OmegaConf
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     path = Path(requested) if requested else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     path.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"overrides": overrides, "seed": cfg.seed, "code_version": code_version(repo), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}

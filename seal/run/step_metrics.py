@@ -9,14 +9,45 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from replay.messages import GroupReport
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """A learner step as the learner side ends it."""
+    groups: list  # the batch trained on (replay.queue.Group); empty for a step skipped for want of reward variance
+    result: Mapping[str, Any] | None  # the learner's; None for a skipped step
+    interface: Mapping[str, Any]  # the coordinator's end-of-round answer
+    t_learn: float  # seconds the learner took
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a row reads from the rest of the run when its step ends (the driver gathers them)."""
+    step: int
+    policy_version: int
+    env_actors: int  # the target count
+    filtered_total: int  # slots whose groups the filter set aside (the ledger's counter)
+    reissued: int
+    replay: Mapping[str, Any]  # the replay server's counters (dropped_stale, rejected, unauthorized, ...)
+    control_unauthorized: int  # refused handshakes on the control socket
+    weight_rounds_failed: int  # weight rounds a replica left, since the start
+    publish_s: float | None  # the latest completed publish
+    generator_restores: int
+    replicas: Mapping[str, Mapping[str, Any]]  # each answering replica's stats (GeneratorFleet.stats)
+    replica_count: int  # replicas the fleet holds: fewer answering leaves the fleet's busy time unknown
+    fleet: Mapping[str, Any]  # replica_metrics(...)
+
+
 class StepWindow:
-    def __init__(self) -> None:
-        self.generator_restores = 0
+    def __init__(self, mode: str, max_new_tokens: int, learner_world_size: int, generator_replicas: int,
+                 skipped_overlong: int) -> None:
+        self.mode, self.max_new_tokens, self.skipped_overlong = mode, max_new_tokens, skipped_overlong
+        self.learner_world_size = learner_world_size
+        self.devices = learner_world_size + generator_replicas
         self._reset(time.perf_counter())
         self._gen_busy0: float | None = None
 
@@ -39,12 +70,10 @@ class StepWindow:
     def note_failure(self, exc: BaseException) -> None:
         self.failures[type(exc).__name__] += 1
 
-    def row(self, pipeline, groups, result: Mapping[str, Any] | None, interface: Mapping[str, Any],
-            t_learn: float) -> dict[str, Any]:
-        """``result`` is the learner's, or None for a step skipped for want of reward variance."""
-        now = time.perf_counter()
+    def row(self, outcome: StepOutcome, facts: RunFacts, now: float) -> dict[str, Any]:
+        """The step's row; ``now``: when it ended (the next window starts there)."""
         wall = max(now - self.started, 1e-9)
-        reports = self.reports
+        reports, groups = self.reports, outcome.groups
         trained = [t for g in groups for t in g.trajectories]
         filtered = [t for g in self.filtered for t in g.trajectories]
         # Everything this step consumed: the batch and the groups the filter set aside.
@@ -54,24 +83,22 @@ class StepWindow:
         by_cat: dict[str, list] = defaultdict(list)
         for t in trajs:
             by_cat[t.category].append(t)
-        fleet = pipeline.actors.generators
-        replicas = fleet.stats()  # a replica that does not answer (restarting) is left out
-        busy = sum(r["busy_s"] for r in replicas.values()) if len(replicas) == len(fleet.handles) else None
+        replicas = facts.replicas
+        busy = sum(r["busy_s"] for r in replicas.values()) if len(replicas) == facts.replica_count else None
         gen_idle = None
         if busy is not None and self._gen_busy0 is not None and busy >= self._gen_busy0:
             gen_idle = max(0.0, 1.0 - (busy - self._gen_busy0) / wall)
         self._gen_busy0 = busy
-        actors = max(pipeline.actors.target_env, 1)
+        actors = max(facts.env_actors, 1)
         prompt = sum(r.prompt_tokens for r in reports)
         env_s = sum(r.env_s for r in reports)
-        counters = pipeline.replay.counters()
-        result = result or {}
-        cfg = pipeline.cfg
-        devices = int(cfg.learner.get("world_size", 1)) + int(cfg.generator.get("replicas", 1))
+        counters = facts.replay
+        result = outcome.result or {}
+        interface = outcome.interface
         row = {
-            "step": pipeline.step,
-            "mode": "sync" if pipeline.sync else "async",
-            "policy_version": pipeline.version,
+            "step": facts.step,
+            "mode": self.mode,
+            "policy_version": facts.policy_version,
             "reward_mean": sum(t.reward for t in trajs) / len(trajs),
             "success_by_category": {c: sum(t.success for t in ts) / len(ts) for c, ts in sorted(by_cat.items())},
             "reward_by_category": {c: sum(t.reward for t in ts) / len(ts) for c, ts in sorted(by_cat.items())},
@@ -81,51 +108,51 @@ class StepWindow:
             "trained_reward_mean": sum(t.reward for t in trained) / len(trained) if trained else None,
             "filtered_groups": len(self.filtered),
             "filtered_by_category": dict(sorted(Counter(g.trajectories[0].category for g in self.filtered).items())),
-            "filtered_total": pipeline.ledger.counters.filtered,  # drained ones: the rows' filtered_groups add up to it
+            "filtered_total": facts.filtered_total,  # drained ones: the rows' filtered_groups add up to it
             "staleness_mean": sum(g.staleness for g in groups) / len(groups) if groups else None,
             "staleness_max": max(g.staleness for g in groups) if groups else None,
-            **token_staleness(trained, pipeline.version - (1 if groups else 0)),
+            **token_staleness(trained, facts.policy_version - (1 if groups else 0)),
             "mean_scale": result.get("mean_scale"),
             "zero_variance_groups": result.get("zero_variance_groups"),
             "loss": result.get("loss"),
             "kl": result.get("kl"),
             "grad_norm": result.get("grad_norm"),
             **{k: result.get(k) for k in LEARNER_KEYS},
-            **episode_stats(trajs, int(cfg.sampling.max_new_tokens)),
-            "tokens_per_s_per_device": result["sequence_tokens"] / (wall * devices) if result else 0.0,
-            "devices": devices,
-            "learner_world_size": int(cfg.learner.get("world_size", 1)),
+            **episode_stats(trajs, self.max_new_tokens),
+            "tokens_per_s_per_device": result["sequence_tokens"] / (wall * self.devices) if result else 0.0,
+            "devices": self.devices,
+            "learner_world_size": self.learner_world_size,
             # weight rounds a replica left (learner/weight_broadcast.py: WeightGroupError on rank 0), since the start
-            "weight_rounds_failed": len(pipeline.actors.learners.survivable_failures),
+            "weight_rounds_failed": facts.weight_rounds_failed,
             "tag_weights": result.get("tag_weights"),
             "tag_fractions": {k: v / total_tags for k, v in sorted(tags.items())},
             "interface_version": interface["interface_version"],
             "active_guidelines": interface["active_guidelines"],
             "gen_tokens_per_s": sum(r.generated_tokens for r in reports) / wall,
-            **replica_metrics(fleet, replicas),
+            **facts.fleet,
             "prefix_cache_hit_rate": sum(r.cached_prompt_tokens for r in reports) / prompt if prompt else 0.0,
             "env_steps_per_s": sum(r.env_steps for r in reports) / env_s if env_s else 0.0,
             "env_tool_calls": sum(r.tool_calls for r in reports),
             "groups_generated": len(reports),
             "learner_samples_per_s": result.get("samples_per_s"),
             "learner_tokens_per_s": result.get("tokens_per_s"),
-            "publish_s": pipeline.publish_s,
+            "publish_s": facts.publish_s,
             "wait_s": {"generate": sum(r.generate_s for r in reports), "env": env_s,
-                       "send": sum(r.send_s for r in reports), "learner": t_learn},
+                       "send": sum(r.send_s for r in reports), "learner": outcome.t_learn},
             "idle_ratio": {"env_actors": max(0.0, 1.0 - sum(r.wall_s for r in reports) / (actors * wall)),
                            "generator": gen_idle, "learner": max(0.0, 1.0 - result.get("seconds", 0.0) / wall)},
             "dropped": counters["dropped_stale"],
-            "reissued": pipeline.ledger.counters.reissued,
+            "reissued": facts.reissued,
             "rejected": counters["rejected"],
             # Refused CURVE handshakes on the replay stream and the control socket (replay/auth.py).
-            "unauthorized": counters["unauthorized"] + (pipeline.control.unauthorized if pipeline.control else 0),
+            "unauthorized": counters["unauthorized"] + facts.control_unauthorized,
             "abandoned": counters["abandoned"],
             "replay_frames_by_peer": counters["frames_by_peer"],  # cumulative, by the IP each frame came from
             "duplicates": counters["duplicates"],
             "lost_groups": dict(self.failures),
-            "generator_restores": self.generator_restores,
-            "env_actors": pipeline.actors.target_env,
-            "skipped_overlong_tasks": pipeline.skipped_overlong,
+            "generator_restores": facts.generator_restores,
+            "env_actors": facts.env_actors,
+            "skipped_overlong_tasks": self.skipped_overlong,
             "step_s": wall,
             "_interface": interface["state"],
         }

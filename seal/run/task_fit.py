@@ -72,11 +72,11 @@ def select_tasks(cfg) -> tuple[list[str], int]:
     """`seal train`'s pool: the split's tasks, less those whose opening prompt
     cannot fit the model's context (they would only produce context-overflow
     groups: zero gradient) unless ``trainer.skip_overlong`` is false."""
-    from seal.config import instantiate
+    from seal.config import TrainerConfig, instantiate
 
     env = instantiate(cfg.env)
     task_ids = training_pool(cfg, env)
-    if not cfg.trainer.skip_overlong:
+    if not TrainerConfig.of(cfg).skip_overlong:
         return task_ids, 0
     fit = fit_tasks(chat_tokenizer(cfg), env, instantiate(cfg.interface), task_ids, prompt_room(cfg))
     if not fit.keep:

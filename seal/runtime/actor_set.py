@@ -138,15 +138,14 @@ class ActorSet:
             cause = getattr(exc, "error_msg", None) or str(exc)
             raise RuntimeError(f"the {what} failed to start: {cause.strip().splitlines()[-1]}") from None
 
-    def start_coordinator(self, state: dict | None) -> None:
+    def start_coordinator(self, state: dict | None, closed_loop: bool, per_category: bool) -> None:
+        """``closed_loop``, ``per_category``: trainer.closed_loop and trainer.per_category_guidelines."""
         import ray
 
         from actors.coordinator.service import CoordinatorService
 
-        t = self.cfg.trainer
-        factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), bool(t.closed_loop),
-                                    bool(t.per_category_guidelines), str(self.cfg.learner.cfg.apatch.vocabulary),
-                                    _spec(self.cfg.guideline_policy))
+        factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), closed_loop,
+                                    per_category, str(self.cfg.learner.cfg.apatch.vocabulary), _spec(self.cfg.guideline_policy))
         options = dict(name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()},
                        **self.cluster.coordinator.ray_options())
         if not self.cluster.coordinator.resources:

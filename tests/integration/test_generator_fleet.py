@@ -52,11 +52,11 @@ def test_two_replicas_share_the_groups_and_each_group_stays_on_one(tmp_path):
     try:
         rows = p.run(3)
         stats = p.actors.generators.stats()
-        manifest = p.weights_manifest
+        manifest = p.publisher.manifest
         assert len(manifest.buckets) >= 3
         # An async replica (after the run: its loads no longer race the pipeline's publishes).
         replica = p.actors.generators.handles[p.actors.generators.names[0]]
-        assert_manifest_loads_like_one_mapping(replica, manifest, p.version + 1)
+        assert_manifest_loads_like_one_mapping(replica, manifest, p.state.version + 1)
     finally:
         p.close()
     assert_exactly_once(p, 6)
@@ -90,7 +90,7 @@ def test_kill_9_of_one_replica_mid_run_loses_no_slot_and_it_comes_back(tmp_path)
     def kill_when_busy():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if any(job.generator == victim for job, _ in list(p.jobs.values())):
+            if any(job.generator == victim for job, _ in list(p.dispatch.jobs.values())):
                 time.sleep(0.3)
                 os.kill(pids[victim], signal.SIGKILL)
                 return
@@ -103,7 +103,7 @@ def test_kill_9_of_one_replica_mid_run_loses_no_slot_and_it_comes_back(tmp_path)
         p.run(3)
         deadline = time.monotonic() + 300
         while victim not in fleet.router.replicas and time.monotonic() < deadline:
-            p._check_generator()  # the run may end (the other replica served it) before the restore
+            p.publisher.check()  # the run may end (the other replica served it) before the restore
             time.sleep(0.2)
         after = _replica_pids(p)
     finally:
@@ -123,20 +123,20 @@ def test_scale_replicas_1_to_2_to_1_during_training(tmp_path):
     fleet = p.actors.generators
     try:
         p.run(1)
-        fleet.scale(2, p._latest_weights)
+        fleet.scale(2, p.publisher.latest)
         assert len(fleet.router.replicas) == 2
         new = fleet.names[1]
         import ray
 
-        assert ray.get(fleet.handles[new].policy_version.remote()) == p.version  # current weights before serving
+        assert ray.get(fleet.handles[new].policy_version.remote()) == p.state.version  # current weights before serving
         p.run(2)
         requests_on_new = p.actors.generators.stats()[new]["requests"]
-        fleet.scale(1, p._latest_weights)
+        fleet.scale(1, p.publisher.latest)
         assert fleet.router.replicas == [fleet.names[0]]
         rows = p.run(1)
         deadline = time.monotonic() + 120
         while fleet.retiring and time.monotonic() < deadline:  # stopped once its last group is done
-            p._check_generator()
+            p.publisher.check()
             time.sleep(0.2)
     finally:
         p.close()
@@ -158,7 +158,7 @@ def test_a_replica_that_never_answers_an_update_is_named_and_replaced(tmp_path, 
         rows = p.run(2)
         deadline = time.monotonic() + 300
         while not (fleet.counters.update_timeouts and victim in fleet.router.replicas) and time.monotonic() < deadline:
-            p._check_generator()  # the run may end before the timeout; the driver's loop would go on like this
+            p.publisher.check()  # the run may end before the timeout; the driver's loop would go on like this
             time.sleep(0.2)
         elapsed = time.monotonic() - started
         after = _replica_pids(p)
@@ -193,22 +193,22 @@ def test_a_replica_whose_canary_disagrees_is_treated_as_failed(tmp_path, caplog)
         assert fleet.counters.canary_failures == 0
         learner = p.actors.learners.canary_logprobs(fleet.canary_ids)
         # The fault is on the comparison side: what the learner would say of different weights.
-        fleet.expect(p.version, [x - 3.0 for x in learner])
-        fleet._send_canary(victim, p.version)
-        fleet.expect(p.version, learner)  # what the next canaries compare with again
+        fleet.expect(p.state.version, [x - 3.0 for x in learner])
+        fleet._send_canary(victim, p.state.version)
+        fleet.expect(p.state.version, learner)  # what the next canaries compare with again
         deadline = time.monotonic() + 60
         while fleet.canaries and time.monotonic() < deadline:
             fleet.poll_canaries()
             time.sleep(0.1)
         assert fleet.counters.canary_failures == 1 and victim not in fleet.router.replicas
-        assert f"generator replica {victim}: logprobs after the update to v{p.version} differ" in caplog.text
+        assert f"generator replica {victim}: logprobs after the update to v{p.state.version} differ" in caplog.text
         rows = p.run(1)  # the run goes on without it
         deadline = time.monotonic() + 180
         while victim not in fleet.router.replicas and time.monotonic() < deadline:
-            p._check_generator()  # restarted by Ray, then given the current weights
+            p.publisher.check()  # restarted by Ray, then given the current weights
             time.sleep(0.2)
         assert victim in fleet.router.replicas and ray.get(fleet.handles[victim].pid.remote()) != pid
-        assert ray.get(fleet.handles[victim].policy_version.remote()) == p.version
+        assert ray.get(fleet.handles[victim].policy_version.remote()) == p.state.version
     finally:
         p.close()
     assert rows[-1]["weight_sync_canary_failures"] == 1

@@ -87,7 +87,7 @@ def test_async_end_to_end_rejects_bad_frames_and_resumes(tmp_path):
     assert not (run_dir / "control.json").exists()
 
     p = make_pipeline(run_dir, "learner=zero2", "trainer.mode=async", "trainer.max_staleness=1", resume=run_dir)
-    assert (p.step, p.version) == (3, 3)
+    assert (p.state.step, p.state.version) == (3, 3)
     rows = run(p, 1)
     assert rows[0]["step"] == 4 and rows[0]["policy_version"] == 4 and rows[0]["interface_version"] == 1
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -120,9 +120,9 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
         # After generating and learning: every thread, the OpenMP pools included, on its stage's core.
         pinned = {"generator": _threads_affinity(ray.get(p.actors.generator.pid.remote())),
                   "learner": _threads_affinity(ray.get(p.actors.learner.pid.remote()))}
-        manifest = p.weights_manifest  # what the last step published (kept for replicas restoring later)
-        assert len(manifest.buckets) >= 3 and manifest.dtype == p.weight_dtype
-        assert_manifest_loads_like_one_mapping(p.actors.generator, manifest, p.version + 1)  # the blocking server
+        manifest = p.publisher.manifest  # what the last step published (kept for replicas restoring later)
+        assert len(manifest.buckets) >= 3 and manifest.dtype == p.publisher.dtype
+        assert_manifest_loads_like_one_mapping(p.actors.generator, manifest, p.state.version + 1)  # the blocking server
     finally:
         p.close()
     assert pinned == {"generator": {str(gen_cpu)}, "learner": {str(learn_cpu)}}
@@ -138,10 +138,10 @@ def _kill_when_busy(p, target: str, killed: list):
     deadline = time.time() + 180
     while time.time() < deadline and not killed:
         try:
-            busy = [name for _, name in list(p.jobs.values())]
+            busy = [name for _, name in list(p.dispatch.jobs.values())]
         except RuntimeError:  # the dict changed while copied
             continue
-        if busy and p.step >= 1:
+        if busy and p.state.step >= 1:
             time.sleep(0.3)
             handle = p.actors.generator if target == "generator" else p.actors.env.get(busy[0])
             if handle is None:
@@ -176,7 +176,7 @@ def test_env_actors_scale_up_and_down_while_training(tmp_path):
 
     def operate():
         for step, n in ((1, 3), (3, 1)):
-            while p.step < step:
+            while p.state.step < step:
                 time.sleep(0.05)
             replies.append(send_control(p.run_dir, "scale", {"env": n}))
         replies.append(send_control(p.run_dir, "scale", {"env": 0}))
@@ -203,7 +203,7 @@ def test_weights_by_broadcast_group(tmp_path):
         stats = ray.get(p.actors.generator.stats.remote())
     finally:
         p.close()
-    assert [r["policy_version"] for r in rows] == [1, 2] and p.weight_meta
+    assert [r["policy_version"] for r in rows] == [1, 2] and p.publisher.group_meta
     assert stats["updates"] >= 1 and stats["policy_version"] >= 1
     assert_exactly_once(p, 2)
 

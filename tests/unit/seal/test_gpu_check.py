@@ -59,3 +59,10 @@ def test_the_learner_rows_run_on_cpu():
     assert rows["learner bf16 step (tiny)"]["status"] == "ok" and "policy matmuls in bfloat16" in rows["learner bf16 step (tiny)"]["detail"]
     assert rows["reference under autocast (tiny)"]["status"] == "ok"
     assert "seal plan" in rows["peak memory vs seal plan (tiny)"]["detail"]
+
+
+def test_the_checks_find_the_repository_they_run_the_gpu_tests_of():
+    """gpu_check runs tests/ under its REPO: a module moved a level deeper must still find it."""
+    from seal.commands import gpu_check
+
+    assert gpu_check.REPO == REPO and (gpu_check.REPO / "tests").is_dir()

@@ -149,6 +149,7 @@ RECIPES = {"qwen7b_1x8": (1, 8, "qwen2.5-7b-instruct"), "qwen7b_2x8": (2, 8, "qw
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_each_recipe_has_the_papers_hyperparameters_and_fits_its_hardware(name):
     from seal.commands.preflight import _check_batch_split, _check_signatures
+    from seal.config import TrainerConfig
 
     nodes, gpus, model = RECIPES[name]
     cfg = compose([f"recipe={name}"])
@@ -162,7 +163,7 @@ def test_each_recipe_has_the_papers_hyperparameters_and_fits_its_hardware(name):
     hw = cfg.cluster.hardware
     assert (hw.nodes, hw.gpus_per_node, hw.gpu_gb) == (nodes, gpus, 80)
     _check_signatures(cfg)  # generator and learner take every key the recipe sets
-    _check_batch_split(cfg)
+    _check_batch_split(cfg, TrainerConfig.of(cfg))
     plan = build_plan(cfg, query=False)
     assert plan.fits, plan.problems
     assert plan.model.name == model and not plan.layout.unplaced

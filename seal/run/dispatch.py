@@ -1,0 +1,97 @@
+"""Rollout groups to env actors: each idle env actor gets the ledger's next job, routed to
+one generator replica (its prefix cache serves every turn and rollout of the group), and
+the job's report, or its failure, comes back here. The trajectories themselves travel to
+the replay server on their own stream (replay/transport.py); the report only counts them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from replay.messages import GroupJob, GroupReport
+
+if TYPE_CHECKING:
+    from replay.slots import SlotLedger
+    from replay.transport import ReplayServer
+    from seal.run.progress import Progress
+    from seal.run.step_metrics import StepWindow
+    from seal.runtime.actor_set import ActorSet
+    from seal.runtime.publisher import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    def __init__(self, actors: ActorSet, ledger: SlotLedger, replay: ReplayServer, publisher: WeightPublisher,
+                 window: StepWindow, progress: Progress, max_new_tokens: int, filter_zero_variance: bool) -> None:
+        self.actors, self.ledger, self.replay, self.publisher = actors, ledger, replay, publisher
+        self.window, self.progress = window, progress
+        self.max_new_tokens, self.filter_zero_variance = max_new_tokens, filter_zero_variance
+        self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
+
+    def fill(self) -> None:
+        """A job for every idle env actor, while the ledger admits one at the acknowledged version."""
+        fleet = self.actors.generators
+        if fleet.all_down():  # groups would only fail until a replica is back
+            return
+        while True:
+            actor = self.actors.idle_env_actor(busy={name for _, name in self.jobs.values()})
+            if actor is None:
+                return
+            job = self.ledger.next_job(self.publisher.acked)
+            if job is None:
+                return
+            if self.ledger.starts_epoch(job):
+                self.actors.coordinator.end_epoch.remote()
+            name, handle = actor
+            # The router fixes the group's replica; the load it balances is the group's token budget.
+            budget = job.n * (self.max_new_tokens + 1)
+            job = dataclasses.replace(job, generator=fleet.router.route(job.group_id, budget))
+            self.jobs[handle.run_group.remote(job)] = (job, name)
+            self.progress.group_started(job, name, self.publisher.acked)
+
+    def refs(self) -> list:
+        return list(self.jobs)
+
+    def collect(self, ready: list) -> None:
+        for ref in ready:
+            if ref in self.jobs:
+                self._done(ref)
+
+    def expire(self) -> None:
+        """Groups whose rollouts did not all arrive in time are given up; their slots re-issued."""
+        for gid, _task in self.replay.expired():
+            if gid in self.ledger.in_flight:
+                self.ledger.failed(gid)
+
+    def _done(self, ref) -> None:
+        import ray
+
+        from rollout.generator import GeneratorUnavailable
+
+        job, name = self.jobs.pop(ref)
+        self.actors.generators.router.release(job.group_id)
+        try:
+            report: GroupReport = ray.get(ref)
+        except (ray.exceptions.RayActorError, GeneratorUnavailable, ray.exceptions.RayTaskError) as exc:
+            # A crash (kill -9, node loss, a dead generator: Ray restarts it)
+            # says nothing about the task; any other task error counts toward
+            # the slot's bounded retries. Either way the group is given up and
+            # its slot re-issued.
+            crash = isinstance(exc, (ray.exceptions.RayActorError, GeneratorUnavailable))
+            log.warning("group %s (slot %d, task %s) lost on %s: %s", job.group_id, job.slot, job.task_id, name,
+                        exc.__class__.__name__ if crash else exc)
+            self.window.note_failure(exc)
+            if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
+                self.ledger.failed(job.group_id, crash=crash)
+            if isinstance(exc, ray.exceptions.RayActorError):
+                self.actors.crashed(name)
+            if isinstance(exc, GeneratorUnavailable):
+                self.actors.generators.replica_lost(job.generator)
+                self.publisher.check(force=True)
+            return
+        if job.group_id in self.ledger.in_flight:
+            self.window.add_report(report)
+            equal = self.filter_zero_variance and len(set(report.rewards)) == 1
+            self.progress.group_done(report, filtered=equal, in_flight=len(self.jobs))
