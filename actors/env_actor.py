@@ -26,6 +26,8 @@ from replay.auth import ClientKeys
 from replay.messages import GroupJob, GroupReport, InterfaceUpdate
 from replay.transport import TrajectorySender
 
+COORDINATOR_TIMEOUT_S = 300.0  # reading the interface at start; the coordinator answers from memory
+
 
 class EnvActor:
     def __init__(self, name: str, make_env: Callable[[], Environment], make_tokenizer: Callable[[], Any],
@@ -52,7 +54,11 @@ class EnvActor:
         self.generator = self._generator_for("") if isinstance(generator, str) else RemoteGenerator(generator)
         self.sender = TrajectorySender(replay_address, hwm=hwm, send_timeout_s=send_timeout_s, keys=keys)
         self._lock = threading.Lock()
-        update: InterfaceUpdate = ray.get(coordinator.interface.remote())
+        try:  # the coordinator answers from memory: minutes mean it is gone
+            update: InterfaceUpdate = ray.get(coordinator.interface.remote(), timeout=COORDINATOR_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"env actor on {ray.util.get_node_ip_address()}: the coordinator sent no interface "
+                               f"in {COORDINATOR_TIMEOUT_S:.0f} s") from None
         self.interface = InterfaceState.from_dict(update.state)
         self.groups = 0
 

@@ -37,6 +37,7 @@ from seal.run.run_state import RunState
 from seal.run.step_metrics import RunFacts, StepWindow, replica_metrics
 from seal.run.task_fit import select_tasks
 from seal.runtime.actor_set import ActorSet
+from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 from seal.runtime.control import ControlServer
 from seal.runtime.placement import check_reachable, start_ray
 from seal.runtime.publisher import WeightPublisher
@@ -131,9 +132,8 @@ class Pipeline:
         target = self.state.step + steps
         guidelines = None  # the step lines show guideline changes against the interface the run starts with
         if not self.progress.quiet:
-            import ray
-
-            guidelines = ray.get(self.actors.coordinator.interface.remote()).state.get("active_guidelines", [])
+            update = bounded_get(self.actors.coordinator.interface.remote(), COORDINATOR_TIMEOUT_S, "coordinator interface at the run's start")
+            guidelines = update.state.get("active_guidelines", [])
         self.progress.run_started(target, t.groups_per_step, guidelines)
         try:
             while self.state.step < target:

@@ -16,6 +16,7 @@ from replay.messages import TagSummary
 from seal.config import TrainerConfig
 from seal.run.progress import learner_work
 from seal.run.step_metrics import StepOutcome
+from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 
 if TYPE_CHECKING:
     from replay.slots import SlotLedger
@@ -102,15 +103,12 @@ class LearnerSteps:
     def _skip(self) -> StepOutcome:
         """A step without a learner update: no new policy version, nothing published; the
         coordinator still closes the round (the failure profile grew by the filtered groups)."""
-        import ray
-
         self.state.step += 1
-        interface = ray.get(self.actors.coordinator.end_round.remote(wait=self.trainer.sync))
+        interface = bounded_get(self.actors.coordinator.end_round.remote(wait=self.trainer.sync), COORDINATOR_TIMEOUT_S,
+                                f"coordinator end_round of step {self.state.step} (skipped)")
         return StepOutcome([], None, interface, 0.0)
 
     def _maybe_finish(self) -> StepOutcome | None:
-        import ray
-
         if self.call is None:
             return None
         ref, groups, started = self.call
@@ -128,6 +126,6 @@ class LearnerSteps:
         round_ref = self.actors.coordinator.end_round.remote(wait=self.trainer.sync)
         if self.trainer.sync:  # generation waits for the new weights and interface; async goes on
             self.publisher.wait(refs)
-        interface = ray.get(round_ref)
+        interface = bounded_get(round_ref, COORDINATOR_TIMEOUT_S, f"coordinator end_round of step {state.step}")
         state.count_tokens(result["sequence_tokens"], sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports))
         return StepOutcome(groups, result, interface, t_learn)

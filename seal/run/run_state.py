@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from seal.run.snapshots import INDEX, next_name, snapshot_root, write_snapshot
+from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 from seal.runtime.storage import checkpoint_dir
 
 if TYPE_CHECKING:
@@ -42,11 +43,11 @@ class RunState:
 
     def checkpoint(self, slots: Mapping[str, Any]) -> Path:
         """The learner's state and the driver's (coordinator, task slots, position, totals)."""
-        import ray
-
         path = checkpoint_dir(self.storage)
         self.progress.learner_phase(f"checkpoint step {self.step} to {path}")
-        extra = {"coordinator": ray.get(self.actors.coordinator.state_dict.remote()), "step": self.step,
+        coordinator = bounded_get(self.actors.coordinator.state_dict.remote(), COORDINATOR_TIMEOUT_S,
+                                  f"coordinator state_dict for the checkpoint of step {self.step}")
+        extra = {"coordinator": coordinator, "step": self.step,
                  "policy_version": self.version, "slots": slots, "totals": self._totals_now()}
         self.actors.learners.save_checkpoint(str(path), extra, keep=self.checkpoint_keep)
         return path
@@ -57,11 +58,10 @@ class RunState:
 
     def snapshot(self, initial: bool = False, metrics: Mapping[str, Any] | None = None) -> Path:
         """A frozen snapshot (seal/run/snapshots.py); A_0 references the base model."""
-        import ray
-
         from weights.model_assets import load_tokenizer
 
-        state = ray.get(self.actors.coordinator.state_dict.remote())
+        state = bounded_get(self.actors.coordinator.state_dict.remote(), COORDINATOR_TIMEOUT_S,
+                            f"coordinator state_dict for the snapshot at step {self.step}")
         name = next_name(self.run_dir)
         weights = self.model_path
         if not initial:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from weights.buckets import WeightManifest
-from learner.group import RankShard, Rendezvous, merge_results, shard_batch
+from learner.group import Rendezvous, merge_results, shard_batch
 from seal.runtime.placement import ActorResources
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from seal.runtime.calls import REPLICA_QUERY_TIMEOUT_S, bounded_get
+
 if TYPE_CHECKING:
     from seal.runtime.generator_fleet import GeneratorFleet
     from seal.runtime.learner_group import LearnerGroup
@@ -30,8 +32,6 @@ class WeightPublisher:
                  canary_model: str | None, canary_max_diff: float) -> None:
         """``version``: the policy version the run starts at; ``canary_model``: the tokenizer the
         canary prompt is encoded with (None: no canary)."""
-        import ray
-
         self.fleet, self.learners = fleet, learners
         self.broadcast, self.backend = broadcast, backend
         self.version = version  # the learner's: the latest published, or about to be
@@ -45,7 +45,7 @@ class WeightPublisher:
         self.publish_s: float | None = None  # the latest completed publish: learner done -> generator loaded
         self.restores = 0  # replicas restored with the latest weights after a restart (scaling up not counted)
         # Weights go to the generator in its dtype (bf16 on a CPU with it: half the bytes).
-        self.dtype = ray.get(fleet.first.dtype.remote())
+        self.dtype = bounded_get(fleet.first.dtype.remote(), REPLICA_QUERY_TIMEOUT_S, "generator replica dtype")
         if canary_model is not None:
             from weights.model_assets import load_tokenizer
 
@@ -60,7 +60,11 @@ class WeightPublisher:
         if resumed:
             self.manifest, self.manifest_version = self.learners.weights(self.dtype), self.version
             for ref in self.fleet.publish(self.version, self.manifest):
-                ray.wait([ref], timeout=None)
+                ready, _ = ray.wait([ref], timeout=self.fleet.update_timeout_s)
+                if not ready:
+                    name = self.fleet.pending[ref][0]
+                    raise TimeoutError(f"generator replica {name}: loading the resumed weights (v{self.version}) took "
+                                       f"over {self.fleet.update_timeout_s:.0f} s (generator.update_timeout_s)")
                 self.fleet.published(ref)
         self.fleet.versions = {name: self.version for name in self.fleet.versions}
         if self.broadcast:
