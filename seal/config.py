@@ -125,6 +125,47 @@ def recorded_trainer(node) -> dict[str, Any]:
     return {**today, **{k: v for k, v in recorded.items() if k in today}}
 
 
+
+def rebase_targets(node) -> int:
+    """A run recorded before a module moved names classes by their old paths (``_target_`` in
+    RUN_DIR/config.yaml): each that no longer imports is pointed at the class of the same name in
+    today's configs/, found by reading them. Returns how many were re-pointed."""
+    import importlib.util
+
+    from omegaconf import DictConfig, ListConfig
+
+    today: dict[str, str] = {}
+    for path in config_dir().rglob("*.yaml"):
+        for line in path.read_text().splitlines():
+            key, _, value = line.strip().partition(":")
+            if key == "_target_" and value.strip():
+                today.setdefault(value.strip().rpartition(".")[2], value.strip())
+
+    def importable(target: str) -> bool:
+        module, _, name = target.rpartition(".")
+        try:
+            return importlib.util.find_spec(module) is not None and hasattr(importlib.import_module(module), name)
+        except ImportError:
+            return False
+
+    moved = 0
+
+    def walk(n) -> None:
+        nonlocal moved
+        if isinstance(n, DictConfig):
+            target = n.get("_target_") if "_target_" in n else None
+            if isinstance(target, str) and not importable(target) and target.rpartition(".")[2] in today:
+                n._target_ = today[target.rpartition(".")[2]]
+                moved += 1
+            for key in n:
+                walk(n._get_node(key))
+        elif isinstance(n, ListConfig):
+            for item in n:
+                walk(item)
+
+    walk(node)
+    return moved
+
 def _checked(key: str, hint: Any, value: Any, meta: Mapping[str, Any]) -> Any:
     """``value`` as the field's type has it, or ValueError naming the key."""
     if get_origin(hint) is Literal:

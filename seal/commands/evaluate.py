@@ -33,7 +33,7 @@ def load_run_config(run_dir: Path, overrides: list[str]):
     import yaml
     from omegaconf import OmegaConf
 
-    from seal.config import config_dir, recorded_trainer
+    from seal.config import config_dir, rebase_targets, recorded_trainer
 
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -43,6 +43,7 @@ def load_run_config(run_dir: Path, overrides: list[str]):
     if "evaluation" not in cfg:
         cfg.evaluation = OmegaConf.load(config_dir() / "evaluation" / "default.yaml")
     cfg.trainer = recorded_trainer(cfg.trainer)  # every setting, as the typed TrainerConfig takes them
+    rebase_targets(cfg)  # classes a run recorded before they moved: today's paths
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key or "/" in key:

@@ -108,3 +108,26 @@ def test_the_pipeline_checks_refuse_what_the_learner_group_cannot_do():
         check_pipeline_config(compose(["learner=torch", "learner.world_size=2"]))
     with pytest.raises(ValueError, match="trainer.mode must be sync or async"):
         check_pipeline_config(compose(["trainer.mode=both"]))
+
+
+def test_a_run_recorded_before_the_modules_moved_finds_its_classes_again():
+    """RUN_DIR/config.yaml of a run from before the layout change names the old module paths."""
+    from omegaconf import OmegaConf
+
+    from seal.config import rebase_targets
+
+    recorded = OmegaConf.create({
+        "evaluation": {"_target_": "evaluation.views.EvalConfig", "validation_size": 8},
+        "generator": {"_target_": "actors.vllm_generator.VllmGenerator", "max_model_len": 512},
+        "learner": {"_target_": "learner.engine.Learner", "cfg": {"_target_": "learner.engine.LearnerConfig",
+                                                                    "loss": {"_target_": "learner.loss.LossConfig"}}},
+        "tag_weights": {"_target_": "learner.tag_weights.TagWeights", "cfg": {"_target_": "learner.tag_weights.DynamicWeightConfig"}},
+        "env": {"_target_": "no_such_package.NoSuchEnv"},
+    })
+    assert rebase_targets(recorded) == 4
+    assert recorded.evaluation._target_ == "evaluation.config.EvalConfig" and recorded.evaluation.validation_size == 8
+    assert recorded.generator._target_ == "actors.generation.vllm_engine.VllmGenerator"
+    assert recorded.learner.cfg.loss._target_ == "learner.loss.LossConfig"  # never moved: kept
+    assert recorded.tag_weights._target_ == "actors.coordinator.tag_weights.TagWeights"
+    assert recorded.tag_weights.cfg._target_ == "actors.coordinator.tag_weights.DynamicWeightConfig"
+    assert recorded.env._target_ == "no_such_package.NoSuchEnv"  # nothing of that name today: its own error later
