@@ -62,7 +62,7 @@ def _measure_model(cfg, repeats: int) -> dict[str, Any]:
     try:
         greedy = SamplingConfig(temperature=0.0, max_new_tokens=1)
         probe = [GenerationRequest("probe", list(range(1000, 1000 + PROBE_TOKENS)), 1)]
-        ray.get(rollout.generator.generate.remote(probe, greedy))
+        ray.get(actors.generator.generate.remote(probe, greedy))
         manifest = actors.learners.weights()
         model_bytes, buckets = manifest.total_bytes, len(manifest.buckets)
         log(f"[{NAME}] {manifest.describe()}")
@@ -73,9 +73,9 @@ def _measure_model(cfg, repeats: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             manifest = actors.learners.weights()  # every rank gathers; rank 0 puts the buckets
             t1 = time.perf_counter()
-            engine_s = ray.get(rollout.generator.update_weights.remote(version, manifest), timeout=600)
+            engine_s = ray.get(actors.generator.update_weights.remote(version, manifest), timeout=600)
             t2 = time.perf_counter()
-            out = ray.get(rollout.generator.generate.remote(probe, greedy))[0]
+            out = ray.get(actors.generator.generate.remote(probe, greedy))[0]
             t3 = time.perf_counter()
             if out.policy_version != version:
                 raise RuntimeError(f"first token after publishing v{version} came from v{out.policy_version}")

@@ -91,7 +91,10 @@ class EngineSettings:
             cpu_kv_cache_args(self.cpu_kv_cache_gb)  # raises on a size that holds nothing; CUDA never reads it
 
 
-_SET_HERE: dict[str, str] = {}  # variable -> the value apply_env last set in this process
+# Which vLLM variables an engine's setup set, and to what, as NAME=VALUE;... in the environment
+# itself: child processes (Ray workers, `seal rehearse`'s cluster, a test's subprocess) inherit
+# the variables, and must tell an engine's leftover from a value the user set.
+SET_BY_SETUP = "SEAL_ENGINE_ENV"
 
 
 @dataclass(frozen=True)
@@ -104,13 +107,15 @@ class EngineSetup:
 
     def apply_env(self) -> None:
         """Set each variable the user has not set: one set on purpose (say VLLM_CPU_OMP_THREADS_BIND)
-        wins. One an earlier engine of this process set is this engine's to set again: a second
-        engine asking ``cpu_threads_bind=nobind`` after a first one's ``all`` gets ``nobind``
-        (vLLM's multiprocess engine cannot parse ``all``)."""
+        wins. One an earlier engine set, in this process or a parent (``SET_BY_SETUP`` records
+        them), is this engine's to set again: an async engine asking ``nobind`` after a blocking
+        one's ``all`` gets ``nobind`` (vLLM's multiprocess engine cannot parse ``all``)."""
+        ours = dict(item.split("=", 1) for item in os.environ.get(SET_BY_SETUP, "").split(";") if "=" in item)
         for name, value in self.env.items():
-            if name not in os.environ or _SET_HERE.get(name) == os.environ[name]:
+            if name not in os.environ or ours.get(name) == os.environ[name]:
                 os.environ[name] = value
-                _SET_HERE[name] = value
+                ours[name] = value
+        os.environ[SET_BY_SETUP] = ";".join(f"{k}={v}" for k, v in sorted(ours.items()))
 
 
 def engine_setup(settings: EngineSettings) -> EngineSetup:

@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-from actors.generation.engine_settings import GLOO_TRANSFER_BACKEND, WORKER_EXTENSION, EngineSettings, engine_setup
+from actors.generation.engine_settings import (GLOO_TRANSFER_BACKEND, SET_BY_SETUP, WORKER_EXTENSION, EngineSettings,
+                                               engine_setup)
 
 ENV_VARS = ("VLLM_LOGGING_LEVEL", "HF_HUB_OFFLINE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND",
-            "VLLM_CPU_NUM_OF_RESERVED_CPU")
+            "VLLM_CPU_NUM_OF_RESERVED_CPU", SET_BY_SETUP)
 
 
 @pytest.fixture
@@ -104,6 +105,20 @@ def test_a_later_engine_sets_again_what_an_earlier_engine_set(model_dir, clean_e
     clean_env.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")  # the user's own, set between two engines, stays
     engine_setup(EngineSettings(model_dir, cpu_threads_bind="all")).apply_env()
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
+
+
+def test_a_child_process_sets_again_what_its_parent_s_engine_set(model_dir, clean_env):
+    """Found by CI: a blocking engine in the test process set bind 'all'; `seal rehearse`'s Ray
+    workers inherited it, and their async engines (multiprocess, TP 2) refused 'all'. A child
+    reads the record its parent left beside the variables."""
+    engine_setup(EngineSettings(model_dir, cpu_threads_bind="all")).apply_env()
+    child = dict(os.environ)  # what a subprocess inherits
+    code = ("import os; from actors.generation.engine_settings import EngineSettings, engine_setup\n"
+            f"engine_setup(EngineSettings({model_dir!r}, engine='async', cpu_threads_bind='nobind')).apply_env()\n"
+            "print(os.environ['VLLM_CPU_OMP_THREADS_BIND'])")
+    out = subprocess.run([sys.executable, "-c", code], env=child, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "nobind"
 
 def _defaults(fn) -> dict:
     return {n: p.default for n, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
