@@ -8,6 +8,11 @@ from typing import Any
 WIDTH = 110  # a line of the written JSON, at most (unless one value is longer)
 
 
+def _key(key: Any) -> str:
+    """A dict key as json writes it: always a string (1 -> "1", True -> "true")."""
+    return json.dumps({key: None})[1:-len(": null}")]
+
+
 def _scalar(value: Any) -> bool:
     return not isinstance(value, (dict, list))
 
@@ -15,7 +20,7 @@ def _scalar(value: Any) -> bool:
 def to_json(value: Any, indent: int = 0) -> str:
     """JSON that reads like the table it came from: a dict or list of plain values on one line
     when it fits, a long list of plain values wrapped several to a line, anything else one entry
-    per line. ``json.loads`` gives back exactly ``value``."""
+    per line. ``json.loads`` reads it as it reads ``json.dumps(value)``."""
     flat = json.dumps(value, default=str)
     pad = " " * (indent + 2)
     if _scalar(value) or indent + len(flat) <= WIDTH and all(_scalar(v) for v in (value.values() if isinstance(value, dict) else value)):
@@ -30,7 +35,7 @@ def to_json(value: Any, indent: int = 0) -> str:
         lines.append(line)
         return "[\n" + "\n".join(pad + l for l in lines) + "\n" + " " * indent + "]"
     if isinstance(value, dict):
-        items = [f"{pad}{json.dumps(k)}: {to_json(v, indent + 2)}" for k, v in value.items()]
+        items = [f"{pad}{_key(k)}: {to_json(v, indent + 2)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
     return "[\n" + ",\n".join(pad + to_json(v, indent + 2) for v in value) + "\n" + " " * indent + "]"
 

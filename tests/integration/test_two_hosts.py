@@ -184,7 +184,8 @@ def test_losing_the_worker_host_mid_run_the_run_goes_on_with_the_head(hosts, tmp
 def test_a_learner_rank_lost_with_its_host_stops_the_run_named_and_it_resumes(hosts, tmp_path):
     run_dir = tmp_path / "run"
     base = ["learner=zero2", "learner.world_size=2", "+cluster.learner.resources={learner_slot:1}",
-            "+cluster.generator.resources={host_head:1}", "cluster.env_actors=2", "trainer.mode=sync"]
+            "+cluster.generator.resources={host_head:1}", "cluster.env_actors=2", "trainer.mode=sync",
+            "trainer.checkpoint_every=1"]  # the default (5) would leave nothing to resume from at step 2
     proc = hosts.popen_on(hosts.head, train_args(hosts, run_dir, *base, "trainer.steps=6"), tmp_path / "train.log", cwd=tmp_path)
     try:
         wait_for(run_dir / "metrics.jsonl", proc, 900, rows=2)  # step 2's row: step 1's checkpoint is complete
