@@ -18,6 +18,11 @@ from typing import Any, Mapping
 _TAG = re.compile(r"step(\d+)")
 
 
+def step_tag(step: int) -> str:
+    """The folder DeepSpeed writes a step's shards under."""
+    return f"step{step:07d}"
+
+
 def tags_to_prune(names: list[str], keep: int) -> list[str]:
     """The step tags beyond the newest ``keep`` (by step number); other names are never touched."""
     tags = sorted((n for n in names if _TAG.fullmatch(n)), key=lambda n: int(_TAG.fullmatch(n)[1]))
@@ -65,7 +70,7 @@ def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int
     cfg = learner.cfg
     meta = {"step": learner.step, "backend": cfg.backend, "zero_stage": cfg.zero_stage, "extra": dict(extra or {})}
     if learner.engine is not None:
-        learner.engine.save_checkpoint(str(path), tag=f"step{learner.step:07d}", client_state={"seal": meta})
+        learner.engine.save_checkpoint(str(path), tag=step_tag(learner.step), client_state={"seal": meta})
     else:
         torch.save({"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict()}, path / "torch_state.pt")
     torch.save(rng, _rng_file(learner, path))
@@ -91,9 +96,15 @@ def load_learner(learner, path: Path) -> dict[str, Any]:
     if meta.get("world_size", 1) != learner.world_size:
         raise ValueError(f"checkpoint {path} was written by {meta.get('world_size', 1)} learner ranks, this group has {learner.world_size}")
     if learner.engine is not None:
-        loaded, _ = learner.engine.load_checkpoint(str(path))  # the tag DeepSpeed recorded as latest
+        # The tag learner.json names, not DeepSpeed's `latest`: rank 0 writes `latest` once its own files
+        # are saved, before the barrier that waits for the other ranks, so a rank lost mid-save leaves
+        # `latest` naming an incomplete tag; learner.json is written after that barrier.
+        tag = step_tag(int(meta["step"]))
+        if not (path / tag).is_dir():
+            raise FileNotFoundError(f"learner checkpoint {path} names step {meta['step']}, but {path / tag} is missing")
+        loaded, _ = learner.engine.load_checkpoint(str(path), tag=tag)
         if loaded is None:
-            raise FileNotFoundError(f"DeepSpeed found no checkpoint in {path}")
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {path}")
     else:
         state = torch.load(path / "torch_state.pt", weights_only=False)
         learner.model.load_state_dict(state["model"])

@@ -227,6 +227,24 @@ def test_checkpoint_resume_is_exact(tiny_path, tmp_path, backend, stage):
     assert all(torch.equal(got[k], expected[k]) for k in expected)
 
 
+def test_resume_loads_the_step_learner_json_names_not_an_unfinished_save(tiny_path, tmp_path):
+    """DeepSpeed's rank 0 points `latest` at a tag before the other ranks' shards are written; a rank
+    lost then leaves `latest` ahead of the last complete checkpoint, which learner.json names."""
+    b1, b2 = make_batch(2, tiny_path), make_batch(3, tiny_path)
+    first = learner(tiny_path, "deepspeed", 2)
+    first.train_batch(b1, RELEASED_BASE_WEIGHTS)
+    first.save_checkpoint(tmp_path / "ckpt")
+    expected = weights(first)
+    first.train_batch(b2, RELEASED_BASE_WEIGHTS)
+    first.engine.save_checkpoint(str(tmp_path / "ckpt"), tag="step0000002")  # stops before learner.json
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step0000002"
+
+    resumed = learner(tiny_path, "deepspeed", 2)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    got = weights(resumed)
+    assert resumed.step == 1 and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
 def test_publish_writes_a_loadable_versioned_snapshot(tiny_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
