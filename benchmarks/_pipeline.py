@@ -5,12 +5,14 @@ part (sync and async, repeat after repeat) reuses it and pays only for its own
 actors. Pipelines run with checkpoints off: a checkpoint every step would be
 timed as part of the step and is not what the comparison is about.
 """
+
 from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from benchmarks._common import log
 
@@ -18,7 +20,13 @@ from benchmarks._common import log
 # short enough to repeat; checkpoints and snapshots are not part of a step.
 # Every group reaches the learner (no zero-variance filter): a benchmark measures the same
 # learner work each step, whatever rewards the model happens to earn.
-BASE_OVERRIDES = ["env=toy", "trainer.checkpoint_every=0", "trainer.snapshot_every=0", "trainer.filter_groups=none", "trainer.oversample=0"]
+BASE_OVERRIDES = [
+    "env=toy",
+    "trainer.checkpoint_every=0",
+    "trainer.snapshot_every=0",
+    "trainer.filter_groups=none",
+    "trainer.oversample=0",
+]
 
 
 def compose_cfg(overrides: Sequence[str], defaults: Sequence[str] = ()):
@@ -49,8 +57,9 @@ class PipelineRun:
     steps' metrics rows; ``staleness`` the staleness of every group the
     learner took during them; ``trainer`` the trainer settings it ran with."""
 
-    def __init__(self, cfg, overrides: Sequence[str], steps: int, warmup: int,
-                 before: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, cfg, overrides: Sequence[str], steps: int, warmup: int, before: Callable[[Any], Any] | None = None
+    ) -> None:
         from seal.run.driver import Pipeline
         from seal.run.run_dir import create_run_dir
 
@@ -91,8 +100,12 @@ def stage_times(row: dict[str, Any]) -> dict[str, float]:
     included: they are part of producing the batch)."""
     learn = float(row["wait_s"]["learner"])
     publish = float(row["publish_s"] or 0.0)
-    return {"step": float(row["step_s"]), "learn": learn, "publish": publish,
-            "generate": max(0.0, float(row["step_s"]) - learn - publish)}
+    return {
+        "step": float(row["step_s"]),
+        "learn": learn,
+        "publish": publish,
+        "generate": max(0.0, float(row["step_s"]) - learn - publish),
+    }
 
 
 def env_fraction(rows: Sequence[dict[str, Any]]) -> float | None:

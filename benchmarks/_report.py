@@ -1,4 +1,5 @@
 """Shared by the benchmark scripts: where results go and how they are written."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ WIDTH = 110  # a line of the written JSON, at most (unless one value is longer)
 
 def _key(key: Any) -> str:
     """A dict key as json writes it: always a string (1 -> "1", True -> "true")."""
-    return json.dumps({key: None})[1:-len(": null}")]
+    return json.dumps({key: None})[1 : -len(": null}")]
 
 
 def _scalar(value: Any) -> bool:
@@ -23,7 +24,11 @@ def to_json(value: Any, indent: int = 0) -> str:
     per line. ``json.loads`` reads it as it reads ``json.dumps(value)``."""
     flat = json.dumps(value, default=str)
     pad = " " * (indent + 2)
-    if _scalar(value) or indent + len(flat) <= WIDTH and all(_scalar(v) for v in (value.values() if isinstance(value, dict) else value)):
+    if (
+        _scalar(value)
+        or indent + len(flat) <= WIDTH
+        and all(_scalar(v) for v in (value.values() if isinstance(value, dict) else value))
+    ):
         return flat
     if isinstance(value, list) and all(_scalar(v) for v in value):
         lines, line = [], ""

@@ -9,6 +9,7 @@ common start; rate = all episodes / time until the last actor finishes.
 Counts are measured in turn within each repeat, the order reversed every
 other repeat, so a change in outside load hits all of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,7 +56,13 @@ class ReplayEnvActor:
             steps += result.num_steps
             calls += result.num_tool_calls
             failed += result.reward != 1  # ground truth must pass: a failure is a broken env, not a slow one
-        return {"episodes": episodes, "steps": steps, "tool_calls": calls, "failed": failed, "seconds": time.perf_counter() - t0}
+        return {
+            "episodes": episodes,
+            "steps": steps,
+            "tool_calls": calls,
+            "failed": failed,
+            "seconds": time.perf_counter() - t0,
+        }
 
     def pid(self) -> int:
         return os.getpid()
@@ -69,8 +76,12 @@ def _measure(actors: list, episodes: int) -> dict[str, float]:
     wall = time.perf_counter() - t0
     if any(r["failed"] for r in results):
         raise RuntimeError(f"{sum(r['failed'] for r in results)} ground-truth episodes did not pass the verifier")
-    return {"episodes_per_s": sum(r["episodes"] for r in results) / wall, "tool_calls_per_s": sum(r["tool_calls"] for r in results) / wall,
-            "steps_per_s": sum(r["steps"] for r in results) / wall, "wall_s": wall}
+    return {
+        "episodes_per_s": sum(r["episodes"] for r in results) / wall,
+        "tool_calls_per_s": sum(r["tool_calls"] for r in results) / wall,
+        "steps_per_s": sum(r["steps"] for r in results) / wall,
+        "wall_s": wall,
+    }
 
 
 def run(args) -> dict[str, Any]:
@@ -88,11 +99,18 @@ def run(args) -> dict[str, Any]:
         # One logical CPU per actor even where there are fewer cores: the
         # point is to oversubscribe and see where the curve bends. address="local":
         # a new instance, never a cluster someone else started on this machine.
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, counts[-1]), include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address="local", num_cpus=max(os.cpu_count() or 1, counts[-1]), include_dashboard=False, log_to_driver=False
+        )
     try:
         # The actor class lives in this module: its workers need the checkout on their path.
-        env_vars = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "BFCL_PROJECT_ROOT": os.environ.get(
-            "BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "seal" / "bfcl_root"))}
+        env_vars = {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+            "BFCL_PROJECT_ROOT": os.environ.get(
+                "BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "seal" / "bfcl_root")
+            ),
+        }
         Path(env_vars["BFCL_PROJECT_ROOT"]).mkdir(parents=True, exist_ok=True)
         remote = ray.remote(ReplayEnvActor).options(num_cpus=1, runtime_env={"env_vars": env_vars})
         pool = [remote.remote(i, task_ids, args.tool_format) for i in range(counts[-1])]
@@ -101,7 +119,7 @@ def run(args) -> dict[str, Any]:
         _measure(pool, min(args.episodes, 50))  # imports, caches, first calls
         per_count: dict[int, list[dict[str, float]]] = {c: [] for c in counts}
         for r in range(args.repeats):
-            for c in (counts if r % 2 == 0 else counts[::-1]):
+            for c in counts if r % 2 == 0 else counts[::-1]:
                 log(f"[{NAME}] repeat {r + 1}/{args.repeats}: {c} actors x {args.episodes} episodes")
                 per_count[c].append(_measure(pool[:c], args.episodes))
         for a in pool:
@@ -123,18 +141,31 @@ def run(args) -> dict[str, Any]:
         "tool_calls_per_s_spread": [calls[c] for c in counts],
         "parallel_efficiency": efficiency,
         "bends_at_actors": knee,
-        "episodes_per_actor": args.episodes, "tool_format": args.tool_format, "split": args.split, "tasks": len(task_ids),
+        "episodes_per_actor": args.episodes,
+        "tool_format": args.tool_format,
+        "split": args.split,
+        "tasks": len(task_ids),
         "distinct_processes": len(set(pids)),
         "repeats": {str(c): per_count[c] for c in counts},
-        "notes": ["generator replaced by recorded ground-truth texts; each episode: env reset, real API execution, verifier, diagnosis",
-                  "parallel_efficiency = rate(k) / (k * rate(first count) / first count); bends_at_actors: first count below 0.8",
-                  f"the machine has {os.cpu_count()} cores: beyond that, actors share cores"],
+        "notes": [
+            "generator replaced by recorded ground-truth texts; each episode: env reset, real API execution, verifier, diagnosis",
+            "parallel_efficiency = rate(k) / (k * rate(first count) / first count); bends_at_actors: first count below 0.8",
+            f"the machine has {os.cpu_count()} cores: beyond that, actors share cores",
+        ],
     }
 
 
 def render(report: dict[str, Any]) -> str:
-    rows = [(c, e, s["min"], s["max"], t, eff) for c, e, s, t, eff in zip(report["actors"], report["episodes_per_s"], report["episodes_per_s_spread"],
-                                                                       report["tool_calls_per_s"], report["parallel_efficiency"])]
+    rows = [
+        (c, e, s["min"], s["max"], t, eff)
+        for c, e, s, t, eff in zip(
+            report["actors"],
+            report["episodes_per_s"],
+            report["episodes_per_s_spread"],
+            report["tool_calls_per_s"],
+            report["parallel_efficiency"],
+        )
+    ]
     out = table(rows, ["actors", "episodes/s", "min", "max", "tool calls/s", "efficiency"])
     return out + f"\nbends at: {report['bends_at_actors'] or 'no bend in range'} actors (efficiency < 0.8)"
 

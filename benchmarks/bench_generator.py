@@ -21,6 +21,7 @@ concurrency (two cores cannot show a gain; recorded), and the latency of a
 weight update per mode with episodes in flight, against the bytes moved,
 with the canary (one fixed prompt's logprobs) after it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,8 +63,13 @@ def _plan(args, episodes: int, seed: int) -> list[tuple[list[int], list[int]]]:
     """(prompt, new-token budget per turn) per episode; log-uniform budgets: many short turns, a few long."""
     rng = random.Random(seed)
     lo, hi = math.log(args.min_new), math.log(args.max_new)
-    return [([rng.randrange(200, 40000) for _ in range(args.prompt_tokens)],
-             [int(math.exp(rng.uniform(lo, hi))) for _ in range(args.turns)]) for _ in range(episodes)]
+    return [
+        (
+            [rng.randrange(200, 40000) for _ in range(args.prompt_tokens)],
+            [int(math.exp(rng.uniform(lo, hi))) for _ in range(args.turns)],
+        )
+        for _ in range(episodes)
+    ]
 
 
 def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str, Any]:
@@ -96,8 +102,13 @@ def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(episode, range(len(plan))))
     wall = time.perf_counter() - t0
-    return {"tokens_per_s": tokens[0] / wall, "episodes_per_s": len(plan) / wall,
-            "wait_per_call_s": sum(waits) / len(waits), "tokens": tokens[0], "wall_s": wall}
+    return {
+        "tokens_per_s": tokens[0] / wall,
+        "episodes_per_s": len(plan) / wall,
+        "wait_per_call_s": sum(waits) / len(waits),
+        "tokens": tokens[0],
+        "wall_s": wall,
+    }
 
 
 def _blocking(args, levels: list[int]) -> dict[int, list[dict]]:
@@ -120,7 +131,9 @@ def _sweep(args, levels, generate, label: str) -> dict[int, list[dict]]:
             episodes = args.episodes or 2 * k
             res = _play(generate, _plan(args, episodes, 100 * k + r), k, args.env_ms / 1000, 100 * k + r)
             out[k].append(res)
-            log(f"[{NAME}] {label} x{k} repeat {r + 1}: {res['tokens_per_s']:.1f} tokens/s, wait {res['wait_per_call_s']:.2f} s/call")
+            log(
+                f"[{NAME}] {label} x{k} repeat {r + 1}: {res['tokens_per_s']:.1f} tokens/s, wait {res['wait_per_call_s']:.2f} s/call"
+            )
     return out
 
 
@@ -138,11 +151,15 @@ def _continuous(args, levels: list[int]) -> tuple[dict[int, list[dict]], dict[st
         k = max(levels)
         replicas = {}
         for m in (1, 2):
+
             def generate(reqs, s, m=m):  # a group's requests to one replica, groups spread by id
                 i = hash(reqs[0].request_id.split("-")[1]) % m
                 return loops[i].run(gens[i].generate(reqs, s))
-            rows = [_play(generate, _plan(args, args.episodes or k, 5000 + r), k, args.env_ms / 1000, 5000 + r)
-                    for r in range(args.repeats)]
+
+            rows = [
+                _play(generate, _plan(args, args.episodes or k, 5000 + r), k, args.env_ms / 1000, 5000 + r)
+                for r in range(args.repeats)
+            ]
             replicas[str(m)] = {"tokens_per_s": summary([x["tokens_per_s"] for x in rows])}
             log(f"[{NAME}] {m} replica(s) x{k}: {replicas[str(m)]['tokens_per_s']['median']:.1f} tokens/s")
         return sweep, replicas, updates
@@ -165,7 +182,9 @@ def _updates(args, gen, loop) -> dict[str, Any]:
             version += 1
             done = threading.Event()
             plan = _plan(args, 8, 9000 + r)
-            player = threading.Thread(target=lambda: (_play(lambda q, s: loop.run(gen.generate(q, s)), plan, 8, 0.0, 9000 + r), done.set()))
+            player = threading.Thread(
+                target=lambda: (_play(lambda q, s: loop.run(gen.generate(q, s)), plan, 8, 0.0, 9000 + r), done.set())
+            )
             player.start()
             time.sleep(0.5)  # requests in flight
             sec = loop.run(gen.update_weights(version, weights, mode=mode))
@@ -174,8 +193,11 @@ def _updates(args, gen, loop) -> dict[str, Any]:
             canary = time.perf_counter() - t0
             player.join()
             rows.append({"update_s": sec, "canary_s": canary})
-        out[mode] = {"update_s": summary([x["update_s"] for x in rows]), "canary_s": summary([x["canary_s"] for x in rows]),
-                     "bytes": nbytes}
+        out[mode] = {
+            "update_s": summary([x["update_s"] for x in rows]),
+            "canary_s": summary([x["canary_s"] for x in rows]),
+            "bytes": nbytes,
+        }
         log(f"[{NAME}] update {mode}: {out[mode]['update_s']['median']:.2f} s for {nbytes / 2**20:.0f} MiB")
     return out
 
@@ -207,9 +229,15 @@ def run(args) -> dict[str, Any]:
     speedup = [c / b if b else None for b, c in zip(b_tps, c_tps)]
     at8 = [s for k, s in zip(levels, speedup) if k >= 8 and s is not None]
     return {
-        "model": args.model, "concurrency": levels, "turns": args.turns, "prompt_tokens": args.prompt_tokens,
-        "new_tokens_range": [args.min_new, args.max_new], "env_ms": args.env_ms,
-        "blocking_tokens_per_s": b_tps, "continuous_tokens_per_s": c_tps, "speedup": speedup,
+        "model": args.model,
+        "concurrency": levels,
+        "turns": args.turns,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens_range": [args.min_new, args.max_new],
+        "env_ms": args.env_ms,
+        "blocking_tokens_per_s": b_tps,
+        "continuous_tokens_per_s": c_tps,
+        "speedup": speedup,
         "blocking_episodes_per_s": [med(blocking[k], "episodes_per_s") for k in levels],
         "continuous_episodes_per_s": [med(continuous[k], "episodes_per_s") for k in levels],
         "blocking_wait_per_call_s": [med(blocking[k], "wait_per_call_s") for k in levels],
@@ -219,17 +247,36 @@ def run(args) -> dict[str, Any]:
         "canary_s": {m: updates[m]["canary_s"]["median"] for m in MODES},
         "update_bytes": updates[MODES[0]]["bytes"],
         "raw": {"blocking": blocking, "continuous": continuous, "replicas": replicas, "updates": updates},
-        "targets": [target("continuous / blocking tokens/s at >= 8 concurrent uneven episodes", min(at8) if at8 else None, ">=", 1.3)],
-        "notes": ["episodes: random-token prompts, log-uniform new-token budgets per turn, the same draws for both engines",
-                  "both engines in this process, one after another; replicas: two async engines on the same two cores"],
+        "targets": [
+            target(
+                "continuous / blocking tokens/s at >= 8 concurrent uneven episodes",
+                min(at8) if at8 else None,
+                ">=",
+                1.3,
+            )
+        ],
+        "notes": [
+            "episodes: random-token prompts, log-uniform new-token budgets per turn, the same draws for both engines",
+            "both engines in this process, one after another; replicas: two async engines on the same two cores",
+        ],
     }
 
 
 def render(report: dict[str, Any]) -> str:
-    rows = [(k, b, c, s, bw, cw) for k, b, c, s, bw, cw in zip(
-        report["concurrency"], report["blocking_tokens_per_s"], report["continuous_tokens_per_s"], report["speedup"],
-        report["blocking_wait_per_call_s"], report["continuous_wait_per_call_s"])]
-    text = table(rows, ["episodes", "blocking tok/s", "continuous tok/s", "speedup", "blocking wait s", "continuous wait s"])
+    rows = [
+        (k, b, c, s, bw, cw)
+        for k, b, c, s, bw, cw in zip(
+            report["concurrency"],
+            report["blocking_tokens_per_s"],
+            report["continuous_tokens_per_s"],
+            report["speedup"],
+            report["blocking_wait_per_call_s"],
+            report["continuous_wait_per_call_s"],
+        )
+    ]
+    text = table(
+        rows, ["episodes", "blocking tok/s", "continuous tok/s", "speedup", "blocking wait s", "continuous wait s"]
+    )
     reps = ", ".join(f"{m} replica(s) {v:.1f} tok/s" for m, v in report["replicas_tokens_per_s"].items())
     upd = ", ".join(f"{m} {report['update_s'][m]:.2f} s (canary {report['canary_s'][m]:.2f} s)" for m in MODES)
     return f"{text}\n{reps}\nupdate of {report['update_bytes'] / 2**20:.0f} MiB: {upd}"

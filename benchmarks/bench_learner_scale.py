@@ -12,6 +12,7 @@ issued, so the share is a lower bound), and the peak memory of each rank
 (device memory under CUDA, the process's peak RSS on CPU). On a CPU machine
 the ranks share its cores: no speedup is expected, the shape is the point.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,12 +47,30 @@ def synthetic_batch(groups: int, n: int, tokens: int, prompt_share: float, seed:
             gen = [rng.randrange(100, 5000) for _ in range(tokens - len(prompt) - rng.randrange(0, 8))]
             ids = prompt + gen
             mask = [0] * len(prompt) + [1] * len(gen)
-            out.append(Trajectory(
-                task_id=f"t{g}", category="base", env="synthetic", group_id=f"s{seed}g{g}", rollout_index=i, interface_version=0,
-                token_ids=ids, loss_mask=mask, logprobs=[-1.0 if m else 0.0 for m in mask], prompt_length=len(prompt),
-                segments=[Segment(len(prompt), len(ids), 0)], reward=float(i % 2), success=bool(i % 2), progress=0.5,
-                tags=[T.PASS if i % 2 else T.EMPTY_TURN], labels=[T.PASS], error_type=None, outcome="completed",
-                num_tool_calls=0, num_steps=1))
+            out.append(
+                Trajectory(
+                    task_id=f"t{g}",
+                    category="base",
+                    env="synthetic",
+                    group_id=f"s{seed}g{g}",
+                    rollout_index=i,
+                    interface_version=0,
+                    token_ids=ids,
+                    loss_mask=mask,
+                    logprobs=[-1.0 if m else 0.0 for m in mask],
+                    prompt_length=len(prompt),
+                    segments=[Segment(len(prompt), len(ids), 0)],
+                    reward=float(i % 2),
+                    success=bool(i % 2),
+                    progress=0.5,
+                    tags=[T.PASS if i % 2 else T.EMPTY_TURN],
+                    labels=[T.PASS],
+                    error_type=None,
+                    outcome="completed",
+                    num_tool_calls=0,
+                    num_steps=1,
+                )
+            )
     return out
 
 
@@ -65,8 +84,12 @@ def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> di
     spec = OmegaConf.to_container(cfg.learner, resolve=True)
     spec["world_size"] = world_size
     cluster = instantiate(cfg.cluster)
-    group = LearnerGroup(functools.partial(instantiate_spec, spec), GroupSettings.from_spec(spec), cluster.learner,
-                         env_vars=cluster.learner.env_vars())
+    group = LearnerGroup(
+        functools.partial(instantiate_spec, spec),
+        GroupSettings.from_spec(spec),
+        cluster.learner,
+        env_vars=cluster.learner.env_vars(),
+    )
     out: dict[str, Any] = {}
     try:
         for shape, batch in batches.items():
@@ -82,8 +105,12 @@ def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> di
                 steps.append((result["seconds"], len(batch) / result["seconds"], wall))
                 shares.append(sum(c / result["seconds"] for c in comm) / len(comm))
             step_s = summary([s[0] for s in steps])
-            out[shape] = {"step_s": step_s, "samples_per_s": {**summary([s[1] for s in steps]), "median": len(batch) / step_s["median"]},
-                          "driver_wall_s": summary([s[2] for s in steps]), "comm_share": summary(shares)}
+            out[shape] = {
+                "step_s": step_s,
+                "samples_per_s": {**summary([s[1] for s in steps]), "median": len(batch) / step_s["median"]},
+                "driver_wall_s": summary([s[2] for s in steps]),
+                "comm_share": summary(shares),
+            }
         out["peak_gb"] = group.peak_memory_gb()
     finally:
         group.close()
@@ -97,8 +124,14 @@ def run(args) -> dict[str, Any]:
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or not shapes or set(shapes) - {"toy", "bfcl"}:
         raise ValueError("--world-sizes needs sizes >= 1 and --shapes a subset of toy,bfcl")
-    overrides = ["model=tiny", "learner=zero3", *args.overrides, f"n={args.n}", f"learner.cfg.mini_batch_groups={args.groups}",
-                 f"learner.cfg.micro_batch_size={args.n}"]
+    overrides = [
+        "model=tiny",
+        "learner=zero3",
+        *args.overrides,
+        f"n={args.n}",
+        f"learner.cfg.mini_batch_groups={args.groups}",
+        f"learner.cfg.micro_batch_size={args.n}",
+    ]
     cfg = compose_cfg(overrides)
     shape_tokens = {"toy": (args.toy_tokens, 0.5), "bfcl": (args.bfcl_tokens, 0.9)}
     batches = {s: synthetic_batch(args.groups, args.n, *shape_tokens[s], seed=i) for i, s in enumerate(shapes)}
@@ -115,17 +148,24 @@ def run(args) -> dict[str, Any]:
         "comm_share": [per_size[w][first]["comm_share"]["median"] for w in sizes],
         "peak_gb_per_rank": [max(per_size[w]["peak_gb"]) for w in sizes],
         "peak_gb_by_rank": {str(w): per_size[w]["peak_gb"] for w in sizes},
-        "shapes": {s: {"samples_per_s": [per_size[w][s]["samples_per_s"]["median"] for w in sizes],
-                       "step_s": [per_size[w][s]["step_s"]["median"] for w in sizes],
-                       "comm_share": [per_size[w][s]["comm_share"]["median"] for w in sizes],
-                       "tokens_per_trajectory": shape_tokens[s][0]} for s in shapes},
+        "shapes": {
+            s: {
+                "samples_per_s": [per_size[w][s]["samples_per_s"]["median"] for w in sizes],
+                "step_s": [per_size[w][s]["step_s"]["median"] for w in sizes],
+                "comm_share": [per_size[w][s]["comm_share"]["median"] for w in sizes],
+                "tokens_per_trajectory": shape_tokens[s][0],
+            }
+            for s in shapes
+        },
         "global_batch": {"groups": args.groups, "n": args.n},
         "learner": f"{cfg.learner.cfg.backend} stage {cfg.learner.cfg.zero_stage}, model {cfg.model.path}",
-        "notes": ["samples_per_s: trajectories of the global batch over the median step seconds (the slowest rank's)",
-                  "comm_share: mean over ranks of seconds inside DeepSpeed collectives (comms logger) / step seconds; "
-                  "a blocking collective also counts the wait for the slower peer",
-                  "peak_gb_per_rank: the largest rank's peak (CUDA: max_memory_allocated; CPU: process VmHWM, which "
-                  "includes the Python runtime and libraries)"],
+        "notes": [
+            "samples_per_s: trajectories of the global batch over the median step seconds (the slowest rank's)",
+            "comm_share: mean over ranks of seconds inside DeepSpeed collectives (comms logger) / step seconds; "
+            "a blocking collective also counts the wait for the slower peer",
+            "peak_gb_per_rank: the largest rank's peak (CUDA: max_memory_allocated; CPU: process VmHWM, which "
+            "includes the Python runtime and libraries)",
+        ],
     }
 
 
@@ -133,8 +173,16 @@ def render(report: dict[str, Any]) -> str:
     rows = []
     for s, fig in report["shapes"].items():
         for i, w in enumerate(report["world_size"]):
-            rows.append((s, w, fig["samples_per_s"][i], fig["step_s"][i], fig["comm_share"][i],
-                         report["peak_gb_by_rank"][str(w)] and max(report["peak_gb_by_rank"][str(w)])))
+            rows.append(
+                (
+                    s,
+                    w,
+                    fig["samples_per_s"][i],
+                    fig["step_s"][i],
+                    fig["comm_share"][i],
+                    report["peak_gb_by_rank"][str(w)] and max(report["peak_gb_by_rank"][str(w)]),
+                )
+            )
     return table(rows, ["shape", "ranks", "samples/s", "step s", "comm share", "peak GB/rank"])
 
 

@@ -18,6 +18,7 @@ autocast over fp32 master weights) in this process.
 The generators run one after another (one vLLM engine per process at a
 time); the learners are both alive and alternate.
 """
+
 from __future__ import annotations
 
 import random
@@ -35,7 +36,9 @@ SHAPES = {"toy": (160, 32), "bfcl": (1600, 64)}  # (prompt tokens, new tokens) o
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default="embedded", help="embedded, tiny or a model directory")
     parser.add_argument("--sequences", type=int, default=4, help="sequences per generate call / learner batch / group")
-    parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length of the generator and learner measurements")
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=512, help="prompt length of the generator and learner measurements"
+    )
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence")
     parser.add_argument("--shapes", default="toy,bfcl", help=f"step shapes, comma-separated: {', '.join(SHAPES)}")
 
@@ -53,12 +56,30 @@ def _trajectories(outputs, prompts, group: str) -> list:
     for i, (o, p) in enumerate(zip(outputs, prompts)):
         ids = list(p) + list(o.token_ids)
         reward = float(i % 2)  # mixed rewards: every group has an advantage to follow
-        out.append(Trajectory(
-            task_id=group, category="base", env="bench", group_id=group, rollout_index=i, interface_version=0,
-            token_ids=ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids), logprobs=[0.0] * len(p) + list(o.logprobs),
-            prompt_length=len(p), segments=[Segment(len(p), len(ids), o.policy_version)], reward=reward,
-            success=bool(reward), progress=reward, tags=[T.PASS if reward else T.STATE_MISMATCH], labels=[],
-            error_type=None, outcome="completed", num_tool_calls=0, num_steps=1))
+        out.append(
+            Trajectory(
+                task_id=group,
+                category="base",
+                env="bench",
+                group_id=group,
+                rollout_index=i,
+                interface_version=0,
+                token_ids=ids,
+                loss_mask=[0] * len(p) + [1] * len(o.token_ids),
+                logprobs=[0.0] * len(p) + list(o.logprobs),
+                prompt_length=len(p),
+                segments=[Segment(len(p), len(ids), o.policy_version)],
+                reward=reward,
+                success=bool(reward),
+                progress=reward,
+                tags=[T.PASS if reward else T.STATE_MISMATCH],
+                labels=[],
+                error_type=None,
+                outcome="completed",
+                num_tool_calls=0,
+                num_steps=1,
+            )
+        )
     return out
 
 
@@ -66,8 +87,9 @@ def _learner(model: str, dtype: str, n: int):
     from learner.engine import Learner, LearnerConfig
     from learner.loss import LossConfig
 
-    cfg = LearnerConfig(backend="torch", dtype=dtype, mini_batch_groups=1, micro_batch_size=1,
-                        loss=LossConfig(kl_coef=0.0), lr=1e-6)  # no reference model: the policy's cost alone
+    cfg = LearnerConfig(
+        backend="torch", dtype=dtype, mini_batch_groups=1, micro_batch_size=1, loss=LossConfig(kl_coef=0.0), lr=1e-6
+    )  # no reference model: the policy's cost alone
     return Learner(model, cfg, group_size=n)
 
 
@@ -99,7 +121,9 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
             batch = _trajectories(outs, prompts, f"g{r}")
             res = learner.train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=None)
             learn_tps.append(res["sequence_tokens"] / res["seconds"])
-            log(f"[{NAME}] {dtype} repeat {r + 1}: generator {gen_tps[-1]:.1f} tokens/s, learner {learn_tps[-1]:.1f} tokens/s")
+            log(
+                f"[{NAME}] {dtype} repeat {r + 1}: generator {gen_tps[-1]:.1f} tokens/s, learner {learn_tps[-1]:.1f} tokens/s"
+            )
         # The learner moved during the measurements above: the generator takes its weights, so the
         # steps' mismatch compares vLLM and the learner at the same weights.
         gen.update_weights(gen.policy_version + 1, learner.generator_weights(gen.dtype))
@@ -112,16 +136,33 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
                 version = gen.policy_version
                 t0 = time.perf_counter()
                 outs, gen_s = _generate(gen, prompts, new, seed0 + 700 + r)
-                res = learner.train_batch(_trajectories(outs, prompts, f"{shape}{r}"), RELEASED_BASE_WEIGHTS, policy_version=version)
+                res = learner.train_batch(
+                    _trajectories(outs, prompts, f"{shape}{r}"), RELEASED_BASE_WEIGHTS, policy_version=version
+                )
                 t1 = time.perf_counter()
                 update_s = gen.update_weights(version + 1, learner.generator_weights(gen.dtype))
-                rows.append({"step_s": time.perf_counter() - t0, "generate_s": gen_s, "learn_s": res["seconds"],
-                             "weights_s": time.perf_counter() - t1, "engine_load_s": update_s,
-                             "mismatch_abs_logprob_diff": res["mismatch_abs_logprob_diff"], "mismatch_kl": res["mismatch_kl"]})
-                log(f"[{NAME}] {dtype} {shape} step {r + 1}: {rows[-1]['step_s']:.1f} s, |d logp| {res['mismatch_abs_logprob_diff']:.2e}")
+                rows.append(
+                    {
+                        "step_s": time.perf_counter() - t0,
+                        "generate_s": gen_s,
+                        "learn_s": res["seconds"],
+                        "weights_s": time.perf_counter() - t1,
+                        "engine_load_s": update_s,
+                        "mismatch_abs_logprob_diff": res["mismatch_abs_logprob_diff"],
+                        "mismatch_kl": res["mismatch_kl"],
+                    }
+                )
+                log(
+                    f"[{NAME}] {dtype} {shape} step {r + 1}: {rows[-1]['step_s']:.1f} s, |d logp| {res['mismatch_abs_logprob_diff']:.2e}"
+                )
             steps[shape] = {k: summary([row[k] for row in rows]) for k in rows[0]}
-        return {"generator_tokens_per_s": summary(gen_tps), "learner_tokens_per_s": summary(learn_tps), "steps": steps,
-                "generator_dtype": gen.dtype, "learner_dtype": learner.dtype}
+        return {
+            "generator_tokens_per_s": summary(gen_tps),
+            "learner_tokens_per_s": summary(learn_tps),
+            "steps": steps,
+            "generator_dtype": gen.dtype,
+            "learner_dtype": learner.dtype,
+        }
     finally:
         gen.close()
 
@@ -132,7 +173,9 @@ def run(args) -> dict[str, Any]:
     args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
     bad = [s for s in args.shape_list if s not in SHAPES]
     if bad or args.sequences < 2:
-        raise ValueError(f"--shapes takes {', '.join(SHAPES)} (got {bad}); --sequences must be >= 2 (a group needs two)")
+        raise ValueError(
+            f"--shapes takes {', '.join(SHAPES)} (got {bad}); --sequences must be >= 2 (a group needs two)"
+        )
     learners = {d: _learner(args.model, d, args.sequences) for d in DTYPES}
     per = {}
     for d in DTYPES:
@@ -141,28 +184,51 @@ def run(args) -> dict[str, Any]:
     med = lambda d, k: per[d][k]["median"]  # noqa: E731
     auto, why = resolve_dtype("auto", "cpu")
     report = {
-        "model": args.model, "sequences": args.sequences, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "dtype_auto": auto, "dtype_auto_reason": why, "cpu_bf16_flags": sorted(read_cpu_flags() & set(BF16_CPU_FLAGS)),
+        "model": args.model,
+        "sequences": args.sequences,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "dtype_auto": auto,
+        "dtype_auto_reason": why,
+        "cpu_bf16_flags": sorted(read_cpu_flags() & set(BF16_CPU_FLAGS)),
         "per_dtype": per,
         "generator_speedup": med("bfloat16", "generator_tokens_per_s") / med("float32", "generator_tokens_per_s"),
         "learner_speedup": med("bfloat16", "learner_tokens_per_s") / med("float32", "learner_tokens_per_s"),
-        "step_speedup": {s: per["float32"]["steps"][s]["step_s"]["median"] / per["bfloat16"]["steps"][s]["step_s"]["median"]
-                         for s in args.shape_list},
-        "notes": ["learner: torch backend, bf16 = torch CPU autocast (fp32 master weights and AdamW state), no KL reference",
-                  "step: generate one group (one prompt x --sequences), train_batch on it, weights to vLLM in its dtype; "
-                  "no env in the loop (the env's cost is the same in both dtypes)",
-                  "mismatch_abs_logprob_diff: the learner's step metric, vLLM's logprobs vs the learner's at the same weights"],
+        "step_speedup": {
+            s: per["float32"]["steps"][s]["step_s"]["median"] / per["bfloat16"]["steps"][s]["step_s"]["median"]
+            for s in args.shape_list
+        },
+        "notes": [
+            "learner: torch backend, bf16 = torch CPU autocast (fp32 master weights and AdamW state), no KL reference",
+            "step: generate one group (one prompt x --sequences), train_batch on it, weights to vLLM in its dtype; "
+            "no env in the loop (the env's cost is the same in both dtypes)",
+            "mismatch_abs_logprob_diff: the learner's step metric, vLLM's logprobs vs the learner's at the same weights",
+        ],
     }
     return report
 
 
 def render(report: dict[str, Any]) -> str:
     per = report["per_dtype"]
-    rows = [(d, per[d]["generator_tokens_per_s"]["median"], per[d]["learner_tokens_per_s"]["median"],
-             *[per[d]["steps"][s]["step_s"]["median"] for s in report["step_speedup"]],
-             *[f'{per[d]["steps"][s]["mismatch_abs_logprob_diff"]["median"]:.2e}' for s in report["step_speedup"]]) for d in per]
-    rows.append(("bf16/fp32 speedup", report["generator_speedup"], report["learner_speedup"],
-                 *report["step_speedup"].values(), *[None] * len(report["step_speedup"])))
+    rows = [
+        (
+            d,
+            per[d]["generator_tokens_per_s"]["median"],
+            per[d]["learner_tokens_per_s"]["median"],
+            *[per[d]["steps"][s]["step_s"]["median"] for s in report["step_speedup"]],
+            *[f"{per[d]['steps'][s]['mismatch_abs_logprob_diff']['median']:.2e}" for s in report["step_speedup"]],
+        )
+        for d in per
+    ]
+    rows.append(
+        (
+            "bf16/fp32 speedup",
+            report["generator_speedup"],
+            report["learner_speedup"],
+            *report["step_speedup"].values(),
+            *[None] * len(report["step_speedup"]),
+        )
+    )
     shapes = list(report["step_speedup"])
     head = ["dtype", "gen tok/s", "learner tok/s", *[f"{s} step s" for s in shapes], *[f"{s} |dlogp|" for s in shapes]]
     return table(rows, head) + f"\nauto here: {report['dtype_auto']} ({report['dtype_auto_reason']})"

@@ -13,6 +13,7 @@ its metrics rows. A warm-up batch and update come first in the alone phase
 (the engine's and optimizer's first calls are slow); the alone phase trains
 the learner twice before the pipeline starts, which changes no throughput.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,16 @@ from benchmarks._common import error_bars, figure, log, save_figure, summary, ta
 from benchmarks._pipeline import PipelineRun, compose_cfg, env_fraction, ray_session, trajectories_per_s
 
 NAME = "rollout-learn"
-METRICS = ("gen_tokens_per_s", "gen_tokens_per_busy_s", "trajectories_per_s", "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s",
-           "generate_s_per_group", "t_learn_batch")
+METRICS = (
+    "gen_tokens_per_s",
+    "gen_tokens_per_busy_s",
+    "trajectories_per_s",
+    "env_steps_per_s",
+    "learner_samples_per_s",
+    "learner_tokens_per_s",
+    "generate_s_per_group",
+    "t_learn_batch",
+)
 
 
 def add_arguments(parser) -> None:
@@ -39,14 +48,14 @@ def _alone(pipeline) -> dict[str, float]:
     import ray
     from omegaconf import OmegaConf
 
-    from rollout.chat import ChatTokenizer
     from actors.generation.server import RemoteGenerator
-    from weights.model_assets import load_tokenizer
-    from rollout.play import GroupStats, run_group
     from env_pool.base import play_scripted
     from env_pool.interface.state import InterfaceState
     from env_pool.tags import RELEASED_BASE_WEIGHTS
+    from rollout.chat import ChatTokenizer
+    from rollout.play import GroupStats, run_group
     from seal.config import instantiate, instantiate_spec
+    from weights.model_assets import load_tokenizer
 
     cfg = pipeline.cfg
     groups, n = pipeline.trainer.groups_per_step, int(cfg.n)
@@ -69,8 +78,24 @@ def _alone(pipeline) -> dict[str, float]:
         tasks = [pipeline.task_ids[i % len(pipeline.task_ids)] for i in range(groups)]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(groups) as pool:
-            futures = [pool.submit(functools.partial(run_group, make_env, generator, chats[i], tasks[i], n, sampling, interface,
-                                                     group_id=f"alone-{tag}-{i}", seed=1000 + i, stats=stats[i])) for i in range(groups)]
+            futures = [
+                pool.submit(
+                    functools.partial(
+                        run_group,
+                        make_env,
+                        generator,
+                        chats[i],
+                        tasks[i],
+                        n,
+                        sampling,
+                        interface,
+                        group_id=f"alone-{tag}-{i}",
+                        seed=1000 + i,
+                        stats=stats[i],
+                    )
+                )
+                for i in range(groups)
+            ]
             trajs = [t for f in futures for t in f.result()]
         return time.perf_counter() - t0, trajs, [e.result() for e in envs], stats
 
@@ -98,10 +123,18 @@ def _alone(pipeline) -> dict[str, float]:
         passes += 1
     tokens = sum(t.num_generated_tokens for t in trajs)
     samples = len(trajs)
-    return {"gen_tokens_per_s": tokens / t_gen, "gen_tokens_per_busy_s": tokens / t_gen, "trajectories_per_s": samples / t_gen, "env_steps_per_s": steps / env_s if env_s else None,
-            "learner_samples_per_s": samples / t_learn, "learner_tokens_per_s": tokens / t_learn,
-            "generate_s_per_group": sum(s.generate_s for s in stats) / groups, "t_learn_batch": t_learn,
-            "t_generate_batch": t_gen, "generated_tokens": tokens}
+    return {
+        "gen_tokens_per_s": tokens / t_gen,
+        "gen_tokens_per_busy_s": tokens / t_gen,
+        "trajectories_per_s": samples / t_gen,
+        "env_steps_per_s": steps / env_s if env_s else None,
+        "learner_samples_per_s": samples / t_learn,
+        "learner_tokens_per_s": tokens / t_learn,
+        "generate_s_per_group": sum(s.generate_s for s in stats) / groups,
+        "t_learn_batch": t_learn,
+        "t_generate_batch": t_gen,
+        "generated_tokens": tokens,
+    }
 
 
 def _in_pipeline(rows: list[dict[str, Any]], n: int) -> dict[str, float]:
@@ -110,14 +143,21 @@ def _in_pipeline(rows: list[dict[str, Any]], n: int) -> dict[str, float]:
     return {
         "gen_tokens_per_s": median([r["gen_tokens_per_s"] for r in rows]),
         # The generator's own speed: tokens per second it was busy (alone it is busy the whole batch).
-        "gen_tokens_per_busy_s": median([r["gen_tokens_per_s"] / (1.0 - r["idle_ratio"]["generator"]) for r in rows
-                                         if r["idle_ratio"]["generator"] is not None and r["idle_ratio"]["generator"] < 1.0]),
+        "gen_tokens_per_busy_s": median(
+            [
+                r["gen_tokens_per_s"] / (1.0 - r["idle_ratio"]["generator"])
+                for r in rows
+                if r["idle_ratio"]["generator"] is not None and r["idle_ratio"]["generator"] < 1.0
+            ]
+        ),
         "trajectories_per_s": median([trajectories_per_s(r, n) for r in rows]),
         "env_steps_per_s": median([r["env_steps_per_s"] for r in rows]),
         # The learner's own rates while generation runs beside it (contention shows here).
         "learner_samples_per_s": median([r["learner_samples_per_s"] for r in rows]),
         "learner_tokens_per_s": median([r["learner_tokens_per_s"] for r in rows]),
-        "generate_s_per_group": median([r["wait_s"]["generate"] / r["groups_generated"] for r in rows if r["groups_generated"]]),
+        "generate_s_per_group": median(
+            [r["wait_s"]["generate"] / r["groups_generated"] for r in rows if r["groups_generated"]]
+        ),
         "t_learn_batch": median([r["wait_s"]["learner"] for r in rows]),
         "step_s": median([r["step_s"] for r in rows]),
     }
@@ -135,13 +175,25 @@ def run(args) -> dict[str, Any]:
             log(f"[{NAME}] repeat {r + 1}/{args.repeats}")
             pr = PipelineRun(cfg, args.overrides, args.steps, args.warmup, before=_alone)
             alone, inside = pr.before_result, _in_pipeline(pr.rows, n)
-            repeats.append({"alone": alone, "pipeline": inside, "env_fraction": env_fraction(pr.rows),
-                            "pipeline_over_alone": {k: (inside[k] / alone[k] if alone[k] and inside[k] is not None else None) for k in METRICS},
-                            "generate_over_learn": alone["t_generate_batch"] / alone["t_learn_batch"]})
+            repeats.append(
+                {
+                    "alone": alone,
+                    "pipeline": inside,
+                    "env_fraction": env_fraction(pr.rows),
+                    "pipeline_over_alone": {
+                        k: (inside[k] / alone[k] if alone[k] and inside[k] is not None else None) for k in METRICS
+                    },
+                    "generate_over_learn": alone["t_generate_batch"] / alone["t_learn_batch"],
+                }
+            )
     agg = lambda path: summary([_get(rep, path) for rep in repeats])  # noqa: E731
     report = {
-        "mode": trainer.mode, "model": str(cfg.model.path), "env": str(cfg.env._target_).rsplit(".", 1)[-1],
-        "n": n, "groups_per_step": trainer.groups_per_step, "max_new_tokens": int(cfg.sampling.max_new_tokens),
+        "mode": trainer.mode,
+        "model": str(cfg.model.path),
+        "env": str(cfg.env._target_).rsplit(".", 1)[-1],
+        "n": n,
+        "groups_per_step": trainer.groups_per_step,
+        "max_new_tokens": int(cfg.sampling.max_new_tokens),
         "alone": {k: agg(("alone", k)) for k in (*METRICS, "t_generate_batch")},
         "pipeline": {k: agg(("pipeline", k)) for k in (*METRICS, "step_s")},
         "pipeline_over_alone": {k: agg(("pipeline_over_alone", k)) for k in METRICS},
@@ -150,13 +202,17 @@ def run(args) -> dict[str, Any]:
         "generate_over_learn": agg(("generate_over_learn",)),
         "env_fraction": agg(("env_fraction",)),
         "repeats": repeats,
-        "notes": ["alone: the pipeline's own generator and learner actors, idle otherwise, driven from the benchmark process",
-                  "pipeline gen_tokens_per_s and trajectories_per_s are per wall second of a learner step (what the pipeline "
-                  "delivers); gen_tokens_per_busy_s, env_steps_per_s and the learner's rates are per second of that stage's own "
-                  "busy time (their ratio to alone shows contention; the generator's busy time includes loading weights)",
-                  "env_fraction = env + verifier + diagnosis seconds / generator-wait seconds, summed over the same groups"],
+        "notes": [
+            "alone: the pipeline's own generator and learner actors, idle otherwise, driven from the benchmark process",
+            "pipeline gen_tokens_per_s and trajectories_per_s are per wall second of a learner step (what the pipeline "
+            "delivers); gen_tokens_per_busy_s, env_steps_per_s and the learner's rates are per second of that stage's own "
+            "busy time (their ratio to alone shows contention; the generator's busy time includes loading weights)",
+            "env_fraction = env + verifier + diagnosis seconds / generator-wait seconds, summed over the same groups",
+        ],
     }
-    report["targets"] = [target("env pool share of generator time in the pipeline", report["env_fraction"]["median"], "<=", 0.05)]
+    report["targets"] = [
+        target("env pool share of generator time in the pipeline", report["env_fraction"]["median"], "<=", 0.05)
+    ]
     return report
 
 
@@ -167,11 +223,21 @@ def _get(d: dict, path: tuple) -> Any:
 
 
 def render(report: dict[str, Any]) -> str:
-    rows = [(k, report["alone"][k]["median"], report["pipeline"][k]["median"], report["pipeline_over_alone"][k]["median"],
-             f"{_fmt_range(report['pipeline_over_alone'][k])}") for k in METRICS]
+    rows = [
+        (
+            k,
+            report["alone"][k]["median"],
+            report["pipeline"][k]["median"],
+            report["pipeline_over_alone"][k]["median"],
+            f"{_fmt_range(report['pipeline_over_alone'][k])}",
+        )
+        for k in METRICS
+    ]
     out = [table(rows, ["stage figure", "alone", "in pipeline", "ratio", "ratio min..max"])]
-    out.append(f"one batch ({report['groups_per_step']} groups x {report['n']}) alone: generate {report['t_generate_batch']:.2f} s, "
-               f"learn {report['t_learn_batch']:.2f} s (generate/learn {report['generate_over_learn']['median']:.2f})")
+    out.append(
+        f"one batch ({report['groups_per_step']} groups x {report['n']}) alone: generate {report['t_generate_batch']:.2f} s, "
+        f"learn {report['t_learn_batch']:.2f} s (generate/learn {report['generate_over_learn']['median']:.2f})"
+    )
     ef = report["env_fraction"]["median"]
     out.append(f"env pool / generator time in the pipeline: {ef:.3%}" if ef is not None else "env pool share: -")
     return "\n".join(out)
@@ -193,4 +259,6 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
     med, err = error_bars(bars)
     ax2.bar(["generate one batch", "learn one batch"], med, yerr=err, color=["tab:orange", "tab:green"])
     ax2.set_ylabel("seconds (alone)")
-    return save_figure(fig, out_dir, NAME, f"rollout vs learning ({report['model']}, {report['env']}, {report['mode']})")
+    return save_figure(
+        fig, out_dir, NAME, f"rollout vs learning ({report['model']}, {report['env']}, {report['mode']})"
+    )

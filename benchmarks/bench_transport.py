@@ -12,6 +12,7 @@ generated segments, as the rollouts produce them):
 MB/s counts the encoded frame size for every path, so the three compare the
 same payload. Paths alternate within each repeat.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -30,7 +31,9 @@ GROUP = 8  # rollouts per group (the paper's n)
 
 def add_arguments(parser) -> None:
     parser.add_argument("--tokens", default="2048,8192,32768", help="trajectory sizes in tokens, comma-separated")
-    parser.add_argument("--mb", type=float, default=64.0, help="payload per measurement (sets the message count per size)")
+    parser.add_argument(
+        "--mb", type=float, default=64.0, help="payload per measurement (sets the message count per size)"
+    )
     parser.add_argument("--max-messages", type=int, default=5000)
 
 
@@ -55,13 +58,31 @@ def make_trajectories(tokens: int, count: int, seed: int = 0) -> list:
         pos, gen = pos + span, not gen
     out = []
     for i in range(count):
-        out.append(Trajectory(
-            task_id="multi_turn_base_0", category="base", env="bfcl", group_id=f"g{seed}-{i // GROUP}", rollout_index=i % GROUP,
-            interface_version=3, token_ids=ids, loss_mask=mask, logprobs=logprobs, prompt_length=prompt, segments=segments,
-            reward=float(i % 2), success=bool(i % 2), progress=0.5, tags=["pass", "state_mismatch", "pass"],
-            labels=["pass", "state_mismatch", "pass"], error_type=None, outcome="completed", num_tool_calls=6, num_steps=9,
-            timings={"generate_s": 1.0, "env_s": 0.01, "judge_s": 0.002, "total_s": 1.1},
-        ))
+        out.append(
+            Trajectory(
+                task_id="multi_turn_base_0",
+                category="base",
+                env="bfcl",
+                group_id=f"g{seed}-{i // GROUP}",
+                rollout_index=i % GROUP,
+                interface_version=3,
+                token_ids=ids,
+                loss_mask=mask,
+                logprobs=logprobs,
+                prompt_length=prompt,
+                segments=segments,
+                reward=float(i % 2),
+                success=bool(i % 2),
+                progress=0.5,
+                tags=["pass", "state_mismatch", "pass"],
+                labels=["pass", "state_mismatch", "pass"],
+                error_type=None,
+                outcome="completed",
+                num_tool_calls=6,
+                num_steps=9,
+                timings={"generate_s": 1.0, "env_s": 0.01, "judge_s": 0.002, "total_s": 1.1},
+            )
+        )
     return out
 
 
@@ -100,7 +121,9 @@ def _zmq(tokens: int, count: int, seed: int) -> float:
     server = ReplayServer(ReplayQueue(GROUP, 1, max_staleness=10**6), TransportConfig(hwm=64, max_ready_groups=64))
     ready, start = ctx.Event(), ctx.Event()
     # With CURVE, as a run streams (the default transport.curve): the timing includes the encryption.
-    proc = ctx.Process(target=_zmq_producer, args=(server.address, server.client_keys, tokens, count, seed, ready, start), daemon=True)
+    proc = ctx.Process(
+        target=_zmq_producer, args=(server.address, server.client_keys, tokens, count, seed, ready, start), daemon=True
+    )
     proc.start()
     try:
         _wait_ready(proc, ready)
@@ -163,8 +186,12 @@ def _codec_ms(tokens: int, rounds: int = 20) -> dict[str, float]:
     traj = make_trajectories(tokens, 1)[0]
     frame = encode(traj)
     out = {}
-    for name, fn in (("encode", lambda: encode(traj)), ("decode", lambda: decode(frame)), ("pickle", lambda: pickle.dumps(traj)),
-                     ("unpickle", lambda: pickle.loads(pickle.dumps(traj)))):
+    for name, fn in (
+        ("encode", lambda: encode(traj)),
+        ("decode", lambda: decode(frame)),
+        ("pickle", lambda: pickle.dumps(traj)),
+        ("unpickle", lambda: pickle.loads(pickle.dumps(traj))),
+    ):
         t0 = time.perf_counter()
         for _ in range(rounds):
             fn()
@@ -186,12 +213,21 @@ def run(args) -> dict[str, Any]:
         counts[size] = max(GROUP, min(args.max_messages, int(args.mb * 2**20 / frame_bytes[size])) // GROUP * GROUP)
     for r in range(args.repeats):
         for size in sizes:
-            for path in (PATHS if r % 2 == 0 else PATHS[::-1]):
+            for path in PATHS if r % 2 == 0 else PATHS[::-1]:
                 log(f"[{NAME}] repeat {r + 1}/{args.repeats}: {path}, {size} tokens x {counts[size]} messages")
                 seconds = measure[path](size, counts[size], seed=r)
-                results[path][size].append({"msgs_per_s": counts[size] / seconds, "mb_per_s": counts[size] * frame_bytes[size] / 2**20 / seconds})
-    report: dict[str, Any] = {"sizes_tokens": sizes, "frame_bytes": [frame_bytes[s] for s in sizes], "messages": [counts[s] for s in sizes],
-                              "per_message_ms": [_codec_ms(s) for s in sizes]}
+                results[path][size].append(
+                    {
+                        "msgs_per_s": counts[size] / seconds,
+                        "mb_per_s": counts[size] * frame_bytes[size] / 2**20 / seconds,
+                    }
+                )
+    report: dict[str, Any] = {
+        "sizes_tokens": sizes,
+        "frame_bytes": [frame_bytes[s] for s in sizes],
+        "messages": [counts[s] for s in sizes],
+        "per_message_ms": [_codec_ms(s) for s in sizes],
+    }
     for path in PATHS:
         report[path] = {
             "msgs_per_s": [summary([m["msgs_per_s"] for m in results[path][s]])["median"] for s in sizes],
@@ -200,13 +236,17 @@ def run(args) -> dict[str, Any]:
         }
     for base in ("mp_queue", "queue"):
         # Ratio per repeat (same load), then the median over repeats.
-        report[f"zmq_over_{base}"] = [summary([z["msgs_per_s"] / b["msgs_per_s"] for z, b in zip(results["zmq"][s], results[base][s])])
-                                      for s in sizes]
-    report["notes"] = ["zmq: encode + PUSH in a spawned process, PULL + decode + validate + replay queue + take_batch here",
-                       "mp_queue: pickled Trajectory objects through multiprocessing.Queue between the same two processes",
-                       "queue: object references between two threads (no serialization): a floor, not an alternative across processes",
-                       "MB/s = messages x encoded frame size / seconds for every path",
-                       "per_message_ms: single-threaded codec cost per message (encode, decode + validate) against pickle"]
+        report[f"zmq_over_{base}"] = [
+            summary([z["msgs_per_s"] / b["msgs_per_s"] for z, b in zip(results["zmq"][s], results[base][s])])
+            for s in sizes
+        ]
+    report["notes"] = [
+        "zmq: encode + PUSH in a spawned process, PULL + decode + validate + replay queue + take_batch here",
+        "mp_queue: pickled Trajectory objects through multiprocessing.Queue between the same two processes",
+        "queue: object references between two threads (no serialization): a floor, not an alternative across processes",
+        "MB/s = messages x encoded frame size / seconds for every path",
+        "per_message_ms: single-threaded codec cost per message (encode, decode + validate) against pickle",
+    ]
     return report
 
 
@@ -216,10 +256,16 @@ def render(report: dict[str, Any]) -> str:
         for path in PATHS:
             ratio = report["zmq_over_mp_queue"][i]["median"] if path == "zmq" else None
             rows.append((f"{size} tok / {path}", report[path]["msgs_per_s"][i], report[path]["mb_per_s"][i], ratio))
-    codec = [(f"{s} tok", b / 1024, c["encode"], c["decode"], c["pickle"], c["unpickle"])
-             for s, b, c in zip(report["sizes_tokens"], report["frame_bytes"], report["per_message_ms"])]
-    return "\n\n".join([table(rows, ["size / path", "msgs/s", "MB/s", "zmq / mp_queue"]),
-                        table(codec, ["codec, one thread", "frame KiB", "encode ms", "decode ms", "pickle ms", "unpickle ms"])])
+    codec = [
+        (f"{s} tok", b / 1024, c["encode"], c["decode"], c["pickle"], c["unpickle"])
+        for s, b, c in zip(report["sizes_tokens"], report["frame_bytes"], report["per_message_ms"])
+    ]
+    return "\n\n".join(
+        [
+            table(rows, ["size / path", "msgs/s", "MB/s", "zmq / mp_queue"]),
+            table(codec, ["codec, one thread", "frame KiB", "encode ms", "decode ms", "pickle ms", "unpickle ms"]),
+        ]
+    )
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> Path:

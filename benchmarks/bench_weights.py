@@ -11,6 +11,7 @@ The memory-copy bound is measured in the same run on the same bytes: the
 published arrays cloned once (torch) in this process. One warm-up publish
 comes first; the repeats alternate with nothing else running.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +24,9 @@ PROBE_TOKENS = 32
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--models", default="tiny,embedded", help="embedded, tiny or model directories, comma-separated")
+    parser.add_argument(
+        "--models", default="tiny,embedded", help="embedded, tiny or model directories, comma-separated"
+    )
 
 
 def _model_overrides(model: str) -> list[str]:
@@ -37,8 +40,12 @@ def _memcpy_s(manifest, repeats: int) -> list[float]:
     import ray
     import torch
 
-    tensors = [torch.from_numpy(a.copy()) for ref in manifest.buckets  # writable, in this process
-               for a in ray.get(ref, timeout=600).values() if isinstance(a, np.ndarray)]
+    tensors = [
+        torch.from_numpy(a.copy())
+        for ref in manifest.buckets  # writable, in this process
+        for a in ray.get(ref, timeout=600).values()
+        if isinstance(a, np.ndarray)
+    ]
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
@@ -79,14 +86,30 @@ def _measure_model(cfg, repeats: int) -> dict[str, Any]:
             t3 = time.perf_counter()
             if out.policy_version != version:
                 raise RuntimeError(f"first token after publishing v{version} came from v{out.policy_version}")
-            runs.append({"publish_s": t3 - t0, "gather_s": t1 - t0, "update_s": t2 - t1, "engine_load_s": engine_s, "first_token_s": t3 - t2})
+            runs.append(
+                {
+                    "publish_s": t3 - t0,
+                    "gather_s": t1 - t0,
+                    "update_s": t2 - t1,
+                    "engine_load_s": engine_s,
+                    "first_token_s": t3 - t2,
+                }
+            )
             del manifest
         runs = runs[1:]  # the first publish is the warm-up
     finally:
         actors.close()
-    return {"model_bytes": model_bytes, "buckets": buckets, "memcpy": summary(memcpy), "runs": runs,
-            **{k: summary([r[k] for r in runs]) for k in ("publish_s", "gather_s", "update_s", "engine_load_s", "first_token_s")},
-            "publish_over_memcpy": summary([r["publish_s"] / m for r, m in zip(runs, memcpy)])}
+    return {
+        "model_bytes": model_bytes,
+        "buckets": buckets,
+        "memcpy": summary(memcpy),
+        "runs": runs,
+        **{
+            k: summary([r[k] for r in runs])
+            for k in ("publish_s", "gather_s", "update_s", "engine_load_s", "first_token_s")
+        },
+        "publish_over_memcpy": summary([r["publish_s"] / m for r, m in zip(runs, memcpy)]),
+    }
 
 
 def run(args) -> dict[str, Any]:
@@ -108,15 +131,20 @@ def run(args) -> dict[str, Any]:
         "model_bytes": [per_model[m]["model_bytes"] for m in models],
         "buckets": [per_model[m]["buckets"] for m in models],
         "publish_over_memcpy": [per_model[m]["publish_over_memcpy"]["median"] for m in models],
-        "breakdown": {m: {k: per_model[m][k]["median"] for k in ("gather_s", "update_s", "engine_load_s", "first_token_s")} for m in models},
+        "breakdown": {
+            m: {k: per_model[m][k]["median"] for k in ("gather_s", "update_s", "engine_load_s", "first_token_s")}
+            for m in models
+        },
         "spread": {m: {k: per_model[m][k] for k in ("publish_s", "memcpy", "publish_over_memcpy")} for m in models},
         "probe_prompt_tokens": PROBE_TOKENS,
         "learner": f"{compose_cfg(args.overrides).learner.cfg.backend}",
-        "notes": ["publish_s: learner.weights() -> object store -> generator update_weights (vLLM reload, prefix-cache reset) -> "
-                  "first token carrying the new version; the pipeline's path (its rows report the same as publish_s)",
-                  "gather_s: the learner's weights into the object store, bucket by bucket (learner.cfg.weight_bucket_mb); "
-                  "update_s: fetching and loading the buckets as the driver sees it",
-                  "memcpy_s: the same arrays cloned once in one process (torch), the floor for moving these bytes"],
+        "notes": [
+            "publish_s: learner.weights() -> object store -> generator update_weights (vLLM reload, prefix-cache reset) -> "
+            "first token carrying the new version; the pipeline's path (its rows report the same as publish_s)",
+            "gather_s: the learner's weights into the object store, bucket by bucket (learner.cfg.weight_bucket_mb); "
+            "update_s: fetching and loading the buckets as the driver sees it",
+            "memcpy_s: the same arrays cloned once in one process (torch), the floor for moving these bytes",
+        ],
     }
     embedded = [p for m, p in zip(models, report["publish_s"]) if m == "embedded"]
     if embedded:
@@ -128,8 +156,18 @@ def render(report: dict[str, Any]) -> str:
     rows = []
     for i, m in enumerate(report["models"]):
         b = report["breakdown"][m]
-        rows.append((m, report["model_bytes"][i] / 2**20, report["publish_s"][i], report["memcpy_s"][i], report["publish_over_memcpy"][i],
-                     b["gather_s"], b["update_s"], b["first_token_s"]))
+        rows.append(
+            (
+                m,
+                report["model_bytes"][i] / 2**20,
+                report["publish_s"][i],
+                report["memcpy_s"][i],
+                report["publish_over_memcpy"][i],
+                b["gather_s"],
+                b["update_s"],
+                b["first_token_s"],
+            )
+        )
     return table(rows, ["model", "MiB", "publish s", "memcpy s", "x memcpy", "gather s", "update s", "1st token s"])
 
 

@@ -21,6 +21,7 @@ pipeline or its actors (rollout-learn, sync-async, weights, trl).
     .venv/bin/seal bench sync-async --repeats 3 model=embedded
     .venv/bin/python benchmarks/cli.py env --actors 1,2,4,8 --json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the checkout importable as `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PARTS = {"rollout-learn": "bench_rollout_learn", "sync-async": "bench_sync_async", "env": "bench_env",
-         "transport": "bench_transport", "weights": "bench_weights", "precision": "bench_precision",
-         "trl": "bench_trl", "learner-scale": "bench_learner_scale", "generator": "bench_generator"}
+PARTS = {
+    "rollout-learn": "bench_rollout_learn",
+    "sync-async": "bench_sync_async",
+    "env": "bench_env",
+    "transport": "bench_transport",
+    "weights": "bench_weights",
+    "precision": "bench_precision",
+    "trl": "bench_trl",
+    "learner-scale": "bench_learner_scale",
+    "generator": "bench_generator",
+}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -45,15 +54,20 @@ def _module(part: str):
 
 def build_parser(part: str) -> argparse.ArgumentParser:
     # `all` takes every part's options; the parts share --steps and --warmup (same defaults): the last definition serves.
-    parser = argparse.ArgumentParser(prog=f"seal bench {part}", conflict_handler="resolve",
-                                     description=(_module(part).__doc__ or "").splitlines()[0] if part in PARTS else "every benchmark part in turn")
+    parser = argparse.ArgumentParser(
+        prog=f"seal bench {part}",
+        conflict_handler="resolve",
+        description=(_module(part).__doc__ or "").splitlines()[0] if part in PARTS else "every benchmark part in turn",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per part on stdout")
     parser.add_argument("--repeats", type=int, default=3, help="repeated measurements (median and min..max reported)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for bench_<part>.json and .png")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    for name in (PARTS if part == "all" else [part]):
+    for name in PARTS if part == "all" else [part]:
         _module(name).add_arguments(parser)
-    parser.add_argument("overrides", nargs="*", help="hydra overrides for the pipeline parts, e.g. model=tiny learner=torch")
+    parser.add_argument(
+        "overrides", nargs="*", help="hydra overrides for the pipeline parts, e.g. model=tiny learner=torch"
+    )
     return parser
 
 
@@ -66,8 +80,15 @@ def run_part(part: str, args: argparse.Namespace) -> dict:
     with stdout_to_stderr(args.json):
         with LoadProbe() as probe:
             result = module.run(args)
-        report = {"part": part, **result, "command": " ".join(["seal bench", part, *args.command_line]),
-                  "repeats_requested": args.repeats, "started": started, "outside_load": probe.result, "machine": machine()}
+        report = {
+            "part": part,
+            **result,
+            "command": " ".join(["seal bench", part, *args.command_line]),
+            "repeats_requested": args.repeats,
+            "started": started,
+            "outside_load": probe.result,
+            "machine": machine(),
+        }
         path = write_json(args.out, part, report)
         if not args.no_plot:
             report["plot"] = str(module.plot(report, args.out))
@@ -82,8 +103,10 @@ def run_part(part: str, args: argparse.Namespace) -> dict:
             state = "met" if t["met"] else ("not met" if t["met"] is False else "not measured")
             print(f"target: {t['name']} {t['target']}: measured {_short(t['measured'])} ({state})")
         load = report["outside_load"]
-        print(f"outside load: loadavg {load['loadavg_before'][0]} -> {load['loadavg_after'][0]} on {load['cpus']} cores; "
-              f"other processes used {load['other_processes_cpu_share']:.0%} of the machine's CPU during the run")
+        print(
+            f"outside load: loadavg {load['loadavg_before'][0]} -> {load['loadavg_after'][0]} on {load['cpus']} cores; "
+            f"other processes used {load['other_processes_cpu_share']:.0%} of the machine's CPU during the run"
+        )
         print(f"JSON: {path}" + (f"; plot: {report['plot']}" if "plot" in report else ""))
     return report
 

@@ -6,6 +6,7 @@ table and writes JSON (default benchmarks/results/env_throughput.json).
 
     .venv/bin/python benchmarks/env_throughput.py [--rounds 3] [--episodes 800] [--memory-episodes 3000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,11 +54,13 @@ def main() -> None:
     args = parser.parse_args()
 
     from env_pool.bfcl.env import BfclEnv
-    from env_pool.bfcl.tasks import get_task, split_ids
     from env_pool.bfcl.replay import ground_truth_turns
+    from env_pool.bfcl.tasks import get_task, split_ids
 
     ids = split_ids("all")
-    plans = [(ids[i % len(ids)], ground_truth_turns(get_task(ids[i % len(ids)]), args.format)) for i in range(args.episodes)]
+    plans = [
+        (ids[i % len(ids)], ground_truth_turns(get_task(ids[i % len(ids)]), args.format)) for i in range(args.episodes)
+    ]
     env = BfclEnv(tool_format=args.format)
     run_pass(env, plans[:100], True)  # warm caches and imports
     load_before = os.getloadavg()[0]
@@ -67,7 +70,10 @@ def main() -> None:
         totals["env + verifier + diagnosis"].append(run_pass(env, plans, True))
 
     rng = random.Random(0)
-    mem_plans = [(t, ground_truth_turns(get_task(t), args.format)) for t in (rng.choice(ids) for _ in range(args.memory_episodes))]
+    mem_plans = [
+        (t, ground_truth_turns(get_task(t), args.format))
+        for t in (rng.choice(ids) for _ in range(args.memory_episodes))
+    ]
     gc.collect()
     rss0 = rss_mb()
     run_pass(env, mem_plans, True)
@@ -79,14 +85,16 @@ def main() -> None:
     for mode, passes in totals.items():
         best = min(passes, key=lambda p: p["seconds"])
         median = sorted(p["seconds"] for p in passes)[len(passes) // 2]
-        rows.append({
-            "mode": mode,
-            "episodes_per_s": best["episodes"] / median,
-            "steps_per_s": best["steps"] / median,
-            "tool_calls_per_s": best["tool_calls"] / median,
-            "median_seconds": median,
-            "passes": passes,
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "episodes_per_s": best["episodes"] / median,
+                "steps_per_s": best["steps"] / median,
+                "tool_calls_per_s": best["tool_calls"] / median,
+                "median_seconds": median,
+                "passes": passes,
+            }
+        )
     report = {
         "benchmark": "env_throughput",
         "format": args.format,
@@ -95,7 +103,12 @@ def main() -> None:
         "outside_load_1min": {"before": load_before, "after": load_after},
         "results": rows,
         "diagnosis_cost_ratio": rows[0]["episodes_per_s"] / rows[1]["episodes_per_s"],
-        "memory": {"episodes": args.memory_episodes, "rss_mb_before": rss0, "rss_mb_after": rss1, "growth_mb": rss1 - rss0},
+        "memory": {
+            "episodes": args.memory_episodes,
+            "rss_mb_before": rss0,
+            "rss_mb_after": rss1,
+            "growth_mb": rss1 - rss0,
+        },
     }
     print(f"{'mode':<30}{'episodes/s':>12}{'steps/s':>10}{'calls/s':>10}")
     for r in rows:

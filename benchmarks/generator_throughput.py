@@ -9,6 +9,7 @@ Prints a table and writes JSON (default benchmarks/results/generator_throughput.
 
     .venv/bin/python benchmarks/generator_throughput.py [--model embedded] [--n 8] [--task multi_turn_base_0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,13 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/generator_throughput.json")
     args = parser.parse_args()
 
-    from rollout.chat import ChatTokenizer
-    from rollout.generator import GenerationRequest, SamplingConfig
-    from weights.model_assets import resolve_model
-    from rollout.play import GroupStats, run_group
     from actors.generation.vllm_engine import VllmGenerator
     from env_pool.bfcl.env import BfclEnv
     from env_pool.interface.state import InterfaceState
+    from rollout.chat import ChatTokenizer
+    from rollout.generator import GenerationRequest, SamplingConfig
+    from rollout.play import GroupStats, run_group
+    from weights.model_assets import resolve_model
 
     load_before = os.getloadavg()[0]
     path = str(resolve_model(args.model))
@@ -54,8 +55,10 @@ def main() -> None:
     prefill_s = time.perf_counter() - t
     gen.reset_prefix_cache()
     t = time.perf_counter()
-    outs = gen.generate([GenerationRequest(f"d{i}", prompt, args.max_new_tokens, seed=i) for i in range(args.n)],
-                        SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens))
+    outs = gen.generate(
+        [GenerationRequest(f"d{i}", prompt, args.max_new_tokens, seed=i) for i in range(args.n)],
+        SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens),
+    )
     full_s = time.perf_counter() - t
     decoded = sum(len(o.token_ids) for o in outs) - args.n
     decode_s = max(full_s - prefill_s, 1e-9)
@@ -110,9 +113,15 @@ def main() -> None:
     rows = [
         ("engine start", f"{start_s:.1f} s"),
         ("opening prompt", f"{len(prompt)} tokens x {args.n}"),
-        ("prefill (cold, n prompts)", f"{prefill_s:.2f} s ({report['prefill_tokens_per_s']:.0f} tok/s; the prefix cache serves n-1)"),
+        (
+            "prefill (cold, n prompts)",
+            f"{prefill_s:.2f} s ({report['prefill_tokens_per_s']:.0f} tok/s; the prefix cache serves n-1)",
+        ),
         ("decode", f"{decode_s:.2f} s for {decoded} tokens ({report['decode_tokens_per_s']:.1f} tok/s)"),
-        (f"group of {args.n} rollouts", f"{group_s:.1f} s, {stats.generated_tokens} tokens ({report['group']['generated_tokens_per_s']:.1f} tok/s)"),
+        (
+            f"group of {args.n} rollouts",
+            f"{group_s:.1f} s, {stats.generated_tokens} tokens ({report['group']['generated_tokens_per_s']:.1f} tok/s)",
+        ),
         ("prefix-cache hit rate in group", f"{stats.prefix_cache_hit_rate:.1%}"),
     ] + [(f"update ({k}) -> first token", f"{median(v):.2f} s median") for k, v in updates.items()]
     for name, value in rows:

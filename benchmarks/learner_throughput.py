@@ -13,6 +13,7 @@ Prints tables and writes JSON (default benchmarks/results/learner_throughput.jso
 
     .venv/bin/python benchmarks/learner_throughput.py [--model embedded] [--groups 2] [--n 4] [--tokens 128] [--rounds 2] [--no-broadcast]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,30 @@ def synthetic_batch(groups: int, n: int, tokens: int, seed: int):
             ids = [rng.randrange(100, 40000) for _ in range(tokens)]
             mask = [0] * prompt + [1] * (tokens - prompt)
             logprobs = [(-rng.uniform(0.1, 5.0) if m else 0.0) for m in mask]
-            out.append(Trajectory(
-                task_id=f"t{g}", category="base", env="synthetic", group_id=f"s{seed}g{g}", rollout_index=i, interface_version=0,
-                token_ids=ids, loss_mask=mask, logprobs=logprobs, prompt_length=prompt, segments=[Segment(prompt, tokens, 0)],
-                reward=float(i % 2), success=bool(i % 2), progress=0.5, tags=[T.PASS if i % 2 else T.EMPTY_TURN],
-                labels=[T.PASS], error_type=None, outcome="completed", num_tool_calls=0, num_steps=1,
-            ))
+            out.append(
+                Trajectory(
+                    task_id=f"t{g}",
+                    category="base",
+                    env="synthetic",
+                    group_id=f"s{seed}g{g}",
+                    rollout_index=i,
+                    interface_version=0,
+                    token_ids=ids,
+                    loss_mask=mask,
+                    logprobs=logprobs,
+                    prompt_length=prompt,
+                    segments=[Segment(prompt, tokens, 0)],
+                    reward=float(i % 2),
+                    success=bool(i % 2),
+                    progress=0.5,
+                    tags=[T.PASS if i % 2 else T.EMPTY_TURN],
+                    labels=[T.PASS],
+                    error_type=None,
+                    outcome="completed",
+                    num_tool_calls=0,
+                    num_steps=1,
+                )
+            )
     return out
 
 
@@ -127,9 +146,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
     args = parser.parse_args()
 
-    from weights.model_assets import resolve_model
     from env_pool.tags import RELEASED_BASE_WEIGHTS
     from learner.engine import Learner, LearnerConfig
+    from weights.model_assets import resolve_model
 
     path = str(resolve_model(args.model))
     load_before = os.getloadavg()[0]
@@ -137,8 +156,13 @@ def main() -> None:
     learners = {}
     for name, (backend, stage) in backends.items():
         t = time.perf_counter()
-        learners[name] = Learner(path, LearnerConfig(backend=backend, zero_stage=stage, lr=1e-6, mini_batch_groups=args.groups,
-                                                     micro_batch_size=args.micro), group_size=args.n)
+        learners[name] = Learner(
+            path,
+            LearnerConfig(
+                backend=backend, zero_stage=stage, lr=1e-6, mini_batch_groups=args.groups, micro_batch_size=args.micro
+            ),
+            group_size=args.n,
+        )
         learners[name].init_s = time.perf_counter() - t
     times: dict[str, list[dict]] = {k: [] for k in backends}
     for r in range(args.rounds):
@@ -160,26 +184,55 @@ def main() -> None:
     rows = []
     for name, runs in times.items():
         best = min(runs, key=lambda m: m["seconds"])
-        rows.append({"backend": name, "init_s": learners[name].init_s, "step_s": best["seconds"], "samples_per_s": best["samples_per_s"],
-                     "tokens_per_s": best["tokens_per_s"], "publish_s": publish[name], "all_step_s": [m["seconds"] for m in runs],
-                     **weights.get(name, {})})
-    report = {"benchmark": "learner_throughput", "model": args.model, "batch": {"groups": args.groups, "n": args.n, "tokens": args.tokens, "micro": args.micro},
-              "results": rows, "peak_rss_gb_all_backends": rss_gb(), "machine": {"cpus": os.cpu_count()},
-              "outside_load_1min": {"before": load_before, "after": load_after}}
+        rows.append(
+            {
+                "backend": name,
+                "init_s": learners[name].init_s,
+                "step_s": best["seconds"],
+                "samples_per_s": best["samples_per_s"],
+                "tokens_per_s": best["tokens_per_s"],
+                "publish_s": publish[name],
+                "all_step_s": [m["seconds"] for m in runs],
+                **weights.get(name, {}),
+            }
+        )
+    report = {
+        "benchmark": "learner_throughput",
+        "model": args.model,
+        "batch": {"groups": args.groups, "n": args.n, "tokens": args.tokens, "micro": args.micro},
+        "results": rows,
+        "peak_rss_gb_all_backends": rss_gb(),
+        "machine": {"cpus": os.cpu_count()},
+        "outside_load_1min": {"before": load_before, "after": load_after},
+    }
     if weights:
-        report["weight_path"] = {"vllm": "cpu, fp32, in a child process", "group": "gloo, 127.0.0.1", "prompt_tokens": args.prompt_tokens,
-                                 "first_token_s_before_any_update": peer.before["first_token_s_before"]}
+        report["weight_path"] = {
+            "vllm": "cpu, fp32, in a child process",
+            "group": "gloo, 127.0.0.1",
+            "prompt_tokens": args.prompt_tokens,
+            "first_token_s_before_any_update": peer.before["first_token_s_before"],
+        }
     print(f"{'backend':<8}{'step s':>9}{'samples/s':>11}{'tokens/s':>10}{'publish s':>11}")
     for r in rows:
-        print(f"{r['backend']:<8}{r['step_s']:>9.2f}{r['samples_per_s']:>11.2f}{r['tokens_per_s']:>10.0f}{r['publish_s']:>11.2f}")
+        print(
+            f"{r['backend']:<8}{r['step_s']:>9.2f}{r['samples_per_s']:>11.2f}{r['tokens_per_s']:>10.0f}{r['publish_s']:>11.2f}"
+        )
     if weights:
-        print(f"\nweights to vLLM (CPU, gloo; first token = {args.prompt_tokens}-token prompt after the prefix-cache reset; "
-              f"{peer.before['first_token_s_before']:.2f} s before any update)")
+        print(
+            f"\nweights to vLLM (CPU, gloo; first token = {args.prompt_tokens}-token prompt after the prefix-cache reset; "
+            f"{peer.before['first_token_s_before']:.2f} s before any update)"
+        )
         print(f"{'backend':<8}{'publish+reload s':>18}{'broadcast s':>13}{'vLLM recv s':>13}{'first tok s':>13}")
         for r in rows:
-            print(f"{r['backend']:<8}{r['publish_s'] + r['reload_s']:>18.2f}{r['broadcast_s']:>13.2f}{r['receive_s']:>13.2f}{r['first_token_s']:>13.2f}")
-    print(f"batch: {args.groups} groups x {args.n} x {args.tokens} tokens (half generated); tokens/s counts generated tokens")
-    print(f"peak RSS (three learners in one process): {report['peak_rss_gb_all_backends']:.1f} GB; outside load {load_before:.2f} -> {load_after:.2f}")
+            print(
+                f"{r['backend']:<8}{r['publish_s'] + r['reload_s']:>18.2f}{r['broadcast_s']:>13.2f}{r['receive_s']:>13.2f}{r['first_token_s']:>13.2f}"
+            )
+    print(
+        f"batch: {args.groups} groups x {args.n} x {args.tokens} tokens (half generated); tokens/s counts generated tokens"
+    )
+    print(
+        f"peak RSS (three learners in one process): {report['peak_rss_gb_all_backends']:.1f} GB; outside load {load_before:.2f} -> {load_after:.2f}"
+    )
     write_report(args.out, report)
 
 

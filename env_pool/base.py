@@ -13,13 +13,15 @@ An episode, as an actor drives it:
 an episode itself (e.g. the prompt no longer fits the model) calls
 ``env.end(Outcome.CONTEXT_OVERFLOW)``: every end is a named, counted outcome.
 """
+
 from __future__ import annotations
 
 import abc
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from env_pool.interface.state import InterfaceState
 
@@ -79,7 +81,7 @@ class EnvStats:
     parse_errors: int = 0
     outcomes: Counter = field(default_factory=Counter)
 
-    def record(self, outcome: "Outcome", steps: int, tool_calls: int, parse_errors: int) -> None:
+    def record(self, outcome: Outcome, steps: int, tool_calls: int, parse_errors: int) -> None:
         self.episodes += 1
         self.steps += steps
         self.tool_calls += tool_calls
@@ -134,7 +136,9 @@ class Environment(abc.ABC):
         """Step texts of a correct agent, per user turn (for checks and demos)."""
 
 
-def play_scripted(env: Environment, task_id: str, turns: Sequence[Sequence[str]], interface: InterfaceState | None = None) -> EpisodeResult:
+def play_scripted(
+    env: Environment, task_id: str, turns: Sequence[Sequence[str]], interface: InterfaceState | None = None
+) -> EpisodeResult:
     """Drive one episode with fixed step texts per turn; the env decides where turns end."""
     env.reset(task_id, interface)
     for turn in turns:

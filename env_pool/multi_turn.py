@@ -19,11 +19,13 @@ names a turn sees, executing one call, the next user turn's messages and the
 verdict (``_judge``). Everything else (counters, outcomes, the context check,
 stats, the ``EpisodeResult``) lives here once.
 """
+
 from __future__ import annotations
 
 import abc
 import time
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from env_pool import tags as T
 from env_pool.base import Environment, EpisodeResult, EpisodeStateError, Message, Outcome, StepResult, TokenCounter
@@ -51,8 +53,14 @@ class Verdict(Protocol):
 
 
 class MultiTurnEnv(Environment):
-    def __init__(self, tool_format: str, step_limit: int, instance_mismatch: str = "release",
-                 max_context_tokens: int | None = None, token_counter: TokenCounter | None = None) -> None:
+    def __init__(
+        self,
+        tool_format: str,
+        step_limit: int,
+        instance_mismatch: str = "release",
+        max_context_tokens: int | None = None,
+        token_counter: TokenCounter | None = None,
+    ) -> None:
         super().__init__()
         if tool_format not in FORMATS:
             raise ValueError(f"tool_format must be one of {FORMATS}, got {tool_format!r}")
@@ -185,12 +193,22 @@ class MultiTurnEnv(Environment):
             verdict = self._judge()
             task = self._task
             self._result = EpisodeResult(
-                env=self.kind, task_id=task.id, category=task.category, reward=verdict.reward,
-                success=bool(verdict.reward), progress=verdict.progress, tags=list(verdict.tags),
-                labels=list(verdict.labels), error_type=verdict.error_type,
-                outcome=(self._outcome or Outcome.ABORTED).value, interface_version=self._interface.version,
-                num_steps=self._num_steps, num_tool_calls=self._num_calls, num_parse_errors=self._num_parse_errors,
-                turns=[list(t) for t in self._turn_texts], env_seconds=self._env_seconds,
+                env=self.kind,
+                task_id=task.id,
+                category=task.category,
+                reward=verdict.reward,
+                success=bool(verdict.reward),
+                progress=verdict.progress,
+                tags=list(verdict.tags),
+                labels=list(verdict.labels),
+                error_type=verdict.error_type,
+                outcome=(self._outcome or Outcome.ABORTED).value,
+                interface_version=self._interface.version,
+                num_steps=self._num_steps,
+                num_tool_calls=self._num_calls,
+                num_parse_errors=self._num_parse_errors,
+                turns=[list(t) for t in self._turn_texts],
+                env_seconds=self._env_seconds,
                 judge_seconds=time.perf_counter() - t0,
             )
         return self._result

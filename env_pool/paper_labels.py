@@ -1,17 +1,27 @@
 """The paper's one dominant label per turn (DESIGN.md section 2's priority), shared by every
 env's judge: the env supplies which tools were visible and what counts as an error result."""
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from env_pool import tags as T
 from env_pool.schema import argument_problems
 
 
-def paper_label(steps: Sequence[Any], calls: Sequence[Any], expected: Sequence[Any], results: Sequence[str],
-                state_ok: bool | None, response_ok: bool | None, tag: str,
-                visible: Mapping[str, dict], is_error: Callable[[str], bool]) -> str:
+def paper_label(
+    steps: Sequence[Any],
+    calls: Sequence[Any],
+    expected: Sequence[Any],
+    results: Sequence[str],
+    state_ok: bool | None,
+    response_ok: bool | None,
+    tag: str,
+    visible: Mapping[str, dict],
+    is_error: Callable[[str], bool],
+) -> str:
     """``visible``: tool name -> schema the model could call this turn; ``is_error``: the env's error-result test."""
     invalid = any(s.error is not None for s in steps) or any(c.name not in visible for c in calls)
     if not expected:

@@ -5,9 +5,10 @@ prefix and its categories (``TASK_PREFIX`` and ``category_of`` beside its tasks)
 this table only lists them, by the env class's ``kind``. The modules are light:
 no task data or bfcl-eval loads until a category needs it.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from env_pool.bfcl import tasks as bfcl_tasks
 from env_pool.shopping import tasks as shopping_tasks

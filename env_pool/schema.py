@@ -4,9 +4,11 @@ Used by the diagnosis (argument_mismatch) and by the training interface's
 hints. Only structural facts a schema states: required fields, known names,
 types, enums. It never consults the ground truth.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # BFCL type names (plus JSON-schema spellings) -> accepted Python types.
 _TYPES: dict[str, tuple[type, ...]] = {

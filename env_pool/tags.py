@@ -3,6 +3,7 @@
 Shared by the environment (which produces tags), the learner (A-Patch weights)
 and the interface (guidelines). Plain strings so they cross the wire as-is.
 """
+
 from __future__ import annotations
 
 # Released-code vocabulary: drives the default advantage weights.
@@ -40,7 +41,9 @@ INSTANCE_MISMATCH_RULES: tuple[str, ...] = ("release", "classes")
 
 def check_instance_mismatch_rule(rule: str) -> str:
     if rule not in INSTANCE_MISMATCH_RULES:
-        raise ValueError(f"diagnosis.instance_mismatch must be one of {', '.join(INSTANCE_MISMATCH_RULES)}, got {rule!r}")
+        raise ValueError(
+            f"diagnosis.instance_mismatch must be one of {', '.join(INSTANCE_MISMATCH_RULES)}, got {rule!r}"
+        )
     return rule
 
 

@@ -15,13 +15,15 @@ Formats:
   binds them the same way, from the caller's ``signatures`` (tool name ->
   parameter names in that order), and every call leaves it in keyword form.
 """
+
 from __future__ import annotations
 
 import ast
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 ToolCallFormat = Literal["json", "python"]
 # Tool name -> its parameter names in positional order.
@@ -269,8 +271,7 @@ def _literal(node: ast.AST, where: str, depth: int) -> Any:
             out[key] = _literal(v, where, depth + 1)
         return out
     raise ToolCallParseError(
-        f"{where}: only literal values are allowed, got {type(node).__name__} "
-        f"({ast.unparse(node)[:60]!r})"
+        f"{where}: only literal values are allowed, got {type(node).__name__} ({ast.unparse(node)[:60]!r})"
     )
 
 
@@ -281,13 +282,10 @@ def render_calls(calls: list[ToolCall], fmt: str, bare: bool = False) -> str:
     ``bare``: python format, a single call without the list's brackets (``add(x=1)``); the
     parser reads both, and a small model starts a bare call far more often (docs/main-job.md)."""
     if fmt == "json":
-        return "\n".join(
-            f"{_TAG_OPEN}\n{json.dumps(c.to_dict(), ensure_ascii=False)}\n{_TAG_CLOSE}" for c in calls
-        )
+        return "\n".join(f"{_TAG_OPEN}\n{json.dumps(c.to_dict(), ensure_ascii=False)}\n{_TAG_CLOSE}" for c in calls)
     if fmt == "python":
         inner = ", ".join(
-            f"{c.name}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.arguments.items()) + ")"
-            for c in calls
+            f"{c.name}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.arguments.items()) + ")" for c in calls
         )
         return inner if bare and len(calls) == 1 else f"[{inner}]"
     raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
@@ -299,6 +297,7 @@ def python_literal(value: Any, escape_parens: bool = False) -> str:
     ``escape_parens`` writes "(" inside strings as an escape, so regex-based
     call rewriting (bfcl-eval's executor) cannot alter the string's text.
     """
+
     def lit(v: Any) -> str:
         if isinstance(v, str):
             text = repr(v)

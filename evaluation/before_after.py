@@ -10,11 +10,12 @@ with counts, 95% intervals and the paired change. Pure functions, no I/O.
   interval after adding one half to each cell of the 2x2 table, which has width
   even when no task changed.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
@@ -62,7 +63,9 @@ class Change:
 
 def paired_change(before: Mapping[str, bool], after: Mapping[str, bool]) -> Change:
     if set(before) != set(after):
-        raise ValueError(f"the snapshots ran different tasks ({len(set(before) ^ set(after))} differ): no paired change")
+        raise ValueError(
+            f"the snapshots ran different tasks ({len(set(before) ^ set(after))} differ): no paired change"
+        )
     if not before:
         raise ValueError("no tasks to compare")
     gained = sum(1 for t in before if after[t] and not before[t])
@@ -82,8 +85,9 @@ class Row:
 HELD_IN_ALL = "held-in (all)"
 
 
-def before_after_rows(before: Mapping[str, tuple[str, bool]], after: Mapping[str, tuple[str, bool]],
-                      held_out: Sequence[str]) -> list[Row]:
+def before_after_rows(
+    before: Mapping[str, tuple[str, bool]], after: Mapping[str, tuple[str, bool]], held_out: Sequence[str]
+) -> list[Row]:
     """One row per category (held-in ones first, sorted), then the held-in pool when it
     spans more than one category. ``before``/``after``: task id -> (category, success)."""
     if set(before) != set(after):
@@ -106,10 +110,23 @@ def before_after_rows(before: Mapping[str, tuple[str, bool]], after: Mapping[str
 
 
 def row_record(r: Row) -> dict:
-    return {"name": r.name, "held_out": r.held_out,
-            "before": {"successes": r.before.successes, "n": r.before.n, "rate": r.before.rate, "ci95": list(r.before.interval)},
-            "after": {"successes": r.after.successes, "n": r.after.n, "rate": r.after.rate, "ci95": list(r.after.interval)},
-            "change": {"value": r.change.change, "gained": r.change.gained, "lost": r.change.lost, "ci95": list(r.change.interval)}}
+    return {
+        "name": r.name,
+        "held_out": r.held_out,
+        "before": {
+            "successes": r.before.successes,
+            "n": r.before.n,
+            "rate": r.before.rate,
+            "ci95": list(r.before.interval),
+        },
+        "after": {"successes": r.after.successes, "n": r.after.n, "rate": r.after.rate, "ci95": list(r.after.interval)},
+        "change": {
+            "value": r.change.change,
+            "gained": r.change.gained,
+            "lost": r.change.lost,
+            "ci95": list(r.change.interval),
+        },
+    }
 
 
 def held_in_record(records: Sequence[Mapping]) -> Mapping | None:

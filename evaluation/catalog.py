@@ -8,9 +8,10 @@ imports): a builder gets a ``ViewContext`` and returns a ``View``, e.g. with
 role "ood" and its own env config. ``task_category`` knows every task id a view
 may hold: a harness task's domain or backend, else its environment's category.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from env_pool.registry import category_of
 from evaluation.ood_views import OOD_VIEWS, harness_category, is_harness_task
@@ -57,6 +58,8 @@ def build_views(names: Sequence[str], ctx: ViewContext) -> list[View]:
         if view.name != name:
             raise ValueError(f"view builder {name!r} returned a view named {view.name!r}")
         if view.unavailable is None:
-            view = View(view.name, view.role, tuple(stratified_head(view.task_ids, ctx.config.limit_for(name))), view.env)
+            view = View(
+                view.name, view.role, tuple(stratified_head(view.task_ids, ctx.config.limit_for(name))), view.env
+            )
         views.append(view)
     return views

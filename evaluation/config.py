@@ -1,13 +1,22 @@
 """The evaluation config, configs/evaluation/default.yaml (DESIGN.md section 7)."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from evaluation.records import ID_TEST, OOD_TEST, REPLAY, VALIDATION
 
-SCHEDULE_FIELDS: tuple[str, ...] = ("state_persistence", "task_reuse", "train_size", "batch_size", "epochs",
-                                    "updates_per_batch", "assessment_timing")
+SCHEDULE_FIELDS: tuple[str, ...] = (
+    "state_persistence",
+    "task_reuse",
+    "train_size",
+    "batch_size",
+    "epochs",
+    "updates_per_batch",
+    "assessment_timing",
+)
 
 
 @dataclass(frozen=True)

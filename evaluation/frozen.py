@@ -8,14 +8,16 @@ The opening prompt is part of the benchmark's definition: every snapshot must se
 the same one, token for token, so each snapshot's rendered prompt of the first task is
 hashed and a mismatch is an error, not a footnote.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from evaluation.before_after import before_after_rows, row_record
 from evaluation.catalog import task_category
@@ -30,7 +32,9 @@ class FinalTasks:
     categories: Mapping[str, str]  # task id -> category
 
 
-def final_tasks(test_ids: Sequence[str], heldout_categories: Sequence[str], per_category: int | None = None) -> FinalTasks:
+def final_tasks(
+    test_ids: Sequence[str], heldout_categories: Sequence[str], per_category: int | None = None
+) -> FinalTasks:
     """The test split's tasks, the first ``per_category`` of each category (None: all)."""
     taken: dict[str, int] = {}
     keep, categories = [], {}
@@ -66,45 +70,78 @@ class SnapshotRun:
     generated_tokens: int
 
 
-def play_snapshot(name: str, make_env: Callable[[], Any], generator: Any, chat: Any, tasks: FinalTasks, sampling: Any,
-                  seed: int, details: Path | None = None) -> SnapshotRun:
+def play_snapshot(
+    name: str,
+    make_env: Callable[[], Any],
+    generator: Any,
+    chat: Any,
+    tasks: FinalTasks,
+    sampling: Any,
+    seed: int,
+    details: Path | None = None,
+) -> SnapshotRun:
     """Every task once on the generator's current weights, raw interface, played together."""
-    from rollout.play import run_episodes
     from env_pool.interface.state import RAW_INTERFACE
+    from rollout.play import run_episodes
 
     if sampling.temperature != 0.0:
         raise ValueError(f"the closing evaluation is greedy; got temperature {sampling.temperature}")
     digest = prompt_digest(opening_prompt(make_env, chat, tasks.task_ids[0]))
     t0 = time.perf_counter()
-    trajectories = run_episodes(make_env, generator, chat, list(tasks.task_ids), sampling, RAW_INTERFACE,
-                                group_id=f"final-{name}", seed=seed)
+    trajectories = run_episodes(
+        make_env, generator, chat, list(tasks.task_ids), sampling, RAW_INTERFACE, group_id=f"final-{name}", seed=seed
+    )
     wall = time.perf_counter() - t0
     results = {}
     for traj in trajectories:
         if tasks.categories[traj.task_id] != traj.category:
-            raise ValueError(f"task {traj.task_id}: the env says {traj.category!r}, the task id {tasks.categories[traj.task_id]!r}")
+            raise ValueError(
+                f"task {traj.task_id}: the env says {traj.category!r}, the task id {tasks.categories[traj.task_id]!r}"
+            )
         results[traj.task_id] = (traj.category, bool(traj.success))
     if details is not None:
         details.parent.mkdir(parents=True, exist_ok=True)
         with open(details, "a") as f:
             for traj in trajectories:
-                f.write(json.dumps({"snapshot": name, "task_id": traj.task_id, "category": traj.category,
-                                    "success": bool(traj.success), "outcome": traj.outcome, "tags": list(traj.tags),
-                                    "tool_calls": traj.num_tool_calls, "error": traj.error}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "snapshot": name,
+                            "task_id": traj.task_id,
+                            "category": traj.category,
+                            "success": bool(traj.success),
+                            "outcome": traj.outcome,
+                            "tags": list(traj.tags),
+                            "tool_calls": traj.num_tool_calls,
+                            "error": traj.error,
+                        }
+                    )
+                    + "\n"
+                )
     return SnapshotRun(name, results, digest, wall, sum(t.num_generated_tokens for t in trajectories))
 
 
-def final_record(before: SnapshotRun, after: SnapshotRun, tasks: FinalTasks, settings: Mapping[str, Any]) -> dict[str, Any]:
+def final_record(
+    before: SnapshotRun, after: SnapshotRun, tasks: FinalTasks, settings: Mapping[str, Any]
+) -> dict[str, Any]:
     """What final.json holds: the rows, both snapshots' names, timings and prompt digests, the settings."""
     if before.prompt_digest != after.prompt_digest:
-        raise ValueError(f"{before.name} and {after.name} saw different opening prompts "
-                         f"({before.prompt_digest} vs {after.prompt_digest}): the comparison would not be fair")
+        raise ValueError(
+            f"{before.name} and {after.name} saw different opening prompts "
+            f"({before.prompt_digest} vs {after.prompt_digest}): the comparison would not be fair"
+        )
     rows = before_after_rows(before.results, after.results, tasks.held_out)
-    return {"before": before.name, "after": after.name, "rows": [row_record(r) for r in rows],
-            "held_out": list(tasks.held_out), "tasks": len(tasks.task_ids), "prompt_digest": before.prompt_digest,
-            "wall_s": {before.name: before.wall_s, after.name: after.wall_s},
-            "generated_tokens": {before.name: before.generated_tokens, after.name: after.generated_tokens},
-            "settings": dict(settings)}
+    return {
+        "before": before.name,
+        "after": after.name,
+        "rows": [row_record(r) for r in rows],
+        "held_out": list(tasks.held_out),
+        "tasks": len(tasks.task_ids),
+        "prompt_digest": before.prompt_digest,
+        "wall_s": {before.name: before.wall_s, after.name: after.wall_s},
+        "generated_tokens": {before.name: before.generated_tokens, after.name: after.generated_tokens},
+        "settings": dict(settings),
+    }
 
 
 def write_final(run_dir: Path, record: Mapping[str, Any]) -> Path:

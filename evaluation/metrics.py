@@ -16,10 +16,12 @@ be recomputed from a run's stored CSV. Conventions used throughout:
   task's success: such a task keeps the verifier's verdict and stays in every
   denominator; diagnostics count them apart.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from evaluation.records import ID_TEST, OOD_TEST, REPLAY, VALIDATION, SnapshotInfo, TaskResult
 
@@ -69,7 +71,9 @@ def view_success(tasks: Iterable[TaskResult]) -> dict[str, Any]:
     }
 
 
-def success_table(indexed: Mapping[str, Mapping[str, Mapping[str, TaskResult]]]) -> dict[str, dict[str, dict[str, Any]]]:
+def success_table(
+    indexed: Mapping[str, Mapping[str, Mapping[str, TaskResult]]],
+) -> dict[str, dict[str, dict[str, Any]]]:
     """snapshot -> view -> view_success(...) for every (snapshot, view) that was run."""
     return {s: {v: view_success(tasks.values()) for v, tasks in sorted(views.items())} for s, views in indexed.items()}
 
@@ -148,7 +152,9 @@ def best_validation(perfs: Sequence[float | None], names: Sequence[str]) -> str 
     return None if best is None else best[1]
 
 
-def cost(indexed: Mapping[str, Mapping[str, Mapping[str, TaskResult]]], ordered: Sequence[SnapshotInfo]) -> dict[str, dict[str, Any]]:
+def cost(
+    indexed: Mapping[str, Mapping[str, Mapping[str, TaskResult]]], ordered: Sequence[SnapshotInfo]
+) -> dict[str, dict[str, Any]]:
     """Per snapshot: evaluation cost over all its task runs (every view) and
     training cost of the interval since the previous snapshot.
 

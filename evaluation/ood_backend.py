@@ -12,17 +12,19 @@ the reply's blocks back into OpenAI tool calls.
 The same callable serves tau2's agent and its user simulator: the user
 simulator's requests are ordinary chat requests (its own tools, in telecom).
 """
+
 from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from rollout.chat import ChatTokenizer
-from rollout.generator import GenerationRequest, Generator, SamplingConfig
 from env_pool.bfcl.prompts import HERMES_TOOLS, tool_docs_text
 from env_pool.ood.openai_server import PromptTooLong, Reply
 from env_pool.tool_calls import ToolCall, render_calls
+from rollout.chat import ChatTokenizer
+from rollout.generator import GenerationRequest, Generator, SamplingConfig
 
 
 class ContextOverflow(PromptTooLong):
@@ -88,15 +90,22 @@ class GeneratorChat:
         self.seed = seed
         self._ids = itertools.count()
 
-    def __call__(self, messages: list[dict], tools: list[dict] | None, temperature: float, max_tokens: int | None) -> Reply:
+    def __call__(
+        self, messages: list[dict], tools: list[dict] | None, temperature: float, max_tokens: int | None
+    ) -> Reply:
         prompt = self.chat.prompt_ids(render_messages(messages, tools))
         budget = int(max_tokens) if max_tokens else self.sampling.max_new_tokens
         room = self.generator.max_model_len - len(prompt)
         if room < 1:
-            raise ContextOverflow(f"context overflow: the prompt is {len(prompt)} tokens, the model holds "
-                                  f"{self.generator.max_model_len}")
-        sampling = SamplingConfig(temperature=max(0.0, float(temperature)), top_p=self.sampling.top_p,
-                                  max_new_tokens=min(budget, room), seed=self.seed)
+            raise ContextOverflow(
+                f"context overflow: the prompt is {len(prompt)} tokens, the model holds {self.generator.max_model_len}"
+            )
+        sampling = SamplingConfig(
+            temperature=max(0.0, float(temperature)),
+            top_p=self.sampling.top_p,
+            max_new_tokens=min(budget, room),
+            seed=self.seed,
+        )
         request = GenerationRequest(f"ood-{next(self._ids)}", prompt, sampling.max_new_tokens, self.seed)
         (out,) = self.generator.generate([request], sampling)
         text, _ = self.chat.completion_text(out.token_ids)

@@ -19,20 +19,29 @@ BFCL memory it is the tool agent directly. Each task becomes one TaskResult:
 The harness's own record of each run (tau2 termination, simulator model,
 user-side tokens, memory verdict) is appended to ``details`` as JSON lines.
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from evaluation.ood_views import HARNESS_KEY, split_tau2_id
 from evaluation.records import TaskResult
 
 AGENT_NAME, USER_NAME = "seal-policy", "seal-user-simulator"  # model names on the local endpoint
-TAU2_OUTCOMES = {"user_stop": "completed", "agent_stop": "completed", "max_steps": "step_limit",
-                 "context_overflow": "context_overflow", "too_many_errors": "aborted", "agent_error": "aborted",
-                 "user_error": "aborted", "process_error": "aborted"}
+TAU2_OUTCOMES = {
+    "user_stop": "completed",
+    "agent_stop": "completed",
+    "max_steps": "step_limit",
+    "context_overflow": "context_overflow",
+    "too_many_errors": "aborted",
+    "agent_error": "aborted",
+    "user_error": "aborted",
+    "process_error": "aborted",
+}
 
 
 class TokenCounter:
@@ -71,12 +80,15 @@ class OodRunner:
 
     def _chat(self) -> tuple[TokenCounter, TokenCounter]:
         if self._agent is None:
-            from rollout.generator import SamplingConfig
             from evaluation.ood_backend import GeneratorChat
+            from rollout.generator import SamplingConfig
 
             s = self.sampling
-            chat = GeneratorChat(self.generator, SamplingConfig(temperature=s.temperature, top_p=s.top_p,
-                                                                max_new_tokens=s.max_new_tokens), seed=self.seed)
+            chat = GeneratorChat(
+                self.generator,
+                SamplingConfig(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
+                seed=self.seed,
+            )
             self._agent, self._user = TokenCounter(chat), TokenCounter(chat)
         return self._agent, self._user
 
@@ -96,8 +108,20 @@ class OodRunner:
             if isinstance(exc, GeneratorUnavailable):
                 raise
             category = env.get("domain") or env.get("backend") or "unknown"
-            result = TaskResult(self.snapshot, view, task_id, category, False, 0.0, 0, 0, 0, time.perf_counter() - t0,
-                                process_error=f"crash: {exc.__class__.__name__}: {exc}", outcome="aborted")
+            result = TaskResult(
+                self.snapshot,
+                view,
+                task_id,
+                category,
+                False,
+                0.0,
+                0,
+                0,
+                0,
+                time.perf_counter() - t0,
+                process_error=f"crash: {exc.__class__.__name__}: {exc}",
+                outcome="aborted",
+            )
             detail = {"crash": result.process_error}
         self._write(view, task_id, detail)
         return result
@@ -113,12 +137,32 @@ class OodRunner:
         if self._server is None:
             self._server = ChatServer({AGENT_NAME: agent, USER_NAME: user})
         agent.reset(), user.reset()
-        r = tau2.run_episode(domain, tid, AGENT_NAME, USER_NAME, self._server.base_url, temperature=0.0,
-                             user_temperature=0.0, max_steps=int(env["max_steps"]), max_errors=int(env["max_errors"]),
-                             seed=self.seed)
-        result = TaskResult(self.snapshot, view, task_id, domain, r.success, r.reward, r.agent_tool_calls,
-                            agent.generated, agent.prompt_tokens(), r.seconds, process_error=r.process_error,
-                            outcome=TAU2_OUTCOMES.get(r.termination, "aborted"))
+        r = tau2.run_episode(
+            domain,
+            tid,
+            AGENT_NAME,
+            USER_NAME,
+            self._server.base_url,
+            temperature=0.0,
+            user_temperature=0.0,
+            max_steps=int(env["max_steps"]),
+            max_errors=int(env["max_errors"]),
+            seed=self.seed,
+        )
+        result = TaskResult(
+            self.snapshot,
+            view,
+            task_id,
+            domain,
+            r.success,
+            r.reward,
+            r.agent_tool_calls,
+            agent.generated,
+            agent.prompt_tokens(),
+            r.seconds,
+            process_error=r.process_error,
+            outcome=TAU2_OUTCOMES.get(r.termination, "aborted"),
+        )
         detail = {k: v for k, v in r.to_dict().items() if k != "comparability"}
         detail.update(agent_requests=agent.requests, user_requests=user.requests, user_generated_tokens=user.generated)
         return result, detail
@@ -140,15 +184,29 @@ class OodRunner:
             t0 = time.perf_counter()
             episodes = [M.run_entry(run, e, agent) for e in run.data.prereqs_of(question.scenario)]
             played.add(question.scenario)
-            prereq = {"prereq_entries": len(episodes), "prereq_tool_calls": sum(e.tool_calls for e in episodes),
-                      "prereq_outcomes": [e.outcome for e in episodes], "prereq_s": time.perf_counter() - t0}
+            prereq = {
+                "prereq_entries": len(episodes),
+                "prereq_tool_calls": sum(e.tool_calls for e in episodes),
+                "prereq_outcomes": [e.outcome for e in episodes],
+                "prereq_s": time.perf_counter() - t0,
+            }
         agent_chat.reset()
         t0 = time.perf_counter()
         episode = M.run_entry(run, question, agent, env.get("max_steps"))
         score = M.score_episode(run, episode)
-        result = TaskResult(self.snapshot, view, task_id, backend, score.valid, float(score.valid), episode.tool_calls,
-                            agent_chat.generated, agent_chat.prompt_tokens(), time.perf_counter() - t0,
-                            outcome=episode.outcome)
+        result = TaskResult(
+            self.snapshot,
+            view,
+            task_id,
+            backend,
+            score.valid,
+            float(score.valid),
+            episode.tool_calls,
+            agent_chat.generated,
+            agent_chat.prompt_tokens(),
+            time.perf_counter() - t0,
+            outcome=episode.outcome,
+        )
         return result, {**score.to_dict(), **episode.to_dict(), **prereq}
 
     def _write(self, view: str, task_id: str, detail: dict) -> None:
@@ -157,8 +215,12 @@ class OodRunner:
         self.details.parent.mkdir(parents=True, exist_ok=True)
         with open(self.details, "a") as f:
             # the harness's own task id (tau2's "0") stays as harness_task_id; ours is the view's
-            row = {**{("harness_task_id" if k == "task_id" else k): v for k, v in detail.items()},
-                   "snapshot": self.snapshot, "view": view, "task_id": task_id}
+            row = {
+                **{("harness_task_id" if k == "task_id" else k): v for k, v in detail.items()},
+                "snapshot": self.snapshot,
+                "view": view,
+                "task_id": task_id,
+            }
             f.write(json.dumps(row, default=str) + "\n")
 
     def close(self) -> None:

@@ -14,9 +14,11 @@ its memory backend. A harness view's ``env`` is not an env to instantiate:
 it names the harness (``ood_harness``) and its settings, and it goes into the
 result cache key like any env config. evaluation/ood_runner.py runs them.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from env_pool.ood import AVAILABLE_VIEWS, MEMORY_LABEL, TAU2_SIMULATOR_NOTE, UNAVAILABLE_VIEWS, VIEW_TARGETS
 from evaluation.records import OOD_TEST
@@ -42,12 +44,12 @@ def split_tau2_id(task_id: str) -> tuple[str, str]:
     head, sep, tail = task_id.partition("/")
     if not sep or not head.startswith(TAU2_PREFIX) or not tail:
         raise ValueError(f"not a tau2 view task id: {task_id!r} (expected tau2_<domain>/<id>)")
-    return head[len(TAU2_PREFIX):], tail
+    return head[len(TAU2_PREFIX) :], tail
 
 
 def memory_backend(task_id: str) -> str:
     """``memory_rec_sum_3-customer-1`` -> "rec_sum" (bfcl-eval's question ids)."""
-    rest = task_id[len(MEMORY_PREFIX):] if task_id.startswith(MEMORY_PREFIX) else ""
+    rest = task_id[len(MEMORY_PREFIX) :] if task_id.startswith(MEMORY_PREFIX) else ""
     for backend in sorted((b for h, b in VIEW_TARGETS.values() if h == "bfcl_memory"), key=len, reverse=True):
         if rest.startswith(backend + "_"):
             return backend
@@ -134,13 +136,19 @@ def harness_notes(views: Sequence[View], weights: Mapping[str, str]) -> dict[str
             continue
         harness = v.env[HARNESS_KEY]
         if harness == "tau2":
-            notes[v.name] = {"label": f"tau^2-bench {v.env['domain']} (base split)",
-                             "user_simulator_model": USER_SIMULATOR, "user_simulator_weights": dict(weights),
-                             "comparability": TAU2_SIMULATOR_NOTE}
+            notes[v.name] = {
+                "label": f"tau^2-bench {v.env['domain']} (base split)",
+                "user_simulator_model": USER_SIMULATOR,
+                "user_simulator_weights": dict(weights),
+                "comparability": TAU2_SIMULATOR_NOTE,
+            }
         else:
-            notes[v.name] = {"label": MEMORY_LABEL, "backend": v.env["backend"],
-                             "comparability": "the kv + rec_sum subset of BFCL V4 Memory, never the full Memory "
-                                              "score (the vector backend needs the network)"}
+            notes[v.name] = {
+                "label": MEMORY_LABEL,
+                "backend": v.env["backend"],
+                "comparability": "the kv + rec_sum subset of BFCL V4 Memory, never the full Memory "
+                "score (the vector backend needs the network)",
+            }
     return notes
 
 
@@ -150,8 +158,9 @@ def note_lines(notes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for view, n in notes.items():
         if "user_simulator_model" in n:
             models = ", ".join(f"{s}: {w}" for s, w in n["user_simulator_weights"].items())
-            lines.append(f"{view} ({n['label']}): user simulator = {n['user_simulator_model']} [{models}]; "
-                         f"{n['comparability']}")
+            lines.append(
+                f"{view} ({n['label']}): user simulator = {n['user_simulator_model']} [{models}]; {n['comparability']}"
+            )
         else:
             lines.append(f"{view}: {n['label']}, {n['backend']} backend; {n['comparability']}")
     return lines

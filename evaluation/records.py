@@ -6,12 +6,14 @@ replay); every (snapshot, view, task) run yields one ``TaskResult``. These
 records are plain values so a run directory can store them as CSV or JSON and
 the metrics can be recomputed without a model.
 """
+
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 # View names used across the package. Kept as plain strings (not an Enum) so
 # records read back from CSV/JSON compare equal without conversion.
@@ -59,7 +61,7 @@ class TaskResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TaskResult":
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
         return cls(**_known(cls, data))
 
 
@@ -94,7 +96,7 @@ class SnapshotInfo:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SnapshotInfo":
+    def from_dict(cls, data: Mapping[str, Any]) -> SnapshotInfo:
         return cls(**_known(cls, data))
 
 

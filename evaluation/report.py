@@ -7,11 +7,13 @@ folder. matplotlib is imported inside the plotting functions so importing this
 package stays light; plots are drawn on bare ``Figure`` objects (Agg canvas),
 never through pyplot, so no global backend is switched in the caller's process.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from evaluation.records import TaskResult, write_task_csv
 
@@ -53,7 +55,9 @@ def _save(fig, path: Path) -> Path:
 
 def _snapshot_axis(ax, names: Sequence[str]) -> None:
     # Rotate labels when many snapshots would make them collide.
-    ax.set_xticks(range(len(names)), names, rotation=45 if len(names) > 8 else 0, ha="right" if len(names) > 8 else "center")
+    ax.set_xticks(
+        range(len(names)), names, rotation=45 if len(names) > 8 else 0, ha="right" if len(names) > 8 else "center"
+    )
     ax.set_xlim(-0.5, len(names) - 0.5)
     ax.grid(axis="y", alpha=0.3)
 
@@ -76,7 +80,9 @@ def plot_validation(summary: Mapping[str, Any], path: Path) -> Path | None:
     ax.plot(range(len(names)), macro, color="black", linewidth=2.5, linestyle="--", marker="s", label="macro")
     best = summary["best_validation"]
     if best is not None:
-        ax.axvline(names.index(best), color="tab:green", alpha=0.25, linewidth=8, zorder=0, label=f"best validation ({best})")
+        ax.axvline(
+            names.index(best), color="tab:green", alpha=0.25, linewidth=8, zorder=0, label=f"best validation ({best})"
+        )
     _snapshot_axis(ax, names)
     ax.set_ylim(-3, 103)
     ax.set(ylabel="success (%)", title=f"Update-validation success per category (view '{view}')")
@@ -93,18 +99,31 @@ def plot_replay(summary: Mapping[str, Any], path: Path) -> Path | None:
         return None
     fig = Figure(figsize=(8, 5.5))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    ys = [100 * summary["success"][n][view]["overall"] if view in summary["success"][n] else float("nan") for n in names]
+    ys = [
+        100 * summary["success"][n][view]["overall"] if view in summary["success"][n] else float("nan") for n in names
+    ]
     top.plot(range(len(names)), ys, marker="o", color="tab:blue", label="replay success (macro)")
     for i, n in enumerate(names[1:], start=1):
         drop = summary["forgetting"].get(n)
         if drop:
-            top.annotate(f"forgetting {_pct(drop)}", (i, ys[i]), textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8, color="tab:red")
+            top.annotate(
+                f"forgetting {_pct(drop)}",
+                (i, ys[i]),
+                textcoords="offset points",
+                xytext=(0, -14),
+                ha="center",
+                fontsize=8,
+                color="tab:red",
+            )
     top.set(ylabel="success (%)", title=f"Replay view '{view}'")
     top.set_ylim(-3, 103)
     top.legend(fontsize=8, loc="upper left")
     _snapshot_axis(top, names)
     width = 0.38
-    for offset, key, color, label in ((-width / 2, "delta_fix", "tab:green", "DeltaFix"), (width / 2, "delta_forget", "tab:red", "DeltaForget")):
+    for offset, key, color, label in (
+        (-width / 2, "delta_fix", "tab:green", "DeltaFix"),
+        (width / 2, "delta_forget", "tab:red", "DeltaForget"),
+    ):
         xs = [i + offset for i, n in enumerate(names) if i > 0]
         vals = [100 * (summary[key].get(n, {}).get(view) or 0.0) for i, n in enumerate(names) if i > 0]
         bars = bottom.bar(xs, vals, width=width, color=color, label=label)
@@ -149,7 +168,9 @@ def plot_tags(rounds: Sequence[Round], path: Path) -> Path | None:
     for tag in tags:
         ws = [r.get("tag_weights", {}).get(tag, float("nan")) for r in rounds]
         if any(w == w for w in ws):  # skip tags never weighted (all NaN)
-            bottom.plot(xs, ws, marker=None if many else ".", linewidth=1 if many else 1.5, color=colors[tag], label=tag)
+            bottom.plot(
+                xs, ws, marker=None if many else ".", linewidth=1 if many else 1.5, color=colors[tag], label=tag
+            )
     bottom.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     bottom.set(ylabel="weight", xlabel="learner step", title="A-Patch tag weights")
     bottom.set_ylim(0.4, 2.1)  # weights are clipped to [0.5, 2.0]
@@ -191,7 +212,13 @@ def plot_interface(rounds: Sequence[Round], path: Path) -> Path | None:
     rewards = [r.get("reward_mean") for r in rounds]
     if any(v is not None for v in rewards):  # reward beside the version shows whether a change helped training
         twin = top.twinx()
-        twin.plot(range(len(rounds)), [float("nan") if v is None else v for v in rewards], color="tab:green", linewidth=1, label="reward mean")
+        twin.plot(
+            range(len(rounds)),
+            [float("nan") if v is None else v for v in rewards],
+            color="tab:green",
+            linewidth=1,
+            label="reward mean",
+        )
         twin.set_ylabel("reward mean", color="tab:green")
         twin.set_ylim(-0.05, 1.05)
     for row, kind in enumerate(kinds):
@@ -224,8 +251,11 @@ def plot_cost(summary: Mapping[str, Any], path: Path) -> Path:
     axes[0].set_ylim(0, max(1.0, max(p + g for p, g in zip(prompt, gen)) * 1.3))  # headroom for the legend
     axes[0].legend(fontsize=8, loc="upper left", ncols=2)
     axes[0].set(title="Rollout tokens per task", ylabel="tokens")
-    panels = (("tool_calls_per_task", "Tool calls per task", "calls"), ("eval_wall_s_per_task", "Eval wall time per task", "seconds"),
-              ("update_tokens_per_update", "Update tokens per update", "tokens"))
+    panels = (
+        ("tool_calls_per_task", "Tool calls per task", "calls"),
+        ("eval_wall_s_per_task", "Eval wall time per task", "seconds"),
+        ("update_tokens_per_update", "Update tokens per update", "tokens"),
+    )
     for ax, (key, title, unit) in zip(axes[1:], panels):
         vals = [cost[n][key] for n in names]
         bars = ax.bar(xs, [v or 0.0 for v in vals], color="tab:cyan")
@@ -248,42 +278,106 @@ def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], p
     names, views = summary["snapshots"], _views(summary)
     first, final, best = names[0], summary["final"], summary["best_validation"]
     info = summary.get("snapshot_info", {})
-    out = ["# Evaluation report", "",
-           "Success is the verifier's verdict in %; `overall` is the macro average over categories (micro beside it). "
-           "Differences are in percentage points (pp). Process errors are counted apart and never change success.", ""]
-    out += ["## Snapshots", ""] + _table(["snapshot", "step", "policy version", "interface version"],
-                                         [[n, *(str(info.get(n, {}).get(k, "n/a")) for k in ("step", "policy_version", "interface_version"))] for n in names])
+    out = [
+        "# Evaluation report",
+        "",
+        "Success is the verifier's verdict in %; `overall` is the macro average over categories (micro beside it). "
+        "Differences are in percentage points (pp). Process errors are counted apart and never change success.",
+        "",
+    ]
+    out += ["## Snapshots", ""] + _table(
+        ["snapshot", "step", "policy version", "interface version"],
+        [
+            [n, *(str(info.get(n, {}).get(k, "n/a")) for k in ("step", "policy_version", "interface_version"))]
+            for n in names
+        ],
+    )
     out += ["", "## Success per snapshot and view (macro %)", ""]
-    out += _table(["snapshot", *views], [[n, *(_pct(summary["success"][n].get(v, {}).get("overall")) for v in views)] for n in names])
+    out += _table(
+        ["snapshot", *views],
+        [[n, *(_pct(summary["success"][n].get(v, {}).get("overall")) for v in views)] for n in names],
+    )
     out += ["", "Micro (successes / tasks, %):", ""]
-    out += _table(["snapshot", *views], [[n, *(_pct(summary["success"][n].get(v, {}).get("micro")) for v in views)] for n in names])
+    out += _table(
+        ["snapshot", *views],
+        [[n, *(_pct(summary["success"][n].get(v, {}).get("micro")) for v in views)] for n in names],
+    )
     for v in views:
         cats = sorted({c for n in names for c in summary["success"][n].get(v, {}).get("by_category", {})})
         out += ["", f"### View `{v}` by category (%)", ""]
-        out += _table(["snapshot", *cats, "macro"], [[n, *(_pct(summary["success"][n].get(v, {}).get("by_category", {}).get(c)) for c in cats),
-                                                     _pct(summary["success"][n].get(v, {}).get("overall"))] for n in names])
+        out += _table(
+            ["snapshot", *cats, "macro"],
+            [
+                [
+                    n,
+                    *(_pct(summary["success"][n].get(v, {}).get("by_category", {}).get(c)) for c in cats),
+                    _pct(summary["success"][n].get(v, {}).get("overall")),
+                ]
+                for n in names
+            ],
+        )
     out += ["", "## Gains", "", f"Update-validation view `{summary['views']['validation']}`:", ""]
-    out += _table(["snapshot", "UVG_prev", "UVG_base"], [[n, _pp(summary["uvg_prev"].get(n)), _pp(summary["uvg_base"].get(n))] for n in names[1:]])
-    out += ["", f"- ID gain ({final} vs {first}, view `{summary['views']['id']}`): {_pp(summary['id_gain'])}",
-            f"- OOD gain ({final} vs {first}, view `{summary['views']['ood']}`): {_pp(summary['ood_gain'])}", ""]
+    out += _table(
+        ["snapshot", "UVG_prev", "UVG_base"],
+        [[n, _pp(summary["uvg_prev"].get(n)), _pp(summary["uvg_base"].get(n))] for n in names[1:]],
+    )
+    out += [
+        "",
+        f"- ID gain ({final} vs {first}, view `{summary['views']['id']}`): {_pp(summary['id_gain'])}",
+        f"- OOD gain ({final} vs {first}, view `{summary['views']['ood']}`): {_pp(summary['ood_gain'])}",
+        "",
+    ]
     if plots.get("validation"):
         out += ["![validation curves](validation.png)", ""]
-    out += ["## Best validation vs final", "",
-            "The best-validation snapshot is reported beside the final one, never instead of it.", ""]
-    out += _table(["", "snapshot", *views], [[label, n or "n/a", *(_pct(summary["success"].get(n, {}).get(v, {}).get("overall")) for v in views)]
-                                           for label, n in (("best validation", best), ("final", final))])
-    out += ["", "## Forgetting and churn", "",
-            "Forgetting = max(0, replay drop vs previous snapshot). DeltaFix / DeltaForget: share of the tasks present in both "
-            "adjacent snapshots that went failed->solved / solved->failed. Fix / forget vs A_0: among tasks A_0 failed / solved, "
-            "the share this snapshot solves / fails.", ""]
+    out += [
+        "## Best validation vs final",
+        "",
+        "The best-validation snapshot is reported beside the final one, never instead of it.",
+        "",
+    ]
+    out += _table(
+        ["", "snapshot", *views],
+        [
+            [label, n or "n/a", *(_pct(summary["success"].get(n, {}).get(v, {}).get("overall")) for v in views)]
+            for label, n in (("best validation", best), ("final", final))
+        ],
+    )
+    out += [
+        "",
+        "## Forgetting and churn",
+        "",
+        "Forgetting = max(0, replay drop vs previous snapshot). DeltaFix / DeltaForget: share of the tasks present in both "
+        "adjacent snapshots that went failed->solved / solved->failed. Fix / forget vs A_0: among tasks A_0 failed / solved, "
+        "the share this snapshot solves / fails.",
+        "",
+    ]
     rows = []
     for n in names[1:]:
         for v in views:
             if v in summary["delta_fix"].get(n, {}) or v in summary["fix_rate"].get(n, {}):
-                rows.append([n, v, _pct(summary["forgetting"].get(n)) if v == summary["views"]["replay"] else "",
-                             _pct(summary["delta_fix"][n].get(v)), _pct(summary["delta_forget"][n].get(v)),
-                             _pct(summary["fix_rate"][n].get(v)), _pct(summary["forget_rate"][n].get(v))])
-    out += _table(["snapshot", "view", "forgetting (pp)", "DeltaFix %", "DeltaForget %", f"fix vs {first} %", f"forget vs {first} %"], rows)
+                rows.append(
+                    [
+                        n,
+                        v,
+                        _pct(summary["forgetting"].get(n)) if v == summary["views"]["replay"] else "",
+                        _pct(summary["delta_fix"][n].get(v)),
+                        _pct(summary["delta_forget"][n].get(v)),
+                        _pct(summary["fix_rate"][n].get(v)),
+                        _pct(summary["forget_rate"][n].get(v)),
+                    ]
+                )
+    out += _table(
+        [
+            "snapshot",
+            "view",
+            "forgetting (pp)",
+            "DeltaFix %",
+            "DeltaForget %",
+            f"fix vs {first} %",
+            f"forget vs {first} %",
+        ],
+        rows,
+    )
     if plots.get("replay"):
         out += ["", "![replay and churn](replay.png)"]
     out += ["", f"Tasks changed between {first} and {final} (up to 10 ids each):", ""]
@@ -291,12 +385,24 @@ def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], p
         fixed, forgot = _changed_tasks(results, first, final, v)
         out.append(f"- `{v}`: fixed {len(fixed)} {fixed[:10]}, forgot {len(forgot)} {forgot[:10]}")
     out += ["", "## Cost", ""]
-    ckeys = ("tasks", "rollout_tokens_per_task", "tool_calls_per_task", "eval_wall_s", "updates", "update_tokens_per_update", "train_wall_s")
+    ckeys = (
+        "tasks",
+        "rollout_tokens_per_task",
+        "tool_calls_per_task",
+        "eval_wall_s",
+        "updates",
+        "update_tokens_per_update",
+        "train_wall_s",
+    )
     out += _table(["snapshot", *ckeys], [[n, *(_num(summary["cost"][n][k]) for k in ckeys)] for n in names])
     out += ["", "![cost](cost.png)", "", "## Process diagnostics", ""]
     dkeys = ("tasks", "timeout", "crash", "context_overflow", "step_limit", "aborted", "failed_with_process_error")
-    drows = [[n, v, *(str(d[k]) for k in dkeys), _pct(d["overall_excluding_process_errors"])]
-             for n in names for v in views if (d := summary["diagnostics"].get(n, {}).get(v))]
+    drows = [
+        [n, v, *(str(d[k]) for k in dkeys), _pct(d["overall_excluding_process_errors"])]
+        for n in names
+        for v in views
+        if (d := summary["diagnostics"].get(n, {}).get(v))
+    ]
     out += _table(["snapshot", "view", *dkeys, "macro % without process errors"], drows)
     out += ["", "## Training rounds", ""]
     if plots.get("tags"):
@@ -307,7 +413,12 @@ def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], p
     return "\n".join(out)
 
 
-def write_report(summary: Mapping[str, Any], per_task_results: Sequence[TaskResult], training_rounds: Sequence[Round], out_dir: str | Path) -> Path:
+def write_report(
+    summary: Mapping[str, Any],
+    per_task_results: Sequence[TaskResult],
+    training_rounds: Sequence[Round],
+    out_dir: str | Path,
+) -> Path:
     """Write report.md, summary.json, results.csv and the PNG plots into out_dir; return report.md's path.
 
     Plots whose data is absent (no validation or replay view, no training

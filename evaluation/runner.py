@@ -8,14 +8,16 @@ the snapshot's weights, the env config, the sampling settings and the seed
 (hashed into ``key``). Greedy decoding makes a task's result a function of
 these, so a task shared by two views is run once.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from evaluation.catalog import task_category
 from evaluation.records import TaskResult
@@ -59,8 +61,17 @@ def _category(task_id: str) -> str:
         return "unknown"
 
 
-def run_task(make_env: Callable[[], Any], generator: Any, chat: Any, task_id: str, sampling: Any, *,
-             snapshot: str, view: str, seed: int) -> TaskResult:
+def run_task(
+    make_env: Callable[[], Any],
+    generator: Any,
+    chat: Any,
+    task_id: str,
+    sampling: Any,
+    *,
+    snapshot: str,
+    view: str,
+    seed: int,
+) -> TaskResult:
     """One greedy rollout of a task under the raw interface as a TaskResult.
 
     Generation errors come back inside the trajectory (run_group ends the
@@ -68,30 +79,66 @@ def run_task(make_env: Callable[[], Any], generator: Any, chat: Any, task_id: st
     here as a crash. Either way the verifier's verdict (or a failure, when
     there is none) stays the success value and the error is a diagnostic.
     """
+    from env_pool.interface.state import RAW_INTERFACE
     from rollout.generator import GeneratorUnavailable
     from rollout.play import run_group
-    from env_pool.interface.state import RAW_INTERFACE
 
     t0 = time.perf_counter()
     try:
-        (traj,) = run_group(make_env, generator, chat, task_id, 1, replace(sampling, seed=seed), RAW_INTERFACE,
-                            group_id=f"eval-{snapshot}-{task_id}", seed=seed)
+        (traj,) = run_group(
+            make_env,
+            generator,
+            chat,
+            task_id,
+            1,
+            replace(sampling, seed=seed),
+            RAW_INTERFACE,
+            group_id=f"eval-{snapshot}-{task_id}",
+            seed=seed,
+        )
     except GeneratorUnavailable:
         raise  # the engine is gone: no later task could run either
     except Exception as exc:
-        return TaskResult(snapshot, view, task_id, _category(task_id), False, 0.0, 0, 0, 0, time.perf_counter() - t0,
-                          process_error=f"crash: {exc.__class__.__name__}: {exc}", outcome="aborted")
+        return TaskResult(
+            snapshot,
+            view,
+            task_id,
+            _category(task_id),
+            False,
+            0.0,
+            0,
+            0,
+            0,
+            time.perf_counter() - t0,
+            process_error=f"crash: {exc.__class__.__name__}: {exc}",
+            outcome="aborted",
+        )
     generated = traj.num_generated_tokens
     return TaskResult(
-        snapshot=snapshot, view=view, task_id=task_id, category=traj.category, success=traj.success, reward=traj.reward,
-        tool_calls=traj.num_tool_calls, generated_tokens=generated,
+        snapshot=snapshot,
+        view=view,
+        task_id=task_id,
+        category=traj.category,
+        success=traj.success,
+        reward=traj.reward,
+        tool_calls=traj.num_tool_calls,
+        generated_tokens=generated,
         prompt_tokens=len(traj.token_ids) - generated,  # opening prompt plus every observation fed back
-        wall_s=traj.timings.get("total_s", time.perf_counter() - t0), process_error=traj.error, outcome=traj.outcome,
+        wall_s=traj.timings.get("total_s", time.perf_counter() - t0),
+        process_error=traj.error,
+        outcome=traj.outcome,
     )
 
 
-def run_view(tasks: Iterable[str], *, cache: ResultCache, key: str, view: str, runner: Callable[[str], TaskResult],
-             progress: Callable[[int], None] | None = None) -> list[TaskResult]:
+def run_view(
+    tasks: Iterable[str],
+    *,
+    cache: ResultCache,
+    key: str,
+    view: str,
+    runner: Callable[[str], TaskResult],
+    progress: Callable[[int], None] | None = None,
+) -> list[TaskResult]:
     """Results of a view's tasks: cached ones as they are, the others run and cached."""
     out = []
     for task_id in tasks:

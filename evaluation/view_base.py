@@ -3,10 +3,12 @@
 selection over categories. The registries themselves are evaluation/views.py
 (in-distribution) and evaluation/ood_views.py (offline OOD harnesses);
 evaluation/catalog.py joins them."""
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from evaluation.config import EvalConfig
 
@@ -37,6 +39,7 @@ ViewBuilder = Callable[[ViewContext], View]
 
 def register_in(registry: dict[str, ViewBuilder], name: str) -> Callable[[ViewBuilder], ViewBuilder]:
     """A decorator adding a builder to ``registry`` under ``name``; a name is registered once."""
+
     def add(builder: ViewBuilder) -> ViewBuilder:
         if name in registry:
             raise ValueError(f"view {name!r} is registered twice")

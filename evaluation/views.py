@@ -20,9 +20,11 @@ environment's (``env_pool.registry.category_of``), so the split functions
 stratify without instantiating any environment. Everything here is pure (ids
 in, ids out); the model-running part lives in evaluation/runner.py.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from env_pool.registry import category_of
 from evaluation.config import SCHEDULE_FIELDS
@@ -32,7 +34,9 @@ from evaluation.view_base import View, ViewBuilder, ViewContext, by_category, re
 ID_VIEWS: dict[str, ViewBuilder] = {}
 
 
-def validation_task_ids(train_ids: Sequence[str], validation_size: int, heldout_categories: Sequence[str] = ()) -> list[str]:
+def validation_task_ids(
+    train_ids: Sequence[str], validation_size: int, heldout_categories: Sequence[str] = ()
+) -> list[str]:
     """The update-validation slice: the LAST tasks of each category of the
     train split, taken in turn until ``validation_size`` (training starts at
     the head of the split, so a short run and its validation never meet).
@@ -41,14 +45,20 @@ def validation_task_ids(train_ids: Sequence[str], validation_size: int, heldout_
     if validation_size == 0:
         return []
     if validation_size >= len(candidates):
-        raise ValueError(f"evaluation.validation_size={validation_size} leaves nothing to train on "
-                         f"({len(candidates)} train tasks outside the held-out categories)")
+        raise ValueError(
+            f"evaluation.validation_size={validation_size} leaves nothing to train on "
+            f"({len(candidates)} train tasks outside the held-out categories)"
+        )
     keep = round_robin([list(reversed(g)) for g in by_category(candidates, category_of).values()], validation_size)
     return [t for t in candidates if t in keep]
 
 
-def training_task_ids(task_ids: Sequence[str], validation_size: int, heldout_categories: Sequence[str] = (),
-                      train_ids: Sequence[str] | None = None) -> list[str]:
+def training_task_ids(
+    task_ids: Sequence[str],
+    validation_size: int,
+    heldout_categories: Sequence[str] = (),
+    train_ids: Sequence[str] | None = None,
+) -> list[str]:
     """The tasks training may use: ``task_ids`` (the training split) less the
     validation slice of ``train_ids`` (default: ``task_ids`` itself; pass the
     train split when training on another split such as "all") and less every
@@ -81,8 +91,12 @@ def _id_test(ctx: ViewContext) -> View:
 def _heldout_categories(ctx: ViewContext) -> View:
     heldout = set(ctx.config.heldout_categories)
     if not heldout:
-        return View(OOD_TEST, OOD_TEST, unavailable="no OOD view: set evaluation.heldout_categories (train on the "
-                                                    "other categories) or register an OOD env view")
+        return View(
+            OOD_TEST,
+            OOD_TEST,
+            unavailable="no OOD view: set evaluation.heldout_categories (train on the "
+            "other categories) or register an OOD env view",
+        )
     ids = tuple(t for t in ctx.split_ids("test") if category_of(t) in heldout)
     if not ids:
         return View(OOD_TEST, OOD_TEST, unavailable=f"no test task in the held-out categories {sorted(heldout)}")
@@ -99,8 +113,16 @@ def _replay(ctx: ViewContext) -> View:
     return View(REPLAY, REPLAY, tuple(pool[: min(len(pool), ctx.trained_groups)]))
 
 
-def schedule_record(declared: Mapping[str, Any], *, pool_size: int, groups_per_step: int, rollouts: int,
-                    mini_batch_groups: int, steps: int, snapshot_every: int) -> dict[str, Any]:
+def schedule_record(
+    declared: Mapping[str, Any],
+    *,
+    pool_size: int,
+    groups_per_step: int,
+    rollouts: int,
+    mini_batch_groups: int,
+    steps: int,
+    snapshot_every: int,
+) -> dict[str, Any]:
     """The seven schedule fields as the run actually ran, from its trainer
     settings. The trainer does not read ``evaluation.schedule``, so a declared
     (non-null) value is a claim checked here: one the run contradicts is an

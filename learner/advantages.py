@@ -3,16 +3,19 @@
 DESIGN.md sections 3 and 6. Inputs are plain sequences so these run and test
 without torch.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from env_pool import tags as T
 from env_pool.tags import SCALE_MAX, SCALE_MIN
 
 GRPO_EPS = 1e-6  # added to the group std (unbiased, n-1), as verl does
+
+
 @dataclass(frozen=True)
 class GroupAdvantages:
     advantages: list[float]

@@ -1,9 +1,10 @@
 """From trajectories to training samples: complete groups, advantages, A-Patch scales."""
+
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from learner.advantages import SCALE_MAX, SCALE_MIN, apply_scale, grpo_advantages, trajectory_scale
 from replay.messages import Trajectory
@@ -20,7 +21,9 @@ class APatchConfig:
     def __post_init__(self) -> None:
         # w_j > 0 is what keeps every advantage's sign (DESIGN.md section 3).
         if not 0 < self.scale_min <= self.scale_max:
-            raise ValueError(f"A-Patch clip range needs 0 < scale_min <= scale_max, got [{self.scale_min}, {self.scale_max}]")
+            raise ValueError(
+                f"A-Patch clip range needs 0 < scale_min <= scale_max, got [{self.scale_min}, {self.scale_max}]"
+            )
         if self.apply_to not in ("all", "positive", "negative"):
             raise ValueError(f"apply_to must be all, positive or negative, got {self.apply_to!r}")
         if self.vocabulary not in ("released", "paper"):
@@ -65,8 +68,12 @@ def group_trajectories(trajectories: Sequence[Trajectory]) -> list[list[Trajecto
     return [sorted(g, key=lambda t: t.rollout_index) for g in groups.values()]
 
 
-def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, float], cfg: APatchConfig = APatchConfig(),
-                  group_weights: Mapping[str, float] | None = None) -> tuple[list[Sample], BatchStats]:
+def build_samples(
+    trajectories: Sequence[Trajectory],
+    weights: Mapping[str, float],
+    cfg: APatchConfig = APatchConfig(),
+    group_weights: Mapping[str, float] | None = None,
+) -> tuple[list[Sample], BatchStats]:
     """``group_weights`` (group id -> factor in (0, 1]) scales whole groups'
     advantages: the replay queue down-weights groups past the staleness bound."""
     groups = group_trajectories(trajectories)
@@ -85,9 +92,25 @@ def build_samples(trajectories: Sequence[Trajectory], weights: Mapping[str, floa
             tags = t.tags if cfg.vocabulary == "released" else t.labels
             scale = trajectory_scale(tags, weights, lo=cfg.scale_min, hi=cfg.scale_max) if cfg.enabled else 1.0
             scales.append(scale)
-            samples.append(Sample(t.token_ids, t.loss_mask, t.logprobs, factor * apply_scale(a, scale, cfg.apply_to), a, scale,
-                                  sum(t.loss_mask), t.group_id, tuple(t.policy_versions)))
+            samples.append(
+                Sample(
+                    t.token_ids,
+                    t.loss_mask,
+                    t.logprobs,
+                    factor * apply_scale(a, scale, cfg.apply_to),
+                    a,
+                    scale,
+                    sum(t.loss_mask),
+                    t.group_id,
+                    tuple(t.policy_versions),
+                )
+            )
     n = len(samples)
-    stats = BatchStats(len(groups), n, zero_var, sum(scales) / n if n else 1.0,
-                       sum(t.reward for g in groups for t in g) / n if n else 0.0)
+    stats = BatchStats(
+        len(groups),
+        n,
+        zero_var,
+        sum(scales) / n if n else 1.0,
+        sum(t.reward for g in groups for t in g) / n if n else 0.0,
+    )
     return samples, stats

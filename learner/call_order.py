@@ -9,11 +9,12 @@ ranks, hang or abort the group (gloo: SIGABRT in ``Pair::prepareRead``). Ray giv
 between concurrent calls of a threaded actor, so the driver numbers each rank's calls
 (seal/runtime/learner_group.py) and the rank runs them in that order: ticket k waits until k-1 is done.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class CallOrderError(RuntimeError):
@@ -42,10 +43,14 @@ class CallOrder:
             raise CallOrderError(f"{self.name}: {what} got ticket {ticket}; tickets start at 0")
         with self._cond:
             if ticket < self._next:
-                raise CallOrderError(f"{self.name}: {what} got ticket {ticket}, which was used already (next is {self._next})")
+                raise CallOrderError(
+                    f"{self.name}: {what} got ticket {ticket}, which was used already (next is {self._next})"
+                )
             if not self._cond.wait_for(lambda: self._next == ticket, timeout=timeout_s):
-                raise CallOrderError(f"{self.name}: {what} (ticket {ticket}) waited {timeout_s:g}s for its turn; "
-                                     f"ticket {self._next} ({self._running or 'not arrived'}) had not finished")
+                raise CallOrderError(
+                    f"{self.name}: {what} (ticket {ticket}) waited {timeout_s:g}s for its turn; "
+                    f"ticket {self._next} ({self._running or 'not arrived'}) had not finished"
+                )
             self._running = f"{what}, ticket {ticket}"
         try:
             yield

@@ -6,14 +6,16 @@ old tags; each rank keeps its own RNG streams (torch's CPU and, with CUDA, every
 device's generator, Python's, numpy's). Resume needs the same backend,
 ZeRO stage and world size, and is exact.
 """
+
 from __future__ import annotations
 
 import json
 import random
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 _TAG = re.compile(r"step(\d+)")
 
@@ -54,8 +56,10 @@ def set_cuda_rng_state(torch, rng: Mapping[str, Any], path: Path) -> None:
     if states is None or not torch.cuda.is_available():
         return
     if len(states) != torch.cuda.device_count():
-        raise ValueError(f"checkpoint {path} holds CUDA RNG states for {len(states)} device(s); "
-                         f"this process sees {torch.cuda.device_count()}")
+        raise ValueError(
+            f"checkpoint {path} holds CUDA RNG states for {len(states)} device(s); "
+            f"this process sees {torch.cuda.device_count()}"
+        )
     torch.cuda.set_rng_state_all(states)
 
 
@@ -65,14 +69,20 @@ def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int
     import torch
 
     path.mkdir(parents=True, exist_ok=True)
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-           **cuda_rng_state(torch)}
+    rng = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        **cuda_rng_state(torch),
+    }
     cfg = learner.cfg
     meta = {"step": learner.step, "backend": cfg.backend, "zero_stage": cfg.zero_stage, "extra": dict(extra or {})}
     if learner.engine is not None:
         learner.engine.save_checkpoint(str(path), tag=step_tag(learner.step), client_state={"seal": meta})
     else:
-        torch.save({"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict()}, path / "torch_state.pt")
+        torch.save(
+            {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict()}, path / "torch_state.pt"
+        )
     torch.save(rng, _rng_file(learner, path))
     meta["world_size"] = learner.world_size
     if learner.rank == 0:
@@ -92,9 +102,13 @@ def load_learner(learner, path: Path) -> dict[str, Any]:
     meta = json.loads(meta_file.read_text())
     cfg = learner.cfg
     if (meta["backend"], meta["zero_stage"]) != (cfg.backend, cfg.zero_stage):
-        raise ValueError(f"checkpoint was written by {meta['backend']} stage {meta['zero_stage']}, this learner is {cfg.backend} stage {cfg.zero_stage}")
+        raise ValueError(
+            f"checkpoint was written by {meta['backend']} stage {meta['zero_stage']}, this learner is {cfg.backend} stage {cfg.zero_stage}"
+        )
     if meta.get("world_size", 1) != learner.world_size:
-        raise ValueError(f"checkpoint {path} was written by {meta.get('world_size', 1)} learner ranks, this group has {learner.world_size}")
+        raise ValueError(
+            f"checkpoint {path} was written by {meta.get('world_size', 1)} learner ranks, this group has {learner.world_size}"
+        )
     if learner.engine is not None:
         # The tag learner.json names, not DeepSpeed's `latest`: rank 0 writes `latest` once its own files
         # are saved, before the barrier that waits for the other ranks, so a rank lost mid-save leaves

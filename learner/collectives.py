@@ -7,9 +7,10 @@ every ``torch.distributed`` collective in learner/ and seal/ goes through this m
 (tests/unit/test_learner_collectives.py reads the sources to keep it so). DeepSpeed's own
 collectives (ZeRO) place their tensors themselves.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def device_for_backend(backend: str, cuda_index: int = 0) -> str:

@@ -8,13 +8,15 @@ backend and split computes the same update. A frozen copy of the initial
 weights is the KL reference (none when the KL coefficient is 0). Checkpoints hold model, optimizer, step and RNG
 states plus any extra state the caller passes (capability and interface).
 """
+
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from learner.batch import APatchConfig, Sample, build_samples
 from learner.loss import LOSS_AGGS, LossConfig
@@ -78,9 +80,13 @@ class LearnerConfig:
         if self.loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)}; got {self.loss_agg!r}")
         if self.mini_batch_groups < 1 or self.micro_batch_size < 1 or self.gradient_checkpointing_min_tokens < 0:
-            raise ValueError("mini_batch_groups and micro_batch_size must be >= 1, gradient_checkpointing_min_tokens >= 0")
+            raise ValueError(
+                "mini_batch_groups and micro_batch_size must be >= 1, gradient_checkpointing_min_tokens >= 0"
+            )
         if self.offload_param and (self.backend != "deepspeed" or self.zero_stage != 3):
-            raise ValueError("offload_param needs backend=deepspeed and zero_stage=3 (parameters are whole on every rank below it)")
+            raise ValueError(
+                "offload_param needs backend=deepspeed and zero_stage=3 (parameters are whole on every rank below it)"
+            )
         if self.offload_optimizer and (self.backend != "deepspeed" or self.zero_stage < 1):
             raise ValueError("offload_optimizer needs backend=deepspeed with zero_stage >= 1")
         if self.weight_bucket_mb <= 0:
@@ -95,13 +101,19 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
     """``world_size`` ranks train together (learner/group.py forms their group before this is built);
     ``timeout_s`` bounds every collective and every call the driver makes to a rank."""
 
-    def __init__(self, model_path: str, cfg: LearnerConfig = LearnerConfig(), group_size: int = 8,
-                 world_size: int = 1, timeout_s: float = 600.0, step_timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        cfg: LearnerConfig = LearnerConfig(),
+        group_size: int = 8,
+        world_size: int = 1,
+        timeout_s: float = 600.0,
+        step_timeout_s: float = 3600.0,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         from weights.model_assets import resolve_model
-
         from weights.precision import choose_dtype
 
         model_path = str(resolve_model(model_path))
@@ -111,9 +123,13 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         self.dtype = choose_dtype(cfg.dtype, cfg.device, "learner")
         self.group_size = group_size
         if world_size < 1 or timeout_s <= 0 or step_timeout_s <= 0:
-            raise ValueError(f"world_size must be >= 1 and timeouts > 0, got {world_size}, {timeout_s}, {step_timeout_s}")
+            raise ValueError(
+                f"world_size must be >= 1 and timeouts > 0, got {world_size}, {timeout_s}, {step_timeout_s}"
+            )
         if world_size > 1 and cfg.backend != "deepspeed":
-            raise ValueError(f"world_size={world_size} needs backend=deepspeed (learner=zero2 or zero3); the torch backend is one process")
+            raise ValueError(
+                f"world_size={world_size} needs backend=deepspeed (learner=zero2 or zero3); the torch backend is one process"
+            )
         self.world_size, self.rank = world_size, 0
         self.timeout_s, self.step_timeout_s = timeout_s, step_timeout_s
         self.model_path = model_path
@@ -123,7 +139,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         random.seed(cfg.seed)
         per_mini = cfg.mini_batch_groups * group_size
         if per_mini % cfg.micro_batch_size:
-            raise ValueError(f"a mini-batch of {per_mini} trajectories does not split into micro-batches of {cfg.micro_batch_size}")
+            raise ValueError(
+                f"a mini-batch of {per_mini} trajectories does not split into micro-batches of {cfg.micro_batch_size}"
+            )
         self.grad_accum = per_mini // cfg.micro_batch_size
         # A ZeRO-3 config left active by an earlier learner in this process
         # would make from_pretrained partition the reference model too.
@@ -181,7 +199,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
 
         init_distributed(self.cfg.device)
         if dist.get_world_size() != self.world_size:
-            raise ValueError(f"learner world_size={self.world_size} but the process group has {dist.get_world_size()} ranks")
+            raise ValueError(
+                f"learner world_size={self.world_size} but the process group has {dist.get_world_size()} ranks"
+            )
         self.rank = dist.get_rank()
         # In bf16 with the torch_autocast section the reference's engine gets too (learner/ds_config.py).
         ds_config = deepspeed_config(self.cfg, self.grad_accum, self.dtype)
@@ -334,7 +354,13 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             mask[i, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
             old[i, : n - 1] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
             adv[i, 0] = s.advantage
-        return ids.to(self.device), attention.to(self.device), mask.to(self.device), old.to(self.device), adv.to(self.device)
+        return (
+            ids.to(self.device),
+            attention.to(self.device),
+            mask.to(self.device),
+            old.to(self.device),
+            adv.to(self.device),
+        )
 
     def _plan(self, samples: Sequence[Sample], allow_partial: bool) -> list[list[list[Sample]]]:
         """Mini-batches (one optimizer step each) of micro-batches. Every mini-batch holds
@@ -342,10 +368,17 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         per_mini = self.cfg.mini_batch_groups * self.group_size
         if (len(samples) % per_mini and not allow_partial) or not samples:
             groups = len({s.group_id for s in samples})
-            raise ValueError(f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {groups} groups of {len(samples) // max(groups, 1)}")
+            raise ValueError(
+                f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {groups} groups of {len(samples) // max(groups, 1)}"
+            )
         mb = self.cfg.micro_batch_size
-        return [[samples[m + k : min(m + k + mb, m + per_mini, len(samples))] for k in range(0, min(per_mini, len(samples) - m), mb)]
-                for m in range(0, len(samples), per_mini)]
+        return [
+            [
+                samples[m + k : min(m + k + mb, m + per_mini, len(samples))]
+                for k in range(0, min(per_mini, len(samples) - m), mb)
+            ]
+            for m in range(0, len(samples), per_mini)
+        ]
 
     def _proximal_logprobs(self, plan) -> dict[int, Any]:
         """pi_old for ``old_logprobs=recompute``: the policy's logprobs before this batch's first
@@ -365,8 +398,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
                         out[id(s)] = logp[row].detach()
         return out
 
-    def _micro_step(self, micro, mini_tokens: int, mini_sequences: int, proximal, stats, is_last: bool,
-                    loss_scale: float = 1.0) -> int:
+    def _micro_step(
+        self, micro, mini_tokens: int, mini_sequences: int, proximal, stats, is_last: bool, loss_scale: float = 1.0
+    ) -> int:
         """Forward, loss and backward of one micro-batch; returns the tokens forwarded. ``loss_scale``:
         the world size (DeepSpeed averages gradients over ranks), 0 for a padding micro-batch."""
         import torch
@@ -387,8 +421,18 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         else:
             old, is_w, cut = behaviour, None, None
         weights = aggregation_weights(mask, self.cfg.loss_agg, mini_tokens, mini_sequences)
-        loss, m = policy_loss(logp, old, adv.expand_as(logp), mask, self.cfg.loss, ref_logp, entropy,
-                              token_normalizer=float(mini_tokens), token_weights=weights, is_weights=is_w)
+        loss, m = policy_loss(
+            logp,
+            old,
+            adv.expand_as(logp),
+            mask,
+            self.cfg.loss,
+            ref_logp,
+            entropy,
+            token_normalizer=float(mini_tokens),
+            token_weights=weights,
+            is_weights=is_w,
+        )
         if not loss_scale:  # padding (learner/group.py): the same calls as the other ranks, no gradient
             loss, forwarded = loss * 0.0, 0
         else:
@@ -403,9 +447,15 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             loss.backward()
         return forwarded
 
-    def train_batch(self, trajectories: Sequence[Trajectory], tag_weights: Mapping[str, float],
-                    group_weights: Mapping[str, float] | None = None, policy_version: int | None = None,
-                    allow_partial: bool = False, mini_groups: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
+    def train_batch(
+        self,
+        trajectories: Sequence[Trajectory],
+        tag_weights: Mapping[str, float],
+        group_weights: Mapping[str, float] | None = None,
+        policy_version: int | None = None,
+        allow_partial: bool = False,
+        mini_groups: Sequence[Sequence[str]] | None = None,
+    ) -> dict[str, Any]:
         """One batch of complete groups: one optimizer step per ``mini_batch_groups`` groups.
         ``group_weights`` scales stale groups' advantages (replay queue); ``policy_version``
         is the version the learner's weights are now (the logprob-mismatch metrics compare
@@ -423,7 +473,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
 
         if mini_groups is None:
             if self.world_size > 1:
-                raise ValueError("a learner group rank trains on its shard: pass mini_groups (learner/group.py shard_batch)")
+                raise ValueError(
+                    "a learner group rank trains on its shard: pass mini_groups (learner/group.py shard_batch)"
+                )
             plan = self._plan(samples, allow_partial)
         else:
             plan = assigned_plan(samples, mini_groups, self.cfg.micro_batch_size)
@@ -437,8 +489,15 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             step_stats.start_mini()
             for k, micro in enumerate(mini):
                 scale = 0.0 if is_padding(micro) else float(self.world_size)
-                forward_tokens += self._micro_step(micro, mini_tokens, mini_sequences, proximal, step_stats,
-                                                   is_last=k == len(mini) - 1, loss_scale=scale)
+                forward_tokens += self._micro_step(
+                    micro,
+                    mini_tokens,
+                    mini_sequences,
+                    proximal,
+                    step_stats,
+                    is_last=k == len(mini) - 1,
+                    loss_scale=scale,
+                )
             if self.engine is None:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
                 self.optimizer.step()
@@ -450,10 +509,21 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             tokens += sum(s.num_tokens for micro in mini for s in micro if not is_padding(micro))
         seconds = time.perf_counter() - t0
         out = step_stats.result()
-        out.update(step=self.step, seconds=seconds, learner_world_size=self.world_size, samples_per_s=len(samples) / seconds, tokens_per_s=tokens / seconds,
-                   sequence_tokens=sum(len(s.token_ids) for s in samples), forward_tokens=forward_tokens, scored_tokens=tokens,
-                   groups=stats.groups, zero_variance_groups=stats.zero_variance_groups, mean_scale=stats.mean_scale,
-                   reward_mean=stats.reward_mean, mini_batches=len(plan))
+        out.update(
+            step=self.step,
+            seconds=seconds,
+            learner_world_size=self.world_size,
+            samples_per_s=len(samples) / seconds,
+            tokens_per_s=tokens / seconds,
+            sequence_tokens=sum(len(s.token_ids) for s in samples),
+            forward_tokens=forward_tokens,
+            scored_tokens=tokens,
+            groups=stats.groups,
+            zero_variance_groups=stats.zero_variance_groups,
+            mean_scale=stats.mean_scale,
+            reward_mean=stats.reward_mean,
+            mini_batches=len(plan),
+        )
         return out
 
     # ----------------------------------------------------------- checkpoints

@@ -13,22 +13,32 @@ Unequal shares: DeepSpeed needs the same number of backward calls per rank per o
 A rank with fewer micro-batches runs padding ones: a 2-token sample whose loss is multiplied by 0.
 Padding instead of regrouping keeps whole groups on one rank and costs one tiny forward each.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from learner.batch import Sample
 from replay.messages import Trajectory
 
-PAD_SAMPLE = Sample(token_ids=[0, 0], loss_mask=[0, 1], old_logprobs=[0.0, 0.0], advantage=0.0, raw_advantage=0.0,
-                    scale=1.0, num_tokens=0, group_id="<pad>")
+PAD_SAMPLE = Sample(
+    token_ids=[0, 0],
+    loss_mask=[0, 1],
+    old_logprobs=[0.0, 0.0],
+    advantage=0.0,
+    raw_advantage=0.0,
+    scale=1.0,
+    num_tokens=0,
+    group_id="<pad>",
+)
 
 
 @dataclass(frozen=True)
 class Rendezvous:
     """Where the training group meets: rank 0's node address and a free port there."""
+
     host: str
     port: int
     rank: int
@@ -42,6 +52,7 @@ class Rendezvous:
 class RankShard:
     """One rank's part of a step: its trajectories and, per mini-batch (one optimizer step,
     the same count on every rank), the ids of its groups there (possibly none)."""
+
     trajectories: list[Trajectory]
     mini_groups: list[list[str]] = field(default_factory=list)
 
@@ -81,7 +92,9 @@ def shard_batch(trajectories: Sequence[Trajectory], world_size: int, mini_batch_
     return shards
 
 
-def assigned_plan(samples: Sequence[Sample], mini_groups: Sequence[Sequence[str]], micro_batch_size: int) -> list[list[list[Sample]]]:
+def assigned_plan(
+    samples: Sequence[Sample], mini_groups: Sequence[Sequence[str]], micro_batch_size: int
+) -> list[list[list[Sample]]]:
     """Mini-batches of micro-batches from the driver's assignment (a mini-batch may be empty here)."""
     by_group: dict[str, list[Sample]] = {}
     for s in samples:
@@ -99,7 +112,9 @@ def assigned_plan(samples: Sequence[Sample], mini_groups: Sequence[Sequence[str]
 def pad_plan(plan: list[list[list[Sample]]], micro_counts: Sequence[int]) -> list[list[list[Sample]]]:
     """Every mini-batch padded to the group's micro-batch count with [PAD_SAMPLE] micro-batches."""
     if len(plan) != len(micro_counts) or any(len(m) > c for m, c in zip(plan, micro_counts)):
-        raise ValueError(f"micro-batch counts {list(micro_counts)} do not cover this rank's plan {[len(m) for m in plan]}")
+        raise ValueError(
+            f"micro-batch counts {list(micro_counts)} do not cover this rank's plan {[len(m) for m in plan]}"
+        )
     return [mini + [[PAD_SAMPLE] for _ in range(c - len(mini))] for mini, c in zip(plan, micro_counts)]
 
 
@@ -107,7 +122,9 @@ def is_padding(micro: Sequence[Sample]) -> bool:
     return len(micro) == 1 and micro[0] is PAD_SAMPLE
 
 
-def agree_on_plan(plan: list[list[list[Sample]]], world_size: int) -> tuple[list[list[list[Sample]]], list[int], list[int]]:
+def agree_on_plan(
+    plan: list[list[list[Sample]]], world_size: int
+) -> tuple[list[list[list[Sample]]], list[int], list[int]]:
     """(padded plan, scored tokens per mini-batch, sequences per mini-batch), summed over the group.
     Two all-reduces over the training group (its timeout bounds them), on the device its backend
     serves (learner/collectives.py: CUDA under NCCL)."""
@@ -134,14 +151,30 @@ def join_group(rv: Rendezvous) -> None:
 
     use_node_interface()  # gloo would advertise 127.0.0.1 where the hostname resolves to it (weights/netif.py)
     # DeepSpeed reads these; each actor sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES), so local rank 0.
-    os.environ.update(RANK=str(rv.rank), WORLD_SIZE=str(rv.world_size), LOCAL_RANK="0",
-                      MASTER_ADDR=rv.host, MASTER_PORT=str(rv.port))
-    dist.init_process_group(rv.backend, init_method=f"tcp://{rv.host}:{rv.port}", rank=rv.rank,
-                            world_size=rv.world_size, timeout=timedelta(seconds=rv.timeout_s))
+    os.environ.update(
+        RANK=str(rv.rank), WORLD_SIZE=str(rv.world_size), LOCAL_RANK="0", MASTER_ADDR=rv.host, MASTER_PORT=str(rv.port)
+    )
+    dist.init_process_group(
+        rv.backend,
+        init_method=f"tcp://{rv.host}:{rv.port}",
+        rank=rv.rank,
+        world_size=rv.world_size,
+        timeout=timedelta(seconds=rv.timeout_s),
+    )
 
 
 # Loss terms come normalised by the global mini-batch: the ranks' values add up to the step's.
-_SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean")
+_SUMMED = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "entropy",
+    "clip_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "clip_frac_dual",
+    "ratio_mean",
+)
 _COUNTS = ("sequence_tokens", "forward_tokens", "scored_tokens", "groups", "zero_variance_groups", "mismatch_tokens")
 
 
@@ -156,6 +189,10 @@ def merge_results(results: Sequence[dict]) -> dict:
             out[key] = sum(r.get(key) or 0 for r in results)
     seconds = max(r["seconds"] for r in results)
     samples = sum(r["samples_per_s"] * r["seconds"] for r in results)
-    out.update(seconds=seconds, samples_per_s=samples / seconds, tokens_per_s=out["scored_tokens"] / seconds,
-               learner_world_size=len(results))
+    out.update(
+        seconds=seconds,
+        samples_per_s=samples / seconds,
+        tokens_per_s=out["scored_tokens"] / seconds,
+        learner_world_size=len(results),
+    )
     return out

@@ -14,6 +14,7 @@ masked (MIS) at the token or the sequence level (``is_correction``).
 Per-token aggregation is a weight tensor (``aggregation_weights``) so that a
 mini-batch split into micro-batches sums to the same loss whatever the split.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,7 +72,6 @@ def aggregation_weights(mask: Any, loss_agg: str, mini_tokens: float, mini_seque
     ``mask`` is one micro-batch's; ``mini_tokens`` and ``mini_sequences`` count the
     whole mini-batch (scored tokens, sequences), so micro-batches add up exactly.
     """
-    import torch
 
     mask = mask.float()
     if loss_agg == "token-mean":
@@ -108,9 +108,18 @@ def off_policy_weights(old_logp: Any, behaviour_logp: Any, mask: Any, cfg: LossC
     return w * mask, cut
 
 
-def policy_loss(logp, old_logp, advantages, mask, cfg: LossConfig, ref_logp=None, entropy=None,
-                token_normalizer: float | None = None, token_weights=None,
-                is_weights=None) -> tuple[Any, dict[str, float]]:
+def policy_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    cfg: LossConfig,
+    ref_logp=None,
+    entropy=None,
+    token_normalizer: float | None = None,
+    token_weights=None,
+    is_weights=None,
+) -> tuple[Any, dict[str, float]]:
     """All tensors [batch, tokens]; ``advantages`` broadcast per token; ``mask`` 1 on model tokens.
 
     Returns (loss, metrics). ``token_weights`` (from ``aggregation_weights``) aggregate
@@ -176,8 +185,12 @@ def mismatch_stats(behaviour_logp: Any, old_logp: Any, mask: Any) -> dict[str, f
         return {"count": 0.0, "kl_sum": 0.0, "kl_max": 0.0, "abs_diff_sum": 0.0}
     d = (behaviour_logp - old_logp).detach()[m].clamp(min=-KL_LOG_RATIO_CLAMP, max=KL_LOG_RATIO_CLAMP).double()
     k3 = torch.exp(d) - d - 1
-    return {"count": float(m.sum()), "kl_sum": float(k3.sum()), "kl_max": float(k3.max()),
-            "abs_diff_sum": float(d.abs().sum())}
+    return {
+        "count": float(m.sum()),
+        "kl_sum": float(k3.sum()),
+        "kl_max": float(k3.max()),
+        "abs_diff_sum": float(d.abs().sum()),
+    }
 
 
 def is_weight_stats(w: Any, cut: Any, mask: Any) -> dict[str, float]:
@@ -187,5 +200,10 @@ def is_weight_stats(w: Any, cut: Any, mask: Any) -> dict[str, float]:
     if not bool(m.any()):
         return {"count": 0.0, "w_sum": 0.0, "w_sq_sum": 0.0, "w_max": 0.0, "cut": 0.0}
     wm = w.detach()[m].double()
-    return {"count": float(m.sum()), "w_sum": float(wm.sum()), "w_sq_sum": float((wm * wm).sum()),
-            "w_max": float(wm.max()), "cut": float(cut[m].sum())}
+    return {
+        "count": float(m.sum()),
+        "w_sum": float(wm.sum()),
+        "w_sq_sum": float((wm * wm).sum()),
+        "w_max": float(wm.max()),
+        "cut": float(cut[m].sum()),
+    }

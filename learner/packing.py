@@ -18,10 +18,12 @@ log-probabilities are the unpacked ones (up to float summation order), and the
 gradient of a shared position sums the contributions of every rollout that
 uses it, as the unpacked loss does.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 ATTENTION = "seal_shared_prefix"
 LAYOUT_KWARG = "seal_packed_rows"  # forward kwarg transformers passes down to the attention function
@@ -119,17 +121,18 @@ def pack_shared_prefix(token_ids: Sequence[Sequence[int]], groups: Sequence[Any]
             c = len(seq) - prefix
             sample_row[i] = r
             if c:
-                ids[r, off:off + c] = torch.tensor(seq[prefix:], dtype=torch.long)
-                pos[r, off:off + c] = torch.arange(prefix, len(seq))
-                cmask[off - prefix:off - prefix + c, off:off + c] = torch.ones((c, c), dtype=torch.bool).tril()
+                ids[r, off : off + c] = torch.tensor(seq[prefix:], dtype=torch.long)
+                pos[r, off : off + c] = torch.arange(prefix, len(seq))
+                cmask[off - prefix : off - prefix + c, off : off + c] = torch.ones((c, c), dtype=torch.bool).tril()
             j = torch.arange(len(seq) - 1)
             logit_index[i, : len(seq) - 1] = torch.where(j < prefix, j, off + j - prefix)
         rows.append(RowLayout(prefix, length, cmask.to(device)))
     return PackedRows(ids.to(device), pos.to(device), rows, sample_row, logit_index.to(device))
 
 
-def shared_prefix_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-                            **kwargs):
+def shared_prefix_attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
+):
     """transformers attention function (query [B, H, W, D], key/value [B, KVH, W, D] -> [B, W, H, D], None).
 
     Without a packed layout in the kwargs (an ordinary right-padded batch) it
@@ -139,21 +142,41 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
 
     rows: list[RowLayout] | None = kwargs.pop(LAYOUT_KWARG, None)
     if rows is None:
-        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, None, dropout=dropout, scaling=scaling, is_causal=True, **kwargs
+        )
     if len(rows) != query.shape[0]:
         raise ValueError(f"{len(rows)} packed row layouts for a batch of {query.shape[0]}")
     width = query.shape[2]
     outputs = []
     for r, row in enumerate(rows):
-        q, k, v = query[r:r + 1], key[r:r + 1], value[r:r + 1]
+        q, k, v = query[r : r + 1], key[r : r + 1], value[r : r + 1]
         parts = []
         if row.prefix:
-            out, _ = sdpa_attention_forward(module, q[:, :, :row.prefix], k[:, :, :row.prefix], v[:, :, :row.prefix], None,
-                                            dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
+            out, _ = sdpa_attention_forward(
+                module,
+                q[:, :, : row.prefix],
+                k[:, :, : row.prefix],
+                v[:, :, : row.prefix],
+                None,
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=True,
+                **kwargs,
+            )
             parts.append(out)
         if row.length > row.prefix:
-            out, _ = sdpa_attention_forward(module, q[:, :, row.prefix:row.length], k[:, :, :row.length], v[:, :, :row.length],
-                                            row.continuation_mask[None, None], dropout=dropout, scaling=scaling, is_causal=False, **kwargs)
+            out, _ = sdpa_attention_forward(
+                module,
+                q[:, :, row.prefix : row.length],
+                k[:, :, : row.length],
+                v[:, :, : row.length],
+                row.continuation_mask[None, None],
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=False,
+                **kwargs,
+            )
             parts.append(out)
         if width > row.length:  # padding of a shorter row: never read
             parts.append(query.new_zeros((1, width - row.length, query.shape[1], query.shape[3])))
@@ -169,8 +192,9 @@ def use_shared_prefix_attention(model) -> None:
     model.set_attn_implementation(ATTENTION)
 
 
-def packed_token_logprobs(logits: Any, kept: Any, packed: PackedRows, targets: Any, mask: Any,
-                          with_entropy: bool = False) -> tuple[Any, Any]:
+def packed_token_logprobs(
+    logits: Any, kept: Any, packed: PackedRows, targets: Any, mask: Any, with_entropy: bool = False
+) -> tuple[Any, Any]:
     """log p(target) per sample and column from the packed rows' logits.
 
     ``logits``: [R, K, V] at packed positions ``kept`` (sorted, [K]);

@@ -12,11 +12,13 @@ they must answer while a step runs.
 Weights leave through Ray's object store in buckets (weights/buckets.py),
 or over the weight group by broadcast (learner/weight_broadcast.py).
 """
+
 from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from learner.call_order import CallOrder
 from learner.engine import Learner
@@ -55,8 +57,12 @@ class LearnerRank:
     def node(self) -> dict[str, Any]:
         import ray
 
-        return {"ip": _node_ip(), "host": socket.gethostname(), "pid": os.getpid(),
-                "node_id": ray.get_runtime_context().get_node_id()}
+        return {
+            "ip": _node_ip(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
 
     def pid(self) -> int:
         return os.getpid()
@@ -75,15 +81,28 @@ class LearnerRank:
                 join_group(rendezvous)
             self.learner = make_learner()
             if self.learner.world_size != rendezvous.world_size:
-                raise ValueError(f"the learner was configured for world_size={self.learner.world_size}, the group has {rendezvous.world_size}")
+                raise ValueError(
+                    f"the learner was configured for world_size={self.learner.world_size}, the group has {rendezvous.world_size}"
+                )
             self.rank = rendezvous.rank
             return self.rank
 
-    def train_shard(self, ticket: int, shard: RankShard, tag_weights: Mapping[str, float],
-                    group_weights: Mapping[str, float] | None, policy_version: int | None) -> dict[str, Any]:
+    def train_shard(
+        self,
+        ticket: int,
+        shard: RankShard,
+        tag_weights: Mapping[str, float],
+        group_weights: Mapping[str, float] | None,
+        policy_version: int | None,
+    ) -> dict[str, Any]:
         with self.order.turn(ticket, "train step", self.wait_s):
-            out = self.learner.train_batch(shard.trajectories, tag_weights, group_weights, policy_version=policy_version,
-                                           mini_groups=shard.mini_groups)
+            out = self.learner.train_batch(
+                shard.trajectories,
+                tag_weights,
+                group_weights,
+                policy_version=policy_version,
+                mini_groups=shard.mini_groups,
+            )
             out["tag_weights"] = dict(tag_weights)
             return out
 
@@ -104,8 +123,9 @@ class LearnerRank:
             path, seconds = self.learner.publish(out_dir, version)
             return str(path), seconds
 
-    def join_weight_group(self, ticket: int, host: str, port: int, world_size: int, backend: str,
-                          dtype: str | None = None) -> list[dict[str, Any]]:
+    def join_weight_group(
+        self, ticket: int, host: str, port: int, world_size: int, backend: str, dtype: str | None = None
+    ) -> list[dict[str, Any]]:
         """Form (or re-form, after a generator restart) the broadcast group as rank 0; returns the
         metadata the receivers need, once per model. ``dtype``: the generator's; weights are cast to
         it before sending. Ordered: a broadcast still running must finish before its group is replaced."""
@@ -118,7 +138,9 @@ class LearnerRank:
                 self.broadcaster.close()
                 self.broadcaster = None
             cast = getattr(torch, dtype) if dtype else None
-            self.broadcaster = WeightBroadcaster(host, port, world_size, backend, dtype=cast, timeout_s=self.learner.timeout_s)
+            self.broadcaster = WeightBroadcaster(
+                host, port, world_size, backend, dtype=cast, timeout_s=self.learner.timeout_s
+            )
             return [m.to_wire() for m in self.learner.weight_metadata(cast)]
 
     def broadcast_weights(self, ticket: int) -> float:
@@ -139,6 +161,7 @@ class LearnerRank:
     def param_share(self, ticket: int) -> dict[str, int]:
         """Parameters this rank holds, from the partitioned tensors (ZeRO-3: ds_tensor), against the
         model's full count (ds_numel); the reference model's too (0 and 0: none)."""
+
         def count(module) -> tuple[int, int]:
             held = total = 0
             for p in module.parameters():

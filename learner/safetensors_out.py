@@ -8,27 +8,39 @@ hand. The layout is Hugging Face's: one ``model.safetensors`` up to ``max_shard_
 ``model-0000i-of-0000n.safetensors`` shards and ``model.safetensors.index.json`` (what
 ``save_pretrained`` writes, what transformers and vLLM load).
 """
+
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from weights.buckets import bucket_bounds
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 # torch dtype name -> (safetensors dtype, bytes per element)
-DTYPES = {"float64": ("F64", 8), "float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2),
-          "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
-          "bool": ("BOOL", 1)}
+DTYPES = {
+    "float64": ("F64", 8),
+    "float32": ("F32", 4),
+    "bfloat16": ("BF16", 2),
+    "float16": ("F16", 2),
+    "int64": ("I64", 8),
+    "int32": ("I32", 4),
+    "int16": ("I16", 2),
+    "int8": ("I8", 1),
+    "uint8": ("U8", 1),
+    "bool": ("BOOL", 1),
+}
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     """What one tensor of a file will be: its name, torch dtype name (``float32``) and shape."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -38,7 +50,7 @@ class TensorSpec:
             raise ValueError(f"{self.name}: safetensors snapshots take {', '.join(DTYPES)}; got {self.dtype}")
 
     @classmethod
-    def of(cls, name: str, shape, dtype) -> "TensorSpec":
+    def of(cls, name: str, shape, dtype) -> TensorSpec:
         return cls(name, str(dtype).removeprefix("torch."), tuple(int(d) for d in shape))
 
     @property
@@ -56,10 +68,12 @@ def shard_layout(specs: Sequence[TensorSpec], max_shard_bytes: int) -> list[tupl
     if len(bounds) == 1:
         return [(SAFE_WEIGHTS_NAME, list(specs))]
     n = len(bounds)
-    return [(f"model-{i + 1:05d}-of-{n:05d}.safetensors", list(specs[r.start:r.stop])) for i, r in enumerate(bounds)]
+    return [(f"model-{i + 1:05d}-of-{n:05d}.safetensors", list(specs[r.start : r.stop])) for i, r in enumerate(bounds)]
 
 
-def write_index(directory: Path, layout: list[tuple[str, list[TensorSpec]]], total_parameters: int | None = None) -> None:
+def write_index(
+    directory: Path, layout: list[tuple[str, list[TensorSpec]]], total_parameters: int | None = None
+) -> None:
     """The shard index transformers and vLLM read when there is more than one file."""
     if len(layout) < 2:
         return
@@ -67,7 +81,8 @@ def write_index(directory: Path, layout: list[tuple[str, list[TensorSpec]]], tot
     total = sum(s.nbytes for _, specs in layout for s in specs)
     metadata = {"total_size": total, **({"total_parameters": total_parameters} if total_parameters is not None else {})}
     (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(
-        json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n")
+        json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n"
+    )
 
 
 class SafetensorsWriter:
@@ -82,7 +97,11 @@ class SafetensorsWriter:
         header: dict[str, Any] = {}
         offset = 0
         for s in self.specs:
-            header[s.name] = {"dtype": DTYPES[s.dtype][0], "shape": list(s.shape), "data_offsets": [offset, offset + s.nbytes]}
+            header[s.name] = {
+                "dtype": DTYPES[s.dtype][0],
+                "shape": list(s.shape),
+                "data_offsets": [offset, offset + s.nbytes],
+            }
             offset += s.nbytes
         if len(header) != len(self.specs):
             raise ValueError(f"{self.path.name}: a tensor name appears twice")
@@ -115,7 +134,7 @@ class SafetensorsWriter:
     def close(self) -> None:
         self._fh.close()
         if not self.done:
-            missing = [s.name for s in self.specs[self._next:]]
+            missing = [s.name for s in self.specs[self._next :]]
             raise ValueError(f"{self.path.name}: {len(missing)} tensor(s) never written, first {missing[0]}")
 
 
@@ -123,8 +142,9 @@ class ShardedWriter:
     """Every file of ``shard_layout``, one open at a time: ``write`` the tensors in ``specs`` order
     (the next file opens when the last is full); ``close`` writes the index."""
 
-    def __init__(self, directory: Path, specs: Sequence[TensorSpec], max_shard_bytes: int,
-                 total_parameters: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, specs: Sequence[TensorSpec], max_shard_bytes: int, total_parameters: int | None = None
+    ) -> None:
         self.directory, self.total_parameters = Path(directory), total_parameters
         self.layout = shard_layout(specs, max_shard_bytes)
         self._pending = list(self.layout)

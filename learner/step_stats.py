@@ -11,9 +11,11 @@ meaningful at the same weights: it is taken over the trajectories whose every
 segment was generated at the learner's current policy version; the
 ``offpolicy_kl`` figure takes every trajectory (staleness included).
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from learner.batch import Sample
 from learner.loss import is_weight_stats, mismatch_stats
@@ -39,8 +41,9 @@ class StepStats:
             return True
         return bool(s.policy_versions) and all(v == self.policy_version for v in s.policy_versions)
 
-    def add_micro(self, loss_metrics: dict[str, float], micro: Sequence[Sample], behaviour, learner_old, mask,
-                  is_w=None, cut=None) -> None:
+    def add_micro(
+        self, loss_metrics: dict[str, float], micro: Sequence[Sample], behaviour, learner_old, mask, is_w=None, cut=None
+    ) -> None:
         mini = self._minis[-1]
         for key, value in loss_metrics.items():
             mini[key] = mini.get(key, 0.0) + value

@@ -6,10 +6,11 @@ the vLLM workers as ranks 1..N. Metadata (name, dtype, shape per tensor)
 goes to the workers by whatever carries control messages; it is fixed for a
 model, so ``weight_metadata`` needs no gather even under ZeRO-3.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -17,17 +18,19 @@ from weights.buckets import bucket_bounds
 from weights.group import OP_TIMEOUT_S, WeightGroup, WeightGroupError, WeightMeta
 
 
-def weight_buckets(params: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int,
-                   element_size: int = 0) -> list[list[tuple[str, torch.nn.Parameter]]]:
+def weight_buckets(
+    params: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int, element_size: int = 0
+) -> list[list[tuple[str, torch.nn.Parameter]]]:
     """Consecutive parameters in buckets of at most ``bucket_bytes`` (full sizes: ZeRO-3's ds_numel);
     a parameter larger than a bucket is a bucket of its own. ``element_size``: count at least this
     many bytes per element (the copy sent in a wider dtype than the one trained)."""
     sizes = [getattr(p, "ds_numel", p.numel()) * max(p.element_size(), element_size) for _, p in params]
-    return [params[r.start:r.stop] for r in bucket_bounds(sizes, bucket_bytes)]
+    return [params[r.start : r.stop] for r in bucket_bounds(sizes, bucket_bytes)]
 
 
-def model_weight_buckets(model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20,
-                         element_size: int = 0) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def model_weight_buckets(
+    model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20, element_size: int = 0
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Bucket by bucket, (name, full tensor) per parameter, in a fixed order, a tied parameter once.
 
     Under ZeRO-3 one bucket of parameters is gathered at a time and released
@@ -48,7 +51,9 @@ def model_weight_buckets(model: torch.nn.Module, zero3: bool = False, bucket_byt
             yield [(name, param.data) for name, param in bucket]
 
 
-def model_weights(model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20) -> Iterator[tuple[str, torch.Tensor]]:
+def model_weights(
+    model: torch.nn.Module, zero3: bool = False, bucket_bytes: int = 256 << 20
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``model_weight_buckets`` one tensor at a time (the broadcast sends them in this order)."""
     for bucket in model_weight_buckets(model, zero3, bucket_bytes):
         yield from bucket
@@ -56,7 +61,9 @@ def model_weights(model: torch.nn.Module, zero3: bool = False, bucket_bytes: int
 
 def model_metadata(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[WeightMeta]:
     """What ``model_weights`` will send, cast to ``dtype`` if given; ZeRO-3 shapes come from ds_shape."""
-    return [WeightMeta.of(name, getattr(p, "ds_shape", p.shape), dtype or p.dtype) for name, p in model.named_parameters()]
+    return [
+        WeightMeta.of(name, getattr(p, "ds_shape", p.shape), dtype or p.dtype) for name, p in model.named_parameters()
+    ]
 
 
 class WeightBroadcaster:
@@ -70,9 +77,17 @@ class WeightBroadcaster:
     group is aborted (weights/group.py): the caller re-forms it.
     """
 
-    def __init__(self, host: str, port: int, world_size: int, backend: str = "gloo",
-                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                 timeout_s: float = 600.0, op_timeout_s: float = OP_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str = "gloo",
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 600.0,
+        op_timeout_s: float = OP_TIMEOUT_S,
+    ) -> None:
         device = device if device is not None else ("cuda" if backend == "nccl" else "cpu")
         self.group = WeightGroup(host, port, 0, world_size, backend, device, timeout_s, op_timeout_s)
         self.device = self.group.device
@@ -87,7 +102,9 @@ class WeightBroadcaster:
             try:
                 for name, tensor in items:
                     out = tensor.detach().to(device=self.device, dtype=self.dtype or tensor.dtype).contiguous()
-                    self.group.broadcast(out, name)  # the root's buffer is only read: no copy needed when already in place
+                    self.group.broadcast(
+                        out, name
+                    )  # the root's buffer is only read: no copy needed when already in place
             except WeightGroupError:
                 # Under ZeRO-3 the other learner ranks are in this walk's bucket gathers: finish
                 # the walk (nothing sent) so they are not left in a collective rank 0 never joins.
@@ -101,8 +118,9 @@ class WeightBroadcaster:
         self.group.close()
 
 
-def broadcast_model(model: torch.nn.Module, broadcaster: WeightBroadcaster | None, zero3: bool = False,
-                    bucket_bytes: int = 256 << 20) -> float:
+def broadcast_model(
+    model: torch.nn.Module, broadcaster: WeightBroadcaster | None, zero3: bool = False, bucket_bytes: int = 256 << 20
+) -> float:
     """Send ``model``'s weights; a learner rank other than 0 passes None and only joins the ZeRO-3 gathers."""
     if broadcaster is None:
         t0 = time.perf_counter()
@@ -110,4 +128,3 @@ def broadcast_model(model: torch.nn.Module, broadcaster: WeightBroadcaster | Non
             pass
         return time.perf_counter() - t0
     return broadcaster.broadcast(model_weights(model, zero3, bucket_bytes))
-

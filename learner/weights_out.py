@@ -2,6 +2,7 @@
 dtype (bucket by bucket into Ray's object store, or whole for an in-process generator), safetensors
 snapshots and the broadcast group. A mixin of learner.engine.Learner, which
 holds the model, engine, rank and config these read."""
+
 from __future__ import annotations
 
 import copy
@@ -23,6 +24,7 @@ class WeightsOutStats:
     ``host_bytes`` of full weights it brought to host memory (a device-to-host copy on GPU; on a
     CPU learner the tensor read in place), ``largest_gather_bytes`` the most full-size weights it
     held gathered at once under ZeRO-3 (one bucket; 0 otherwise)."""
+
     host_bytes: int = 0
     largest_gather_bytes: int = 0
 
@@ -70,8 +72,8 @@ class WeightsOut:
         ``WeightManifest`` (weights/buckets.py), the other ranks None."""
         import torch
 
-        from weights.buckets import put_buckets
         from learner.weight_broadcast import model_weight_buckets
+        from weights.buckets import put_buckets
 
         zero3 = self.engine is not None and self.cfg.zero_stage == 3
         target = getattr(torch, dtype) if dtype else None
@@ -138,8 +140,12 @@ class WeightsOut:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         params, buffers = self._snapshot_contents()
-        writer = ShardedWriter(tmp, params + [spec for spec, _ in buffers], self.snapshot_shard_bytes,
-                               total_parameters=sum(s.nbytes // DTYPES[s.dtype][1] for s in params))
+        writer = ShardedWriter(
+            tmp,
+            params + [spec for spec, _ in buffers],
+            self.snapshot_shard_bytes,
+            total_parameters=sum(s.nbytes // DTYPES[s.dtype][1] for s in params),
+        )
         failure: BaseException | None = None
         for bucket in buckets:  # every bucket, even after a failure: the other ranks wait in its gather
             stats.gathered(bucket)
@@ -172,8 +178,11 @@ class WeightsOut:
         named = list(self.model.named_parameters())
         params = [TensorSpec.of(n, getattr(p, "ds_shape", p.shape), p.dtype) for n, p in named]
         held = {id(p) for _, p in named}
-        buffers = [(TensorSpec.of(n, t.shape, t.dtype), t) for n, t in self.model.state_dict(keep_vars=True).items()
-                   if id(t) not in held]
+        buffers = [
+            (TensorSpec.of(n, t.shape, t.dtype), t)
+            for n, t in self.model.state_dict(keep_vars=True).items()
+            if id(t) not in held
+        ]
         return params, buffers
 
     def _save_configs(self, directory: Path) -> None:
@@ -191,8 +200,12 @@ class WeightsOut:
         under ZeRO-3 (ranks other than 0 pass None); seconds. ``weight_metadata`` says what is sent."""
         from learner.weight_broadcast import broadcast_model
 
-        return broadcast_model(self.model, broadcaster, zero3=self.engine is not None and self.cfg.zero_stage == 3,
-                               bucket_bytes=self.bucket_bytes)
+        return broadcast_model(
+            self.model,
+            broadcaster,
+            zero3=self.engine is not None and self.cfg.zero_stage == 3,
+            bucket_bytes=self.bucket_bytes,
+        )
 
     def weight_metadata(self, dtype=None) -> list:
         from learner.weight_broadcast import model_metadata

@@ -19,12 +19,14 @@ on. The monitor, not the ZAP callback, counts: ZAP only sees peers that got
 as far as presenting a client key, and a plain or wrong-server-key peer fails
 earlier, in the handshake.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class KeyPair:
 @dataclass(frozen=True)
 class ClientKeys:
     """What one client needs: the server's public key and its own pair."""
+
     server_public: bytes
     client: KeyPair
 
@@ -76,6 +79,7 @@ class ClientKeys:
 @dataclass(frozen=True)
 class RunKeys:
     """One run's keys, made by the driver at start and kept in memory only."""
+
     server: KeyPair
     actors: KeyPair
     control: KeyPair
@@ -133,7 +137,9 @@ class CurveGuard:
         socket.curve_secretkey = self.server.secret
         socket.curve_publickey = self.server.public
         socket.zap_domain = self.domain.encode()
-        refused = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        refused = (
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        )
         self._monitor = socket.get_monitor_socket(events=refused)
         self._thread = threading.Thread(target=self._count, name=f"curve-monitor-{self.domain}", daemon=True)
         self._thread.start()
@@ -155,8 +161,12 @@ class CurveGuard:
                 break
             self.unauthorized += 1
             if self.unauthorized <= 10 or self.unauthorized % 1000 == 0:
-                log.warning("%s socket refused a peer (%s, %d refused so far): not one of this run's CURVE clients",
-                            self.domain, zmq.Event(event["event"]).name, self.unauthorized)
+                log.warning(
+                    "%s socket refused a peer (%s, %d refused so far): not one of this run's CURVE clients",
+                    self.domain,
+                    zmq.Event(event["event"]).name,
+                    self.unauthorized,
+                )
         self._monitor.close(linger=0)
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ One typed record per rollout (DESIGN.md section 8). Producers: rollout workers
 (rollout/play.py). Consumers: the replay queue and the learner. JSONL and
 (with the async pipeline) msgpack both come from ``to_dict``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -67,7 +68,9 @@ class Trajectory:
     def validate(self) -> None:
         n = len(self.token_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
-            raise ValueError(f"{self.task_id}: token_ids, loss_mask and logprobs differ in length ({n}, {len(self.loss_mask)}, {len(self.logprobs)})")
+            raise ValueError(
+                f"{self.task_id}: token_ids, loss_mask and logprobs differ in length ({n}, {len(self.loss_mask)}, {len(self.logprobs)})"
+            )
         covered = [0] * n
         for s in self.segments:
             if not 0 <= s.start <= s.end <= n:
@@ -88,7 +91,7 @@ class Trajectory:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         if d.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"trajectory schema version {d.get('schema_version')!r}, expected {SCHEMA_VERSION}")
         known = set(cls.__dataclass_fields__)

@@ -18,12 +18,13 @@ all zero, so it would cost a learner step's compute and teach nothing. It is
 handed to the producer by ``drain_filtered()`` (its slot is accounted for, its
 tags still reach the failure profile) and never reaches the learner.
 """
+
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from replay.messages import Trajectory
 
@@ -61,9 +62,16 @@ class Group:
 
 
 class ReplayQueue:
-    def __init__(self, group_size: int, groups_per_batch: int, max_staleness: int = 1, stale_policy: str = "drop",
-                 reissue_after_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
-                 filter_groups: str = "none") -> None:
+    def __init__(
+        self,
+        group_size: int,
+        groups_per_batch: int,
+        max_staleness: int = 1,
+        stale_policy: str = "drop",
+        reissue_after_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+        filter_groups: str = "none",
+    ) -> None:
         if group_size < 1 or groups_per_batch < 1:
             raise ValueError("group_size and groups_per_batch must be >= 1")
         if max_staleness < 0:
@@ -115,12 +123,14 @@ class ReplayQueue:
             trajs = [pending.rollouts[i] for i in range(self.group_size)]
             if self.filter_groups == "zero_variance" and len({t.reward for t in trajs}) == 1:
                 self.stats.filtered += 1
-                self._filtered.append(Group(gid, trajs, self.policy_version - min(t.policy_version for t in trajs), 0.0))
+                self._filtered.append(
+                    Group(gid, trajs, self.policy_version - min(t.policy_version for t in trajs), 0.0)
+                )
             else:
                 self._complete[gid] = trajs
         return True
 
-    def drain_filtered(self) -> list["Group"]:
+    def drain_filtered(self) -> list[Group]:
         """Groups set aside by the filter since the last call (for the producer's books and the failure profile)."""
         out, self._filtered = self._filtered, []
         return out

@@ -13,6 +13,7 @@ alternate.
 
 Pure logic (no Ray, no sockets), so its exactly-once property is tested alone.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -32,8 +33,16 @@ class SlotCounters:
 
 
 class SlotLedger:
-    def __init__(self, task_ids: list[str], n: int, groups_per_step: int, max_staleness: int, seed: int,
-                 max_attempts: int = 5, oversample: int = 0) -> None:
+    def __init__(
+        self,
+        task_ids: list[str],
+        n: int,
+        groups_per_step: int,
+        max_staleness: int,
+        seed: int,
+        max_attempts: int = 5,
+        oversample: int = 0,
+    ) -> None:
         if not task_ids:
             raise ValueError("no tasks")
         if oversample < 0:
@@ -60,7 +69,9 @@ class SlotLedger:
     def admitted(self, acked_version: int) -> int:
         """Slots that may have started by now."""
         steps = acked_version - self.base_version + self.max_staleness + 1
-        return self.base + steps * self.groups_per_step + self.oversample + self.counters.dropped + self.counters.filtered
+        return (
+            self.base + steps * self.groups_per_step + self.oversample + self.counters.dropped + self.counters.filtered
+        )
 
     def next_job(self, acked_version: int) -> GroupJob | None:
         """A re-issue first, else the next slot if admitted."""
@@ -79,8 +90,14 @@ class SlotLedger:
         return job
 
     def _job(self, slot: int, attempt: int) -> GroupJob:
-        return GroupJob(slot=slot, task_id=self.task_ids[slot % len(self.task_ids)], group_id=f"g{slot:07d}a{attempt}",
-                        n=self.n, seed=self.seed * 1_000_003 + slot * 7919 + attempt * 104_729, attempt=attempt)
+        return GroupJob(
+            slot=slot,
+            task_id=self.task_ids[slot % len(self.task_ids)],
+            group_id=f"g{slot:07d}a{attempt}",
+            n=self.n,
+            seed=self.seed * 1_000_003 + slot * 7919 + attempt * 104_729,
+            attempt=attempt,
+        )
 
     def starts_epoch(self, job: GroupJob) -> bool:
         return job.attempt == 0 and job.slot > 0 and job.slot % len(self.task_ids) == 0

@@ -17,6 +17,7 @@ keys (``ClientKeys``) from the driver through Ray. A peer without them never
 completes the handshake, so none of its frames arrive; the refused handshakes
 are counted (``unauthorized``) and the stream goes on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,8 +64,14 @@ class TrajectorySender:
     teardown), so producers close before they go away: env actors do it when
     they retire (seal/runtime/actor_set.py)."""
 
-    def __init__(self, address: str, hwm: int = 64, send_timeout_s: float = 600.0, linger_s: float = 30.0,
-                 keys: ClientKeys | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        hwm: int = 64,
+        send_timeout_s: float = 600.0,
+        linger_s: float = 30.0,
+        keys: ClientKeys | None = None,
+    ) -> None:
         """``keys``: the run's env-actor keys when the server uses CURVE (``ReplayServer.client_keys``)."""
         import zmq
 
@@ -94,9 +101,15 @@ class TrajectorySender:
             self._socket.send(frame, copy=False)
         except zmq.Again:
             # A refused CURVE handshake looks the same from here: nothing is ever taken.
-            raise TransportTimeout(f"the replay server at {self.address} took no frame for {self.timeout_s:.0f} s "
-                                   "(learner stalled or gone" + (", or the server refused this sender's CURVE keys)" if self.curve
-                                                                 else ", or the server wants CURVE keys and this sender has none)")) from None
+            raise TransportTimeout(
+                f"the replay server at {self.address} took no frame for {self.timeout_s:.0f} s "
+                "(learner stalled or gone"
+                + (
+                    ", or the server refused this sender's CURVE keys)"
+                    if self.curve
+                    else ", or the server wants CURVE keys and this sender has none)"
+                )
+            ) from None
         self.sent += 1
         self.bytes += len(frame)
 
@@ -162,7 +175,9 @@ class ReplayServer:
     ``cfg.curve`` and none given the server makes its own, so a CURVE server
     is never open to everyone. ``client_keys`` is what its senders need."""
 
-    def __init__(self, queue: ReplayQueue, cfg: TransportConfig = TransportConfig(), keys: RunKeys | None = None) -> None:
+    def __init__(
+        self, queue: ReplayQueue, cfg: TransportConfig = TransportConfig(), keys: RunKeys | None = None
+    ) -> None:
         import zmq
 
         if keys is not None and not cfg.curve:
@@ -245,7 +260,12 @@ class ReplayServer:
             except (WireError, ValueError) as exc:
                 self.stats.rejected += 1
                 if self.stats.rejected <= 10 or self.stats.rejected % 1000 == 0:
-                    log.warning("replay server rejected frame %d (%d rejected so far): %s", self.stats.frames, self.stats.rejected, exc)
+                    log.warning(
+                        "replay server rejected frame %d (%d rejected so far): %s",
+                        self.stats.frames,
+                        self.stats.rejected,
+                        exc,
+                    )
 
     # ------------------------------------------------ queue access (locked)
     def take_batch(self, partial: bool = False) -> list[Group] | None:

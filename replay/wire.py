@@ -6,6 +6,7 @@ lists of ints. ``decode`` raises WireError with a reason for anything
 malformed or of another schema version; receivers count and log those and
 carry on.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, fields

@@ -8,10 +8,12 @@ messages (loss mask 0). Re-tokenising the whole conversation each step would
 change earlier tokens at boundaries and break the match between what was
 sampled and what the learner scores.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 Message = dict[str, Any]
 
@@ -56,8 +58,10 @@ class ChatTokenizer:
         convo = list(before) + [{"role": "assistant", "content": assistant_text}] + list(new_messages)
         full = self.render(convo, generation_prompt=bool(new_messages))
         if not full.startswith(start):
-            raise ValueError("the chat template does not render conversations as growing prefixes; it cannot be used for multi-turn rollouts")
-        rest = full[len(start):]
+            raise ValueError(
+                "the chat template does not render conversations as growing prefixes; it cannot be used for multi-turn rollouts"
+            )
+        rest = full[len(start) :]
         if ended_with_eos and self.eos_text and rest.startswith(self.eos_text):
-            rest = rest[len(self.eos_text):]
+            rest = rest[len(self.eos_text) :]
         return self.encode(rest)

@@ -1,9 +1,11 @@
 """The generator interface rollouts use, whatever engine is behind it."""
+
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from weights.buckets import WeightManifest

@@ -6,18 +6,19 @@ the shared prompt prefix is computed once, then served from vLLM's prefix
 cache); with a continuous-batching engine each episode sends its next turn
 as soon as its env step is done (``lockstep=False``).
 """
+
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
-from rollout.chat import ChatTokenizer, Message
-from rollout.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 from env_pool.base import Environment, Outcome
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from replay.messages import Segment, Trajectory
+from rollout.chat import ChatTokenizer, Message
+from rollout.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 
 MIN_NEW_TOKENS = 8  # below this much room left, the episode ends as context overflow
 
@@ -119,13 +120,35 @@ def run_episodes(
     for ep in episodes:
         res = ep.env.result()
         traj = Trajectory(
-            task_id=res.task_id, category=res.category, env=res.env, group_id=group_id, rollout_index=ep.index,
-            interface_version=interface.version, token_ids=ep.token_ids, loss_mask=ep.loss_mask, logprobs=ep.logprobs,
-            prompt_length=ep.prompt_length, segments=ep.segments, reward=float(res.reward), success=res.success,
-            progress=res.progress, tags=res.tags, labels=res.labels, error_type=res.error_type, outcome=res.outcome,
-            num_tool_calls=res.num_tool_calls, num_steps=res.num_steps,
-            timings={"generate_s": ep.generate_s, "env_s": res.env_seconds, "judge_s": res.judge_seconds, "total_s": total},
-            error=ep.error, start_version=start_version, num_parse_errors=res.num_parse_errors,
+            task_id=res.task_id,
+            category=res.category,
+            env=res.env,
+            group_id=group_id,
+            rollout_index=ep.index,
+            interface_version=interface.version,
+            token_ids=ep.token_ids,
+            loss_mask=ep.loss_mask,
+            logprobs=ep.logprobs,
+            prompt_length=ep.prompt_length,
+            segments=ep.segments,
+            reward=float(res.reward),
+            success=res.success,
+            progress=res.progress,
+            tags=res.tags,
+            labels=res.labels,
+            error_type=res.error_type,
+            outcome=res.outcome,
+            num_tool_calls=res.num_tool_calls,
+            num_steps=res.num_steps,
+            timings={
+                "generate_s": ep.generate_s,
+                "env_s": res.env_seconds,
+                "judge_s": res.judge_seconds,
+                "total_s": total,
+            },
+            error=ep.error,
+            start_version=start_version,
+            num_parse_errors=res.num_parse_errors,
         )
         traj.validate()
         trajectories.append(traj)
@@ -137,15 +160,18 @@ def run_episodes(
     return trajectories
 
 
-def _request(ep: _Episode, generator: Generator, sampling: SamplingConfig, group_id: str, seed: int | None,
-             step: int) -> GenerationRequest | None:
+def _request(
+    ep: _Episode, generator: Generator, sampling: SamplingConfig, group_id: str, seed: int | None, step: int
+) -> GenerationRequest | None:
     """The episode's next generation request, or None when no room is left (the episode ends)."""
     room = generator.max_model_len - len(ep.token_ids)
     if room < MIN_NEW_TOKENS:
         ep.env.end(Outcome.CONTEXT_OVERFLOW)
         return None
     req_seed = None if seed is None else seed * 1_000_003 + ep.index * 1009 + step
-    return GenerationRequest(f"{group_id}-{ep.index}-{step}", ep.token_ids, min(sampling.max_new_tokens, room), req_seed)
+    return GenerationRequest(
+        f"{group_id}-{ep.index}-{step}", ep.token_ids, min(sampling.max_new_tokens, room), req_seed
+    )
 
 
 def _failed(ep: _Episode, exc: Exception) -> None:
@@ -154,7 +180,9 @@ def _failed(ep: _Episode, exc: Exception) -> None:
     ep.env.end(Outcome.ABORTED)
 
 
-def _apply(ep: _Episode, req: GenerationRequest, out, chat: ChatTokenizer, sampling: SamplingConfig, elapsed: float) -> None:
+def _apply(
+    ep: _Episode, req: GenerationRequest, out, chat: ChatTokenizer, sampling: SamplingConfig, elapsed: float
+) -> None:
     """One generated turn into the episode: its tokens (a segment per policy version), the env's step, the reply."""
     ep.generate_s += elapsed
     ep.prompt_tokens += out.prompt_tokens
@@ -177,7 +205,9 @@ def _play_lockstep(episodes, generator, chat, sampling, group_id, seed) -> None:
         active = [ep for ep in episodes if not ep.env.done]
         if not active:
             return
-        requests = [(ep, r) for ep in active if (r := _request(ep, generator, sampling, group_id, seed, step)) is not None]
+        requests = [
+            (ep, r) for ep in active if (r := _request(ep, generator, sampling, group_id, seed, step)) is not None
+        ]
         if not requests:
             continue
         t0 = time.perf_counter()

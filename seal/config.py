@@ -1,10 +1,12 @@
 """Hydra config composition for `seal` commands (compose API, no chdir), and the trainer group typed."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 
 def config_dir() -> Path:
@@ -58,6 +60,7 @@ class TrainerConfig:
     """The ``trainer:`` group, typed. Its values are written once, in configs/config.yaml (recipes,
     algos and ablations override some); this class says what each must be, so a bad one is one
     line before anything starts. ``TrainerConfig.of(cfg)`` builds it from a composed config."""
+
     mode: Literal["sync", "async"]
     steps: int = _at_least(1)
     groups_per_step: int = _at_least(1)
@@ -82,19 +85,21 @@ class TrainerConfig:
         hints = get_type_hints(type(self))
         for f in fields(self):
             # object.__setattr__: the one place a frozen instance takes a value (an int given for a float)
-            object.__setattr__(self, f.name, _checked(f"trainer.{f.name}", hints[f.name], getattr(self, f.name), f.metadata))
+            object.__setattr__(
+                self, f.name, _checked(f"trainer.{f.name}", hints[f.name], getattr(self, f.name), f.metadata)
+            )
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
 
     @classmethod
-    def of(cls, cfg) -> "TrainerConfig":
+    def of(cls, cfg) -> TrainerConfig:
         """From a composed config's ``trainer`` node (resolved)."""
         from omegaconf import OmegaConf
 
         return cls.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "TrainerConfig":
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrainerConfig:
         names = [f.name for f in fields(cls)]
         unknown = [k for k in values if k not in names]
         if unknown:
@@ -123,7 +128,6 @@ def recorded_trainer(node) -> dict[str, Any]:
     today = OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").trainer, resolve=True)
     recorded = OmegaConf.to_container(node, resolve=True)
     return {**today, **{k: v for k, v in recorded.items() if k in today}}
-
 
 
 def rebase_targets(node) -> int:
@@ -165,6 +169,7 @@ def rebase_targets(node) -> int:
 
     walk(node)
     return moved
+
 
 def _checked(key: str, hint: Any, value: Any, meta: Mapping[str, Any]) -> Any:
     """``value`` as the field's type has it, or ValueError naming the key."""

@@ -1,10 +1,11 @@
 """Terminal output helpers shared by the `seal` commands."""
+
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

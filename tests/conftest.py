@@ -56,8 +56,13 @@ def local_ray(num_cpus: int, object_store_bytes: int):
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             object_store_memory=object_store_bytes)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=object_store_bytes,
+    )
     try:
         yield
     finally:

@@ -18,12 +18,14 @@ learner stops the run, so nothing outlives its owner in a way that matters.
 Shared by learner/ and the generators (below both: nothing here imports seal/
 or learner/); torch and ray only inside the functions that need them.
 """
+
 from __future__ import annotations
 
 import asyncio
 import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 FETCH_TIMEOUT_S = 600.0  # one bucket out of the store; a publish is bounded by the generator's update timeout too
 
@@ -74,8 +76,10 @@ class WeightManifest:
         return sum(self.bucket_nbytes)
 
     def describe(self) -> str:
-        return (f"{self.num_params} tensors, {self.total_bytes / 2**20:.1f} MiB {self.dtype} in {len(self.buckets)} "
-                f"buckets (largest {max(self.bucket_nbytes) / 2**20:.2f} MiB; bucket size {self.bucket_mb:g} MB)")
+        return (
+            f"{self.num_params} tensors, {self.total_bytes / 2**20:.1f} MiB {self.dtype} in {len(self.buckets)} "
+            f"buckets (largest {max(self.bucket_nbytes) / 2**20:.2f} MiB; bucket size {self.bucket_mb:g} MB)"
+        )
 
 
 def put_buckets(buckets: Iterator[Sequence[tuple[str, Any]]], dtype: str, bucket_mb: float) -> WeightManifest:
@@ -108,8 +112,10 @@ def _tensors(arrays: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _fetch_error(manifest: WeightManifest, i: int, who: str, timeout_s: float) -> TimeoutError:
-    return TimeoutError(f"{who}: weight bucket {i + 1}/{len(manifest.buckets)} ({manifest.bucket_nbytes[i]} bytes) "
-                        f"not fetched from the object store within {timeout_s:g}s")
+    return TimeoutError(
+        f"{who}: weight bucket {i + 1}/{len(manifest.buckets)} ({manifest.bucket_nbytes[i]} bytes) "
+        f"not fetched from the object store within {timeout_s:g}s"
+    )
 
 
 def fetch_buckets(manifest: WeightManifest, who: str, timeout_s: float = FETCH_TIMEOUT_S) -> Iterator[dict[str, Any]]:
@@ -128,16 +134,20 @@ def fetch_buckets(manifest: WeightManifest, who: str, timeout_s: float = FETCH_T
         del tensors
 
 
-def manifest_weights(manifest: WeightManifest, who: str, timeout_s: float = FETCH_TIMEOUT_S) -> Iterator[tuple[str, Any]]:
+def manifest_weights(
+    manifest: WeightManifest, who: str, timeout_s: float = FETCH_TIMEOUT_S
+) -> Iterator[tuple[str, Any]]:
     """(name, tensor) over every bucket in order: a weights iterator for vLLM's reload."""
     for tensors in fetch_buckets(manifest, who, timeout_s):
         yield from tensors.items()
 
 
-async def fetch_bucket_async(manifest: WeightManifest, i: int, who: str, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any]:
+async def fetch_bucket_async(
+    manifest: WeightManifest, i: int, who: str, timeout_s: float = FETCH_TIMEOUT_S
+) -> dict[str, Any]:
     """Bucket ``i`` as name -> tensor without blocking the event loop (an async actor keeps serving)."""
     try:
         arrays = await asyncio.wait_for(asyncio.wrap_future(manifest.buckets[i].future()), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise _fetch_error(manifest, i, who, timeout_s) from None
     return _tensors(arrays)

@@ -21,11 +21,13 @@ members, and the group must be re-formed. The worker side (receive into fresh bu
 feed vLLM's in-place reload bucket by bucket, re-derive a tied CPU lm_head) is
 actors/generation/weight_worker.py; the learner's side is learner/weight_broadcast.py.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -51,7 +53,7 @@ class WeightMeta:
         return getattr(torch, self.dtype)
 
     @classmethod
-    def of(cls, name: str, shape: Iterable[int], dtype: torch.dtype) -> "WeightMeta":
+    def of(cls, name: str, shape: Iterable[int], dtype: torch.dtype) -> WeightMeta:
         return cls(name, str(dtype).removeprefix("torch."), tuple(shape))
 
     def to_wire(self) -> dict[str, Any]:
@@ -60,7 +62,7 @@ class WeightMeta:
         return asdict(self)
 
     @classmethod
-    def from_wire(cls, obj: "WeightMeta | Mapping[str, Any]") -> "WeightMeta":
+    def from_wire(cls, obj: WeightMeta | Mapping[str, Any]) -> WeightMeta:
         return obj if isinstance(obj, WeightMeta) else cls(obj["name"], obj["dtype"], tuple(obj["shape"]))
 
 
@@ -103,9 +105,18 @@ class WeightGroup:
     it is into the store at join: ``label``).
     """
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                 device: str | torch.device = "cpu", timeout_s: float = 600.0,
-                 op_timeout_s: float = OP_TIMEOUT_S, label: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        device: str | torch.device = "cpu",
+        timeout_s: float = 600.0,
+        op_timeout_s: float = OP_TIMEOUT_S,
+        label: str | None = None,
+    ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if world_size < 2 or not 0 <= rank < world_size:
@@ -135,8 +146,9 @@ class WeightGroup:
             from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
             from vllm.distributed.utils import StatelessProcessGroup
 
-            pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
-                                              store_timeout=int(timeout_s))
+            pg = StatelessProcessGroup.create(
+                host=host, port=port, rank=rank, world_size=world_size, store_timeout=int(timeout_s)
+            )
             self._comm = PyNcclCommunicator(pg, device=self.device)
             self._store = pg.store
         self._announce(label)
@@ -241,8 +253,10 @@ class WeightGroup:
 
     def _fail(self, what: str, bound: float, cause: str) -> None:
         """Abort the group (pending operations end; the other members see their peer gone) and raise."""
-        self._failed = (f"{self.describe()}: broadcast of {what or 'a tensor'} failed "
-                        f"(bound {bound:.0f} s): {cause}. A member is gone or stalled")
+        self._failed = (
+            f"{self.describe()}: broadcast of {what or 'a tensor'} failed "
+            f"(bound {bound:.0f} s): {cause}. A member is gone or stalled"
+        )
         self._abort()
         raise WeightGroupError(self._failed)
 

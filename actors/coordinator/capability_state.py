@@ -6,11 +6,13 @@ category, by category::tag, by turn position (early/middle/late) and by task.
 It keeps a window (reset at each epoch boundary) and totals, is versioned, and
 serialises exactly (JSON).
 """
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from env_pool import tags as T
 
@@ -41,7 +43,9 @@ class CapabilityState:
         self.window = _empty()
         self.totals = _empty()
 
-    def record(self, category: str, task_id: str, tags: Sequence[str], reward: float, success: bool, progress: float) -> None:
+    def record(
+        self, category: str, task_id: str, tags: Sequence[str], reward: float, success: bool, progress: float
+    ) -> None:
         """One trajectory's per-turn tags (one occurrence per turn)."""
         partial = 0.0 < progress < 1.0
         n = len(tags)
@@ -75,16 +79,23 @@ class CapabilityState:
             source = "window" if self.window["tag"] else "totals"
         store = {"window": self.window, "totals": self.totals}[source]
         return {
-            key[len(prefix):]: TagCounts(int(r["count"]), int(r["successes"]), float(r["reward_sum"]), int(r["partial"]))
+            key[len(prefix) :]: TagCounts(
+                int(r["count"]), int(r["successes"]), float(r["reward_sum"]), int(r["partial"])
+            )
             for key, r in store[view].items()
             if key.startswith(prefix)
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "epoch": self.epoch, "window": copy.deepcopy(self.window), "totals": copy.deepcopy(self.totals)}
+        return {
+            "version": self.version,
+            "epoch": self.epoch,
+            "window": copy.deepcopy(self.window),
+            "totals": copy.deepcopy(self.totals),
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CapabilityState":
+    def from_dict(cls, data: Mapping[str, Any]) -> CapabilityState:
         state = cls()
         state.version = int(data["version"])
         state.epoch = int(data["epoch"])

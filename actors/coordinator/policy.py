@@ -4,21 +4,29 @@ and the A-Patch tag weights from it (DESIGN.md sections 3-5).
 A plain object; the orchestrator decides where it runs (in process, or as a
 Ray actor in the asynchronous pipeline) and feeds it tag summaries.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from env_pool.interface.guidelines import GuidelinePolicy, evolve
-from env_pool.interface.state import InterfaceState
 from actors.coordinator.capability_state import CapabilityState
 from actors.coordinator.tag_weights import TagWeights
+from env_pool.interface.guidelines import GuidelinePolicy, evolve
+from env_pool.interface.state import InterfaceState
 from replay.messages import TagSummary
 
 
 class Coordinator:
-    def __init__(self, interface: InterfaceState, tag_weights: TagWeights, closed_loop: bool = True,
-                 per_category_guidelines: bool = False, vocabulary: str = "released",
-                 guideline_policy: GuidelinePolicy = GuidelinePolicy()) -> None:
+    def __init__(
+        self,
+        interface: InterfaceState,
+        tag_weights: TagWeights,
+        closed_loop: bool = True,
+        per_category_guidelines: bool = False,
+        vocabulary: str = "released",
+        guideline_policy: GuidelinePolicy = GuidelinePolicy(),
+    ) -> None:
         if vocabulary not in ("released", "paper"):
             raise ValueError(f"vocabulary must be released or paper, got {vocabulary!r}")
         self.interface = interface
@@ -33,8 +41,14 @@ class Coordinator:
 
     def record(self, s: TagSummary) -> None:
         self.capability.record(s.category, s.task_id, s.tags, s.reward, s.success, s.progress)
-        self.weight_stats.record(s.category, s.task_id, s.tags if self.vocabulary == "released" else s.labels,
-                                 s.reward, s.success, s.progress)
+        self.weight_stats.record(
+            s.category,
+            s.task_id,
+            s.tags if self.vocabulary == "released" else s.labels,
+            s.reward,
+            s.success,
+            s.progress,
+        )
 
     def step_weights(self) -> dict[str, float]:
         """One EMA step of the tag weights (once per learner step)."""
@@ -56,8 +70,13 @@ class Coordinator:
         self.weight_stats.end_epoch()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"interface": self.interface.to_dict(), "tag_weights": self.tag_weights.to_dict(),
-                "capability": self.capability.to_dict(), "weight_stats": self.weight_stats.to_dict(), "rounds": self.rounds}
+        return {
+            "interface": self.interface.to_dict(),
+            "tag_weights": self.tag_weights.to_dict(),
+            "capability": self.capability.to_dict(),
+            "weight_stats": self.weight_stats.to_dict(),
+            "rounds": self.rounds,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.interface = InterfaceState.from_dict(state["interface"])

@@ -9,10 +9,12 @@ interface and pushes the new version to every registered env actor. Pushes
 are fire-and-forget unless the caller asks to wait (sync mode), so the
 coordinator never holds up generation.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from actors.coordinator.policy import Coordinator
 from replay.messages import InterfaceUpdate, TagSummary
@@ -65,8 +67,12 @@ class CoordinatorService:
                         ray.get(ref)
                     except ray.exceptions.RayActorError:  # a dead actor reads the interface when it restarts
                         log.warning("an env actor died before taking interface v%d", state.version)
-        return {"interface_version": state.version, "active_guidelines": list(state.active_guidelines),
-                "pushed_to": pushed, "state": state.to_dict()}
+        return {
+            "interface_version": state.version,
+            "active_guidelines": list(state.active_guidelines),
+            "pushed_to": pushed,
+            "state": state.to_dict(),
+        }
 
     def end_epoch(self) -> None:
         self.coordinator.end_epoch()

@@ -6,10 +6,12 @@ Once per learner step, from the window (else totals) statistics:
 ``pass`` keeps its base weight; excluded tags weigh 1.0. A configured 0 means 0
 (the released code silently replaced 0 by the default; we do not).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from env_pool import tags as T
 from env_pool.tags import SCALE_MAX, SCALE_MIN
@@ -46,8 +48,12 @@ def target_weight(base: float, count: int, total: int, reward_mean: float, cfg: 
 class TagWeights:
     """The current per-tag weights; ``update`` applies one EMA step."""
 
-    def __init__(self, base: str | Mapping[str, float] = "released", cfg: DynamicWeightConfig = DynamicWeightConfig(),
-                 excluded: frozenset[str] = T.EXCLUDED_TAGS) -> None:
+    def __init__(
+        self,
+        base: str | Mapping[str, float] = "released",
+        cfg: DynamicWeightConfig = DynamicWeightConfig(),
+        excluded: frozenset[str] = T.EXCLUDED_TAGS,
+    ) -> None:
         if isinstance(base, str):
             from env_pool.tags import PAPER_BASE_WEIGHTS, RELEASED_BASE_WEIGHTS
 
@@ -73,7 +79,9 @@ class TagWeights:
                 self.weights[tag] = self._base(tag)
                 continue
             stat = counts.get(tag)
-            target = target_weight(self._base(tag), stat.count if stat else 0, total, stat.reward_mean if stat else 0.0, self.cfg)
+            target = target_weight(
+                self._base(tag), stat.count if stat else 0, total, stat.reward_mean if stat else 0.0, self.cfg
+            )
             previous = self.weights.get(tag, self._base(tag))
             self.weights[tag] = (1 - self.cfg.beta) * previous + self.cfg.beta * target
         return dict(self.weights)

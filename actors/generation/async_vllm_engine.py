@@ -45,12 +45,14 @@ raw bytes: vLLM's RPC encodes tensors as lists), one bucket of the learner's
 weight-transfer interface (``join_weight_group`` / ``update_weights_from_group``:
 NCCL on CUDA, ``seal_gloo`` on CPU, actors/generation/weight_transfer.py).
 """
+
 from __future__ import annotations
 
 import asyncio
 import os
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
@@ -94,19 +96,30 @@ class AsyncVllmGenerator(Generator):
         if setup is not None:
             setup()
         settings = EngineSettings(
-            model_path=model_path, engine="async", device=device, dtype=dtype, max_model_len=int(max_model_len),
-            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
+            model_path=model_path,
+            engine="async",
+            device=device,
+            dtype=dtype,
+            max_model_len=int(max_model_len),
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=enforce_eager,
             # The engine core is a process of its own; its threads follow this process's CPU
             # pinning (cluster.generator.cpus), not vLLM's own binding.
-            cpu_threads_bind="nobind", cpu_kv_cache_gb=cpu_kv_cache_gb, max_num_seqs=max_num_seqs, seed=seed,
+            cpu_threads_bind="nobind",
+            cpu_kv_cache_gb=cpu_kv_cache_gb,
+            max_num_seqs=max_num_seqs,
+            seed=seed,
             weight_sync=weight_sync,
         )
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"update_mode must be one of {sorted(UPDATE_MODES)}, got {update_mode!r}")
         if drain_timeout_s is not None and not 0 < float(drain_timeout_s) < float(update_timeout_s):
-            raise ValueError(f"drain_timeout_s must be > 0 and below update_timeout_s ({float(update_timeout_s):g}), "
-                             f"got {drain_timeout_s}")
+            raise ValueError(
+                f"drain_timeout_s must be > 0 and below update_timeout_s ({float(update_timeout_s):g}), "
+                f"got {drain_timeout_s}"
+            )
         prepared = engine_setup(settings)
         prepared.apply_env()
         self.settings = prepared.settings  # resolved: the model directory, bfloat16 | float32
@@ -192,8 +205,12 @@ class AsyncVllmGenerator(Generator):
                     finish = "length"
                     break
                 params = SamplingParams(
-                    temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=remaining, logprobs=0,
-                    seed=req.seed if req.seed is not None else sampling.seed, output_kind=RequestOutputKind.FINAL_ONLY,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    max_tokens=remaining,
+                    logprobs=0,
+                    seed=req.seed if req.seed is not None else sampling.seed,
+                    output_kind=RequestOutputKind.FINAL_ONLY,
                 )
                 epoch, version_now = self._abort_epoch, self._version
                 final = None
@@ -215,7 +232,9 @@ class AsyncVllmGenerator(Generator):
                     if span is None:  # the engine labelled nothing: the version when the piece started
                         spans.append(VersionSpan(offset, offset + len(new_ids), version_now))
                     else:
-                        spans.append(VersionSpan(offset + span.start, offset + span.end, version_of(span.version, version_now)))
+                        spans.append(
+                            VersionSpan(offset + span.start, offset + span.end, version_of(span.version, version_now))
+                        )
                 ids.extend(new_ids)
                 logprobs.extend(new_lps)
                 finish = out.finish_reason or "abort"
@@ -233,26 +252,38 @@ class AsyncVllmGenerator(Generator):
         spans = merge_spans(spans)
         oldest = min((s.version for s in spans), default=self._version)
         return GenerationOutput(
-            request_id=req.request_id, token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=oldest,
-            prompt_tokens=len(req.prompt_ids), cached_prompt_tokens=cached,
+            request_id=req.request_id,
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            policy_version=oldest,
+            prompt_tokens=len(req.prompt_ids),
+            cached_prompt_tokens=cached,
             spans=tuple(spans) if len({s.version for s in spans}) > 1 else (),
         )
 
     # ------------------------------------------------------------ weights
-    async def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest,
-                             mode: str | None = None) -> float:
+    async def update_weights(
+        self, version: int, source: str | Mapping[str, Any] | WeightManifest, mode: str | None = None
+    ) -> float:
         """Load new weights under ``mode`` (default: the configured update_mode); seconds taken.
         ``source``: a snapshot directory, the learner's WeightManifest (weights/buckets.py)
         or a name -> tensor mapping (callers in this process). A coroutine: requests keep
         being served (or drained, frozen, aborted: ``mode``) while it runs."""
+
         async def load(engine) -> None:
-            await send_weights_async(engine.collective_rpc, as_tensors(source), f"generator replica loading v{version}",
-                                     self.update_timeout_s)
+            await send_weights_async(
+                engine.collective_rpc,
+                as_tensors(source),
+                f"generator replica loading v{version}",
+                self.update_timeout_s,
+            )
 
         return await self._update(version, mode, load)
 
-    async def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1,
-                                timeout_s: float = 600.0) -> list[int]:
+    async def join_weight_group(
+        self, host: str, port: int, world_size: int, backend: str, rank: int = 1, timeout_s: float = 600.0
+    ) -> list[int]:
         """Join the learner's weight group; this replica's workers take ranks rank .. rank + TP - 1."""
         if self.weight_sync != "broadcast":
             raise RuntimeError("join_weight_group needs weight_sync=broadcast in the generator config")
@@ -264,8 +295,10 @@ class AsyncVllmGenerator(Generator):
         if backend != ("nccl" if transfer_backend == "nccl" else "gloo"):
             raise ValueError(f"this replica transfers weights over {transfer_backend}; the learner asked for {backend}")
         if self._drain_timeout_s is not None and self._drain_timeout_s >= float(timeout_s):
-            raise ValueError(f"drain_timeout_s ({self._drain_timeout_s:g}) must be below the weight group's timeout "
-                             f"({float(timeout_s):g} s): the learner's first send waits out the drain")
+            raise ValueError(
+                f"drain_timeout_s ({self._drain_timeout_s:g}) must be below the weight group's timeout "
+                f"({float(timeout_s):g} s): the learner's first send waits out the drain"
+            )
         engine = await self._ready()
         async with self._update_lock:  # never while a round is being received
             if self._group_ready:
@@ -273,8 +306,9 @@ class AsyncVllmGenerator(Generator):
                 # replace its communicator without closing the old one; close it first.
                 self._group_ready = False
                 await engine.shutdown_weight_transfer_engine()
-            info = init_info(host, port, rank, world_size, transfer_backend, timeout_s,
-                             label=f"generator replica pid {os.getpid()}")
+            info = init_info(
+                host, port, rank, world_size, transfer_backend, timeout_s, label=f"generator replica pid {os.getpid()}"
+            )
             await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
             self._group_ready = True
             self._group_timeout_s = float(timeout_s)
@@ -317,9 +351,11 @@ class AsyncVllmGenerator(Generator):
                 self._abort_epoch += 1
             try:
                 await asyncio.wait_for(self._swap(engine, version, mode, load), self.update_timeout_s)
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"generator replica (pid {os.getpid()}): the {mode} update to v{version} "
-                                   f"did not finish within {self.update_timeout_s:.0f} s") from None
+            except TimeoutError:
+                raise TimeoutError(
+                    f"generator replica (pid {os.getpid()}): the {mode} update to v{version} "
+                    f"did not finish within {self.update_timeout_s:.0f} s"
+                ) from None
             except BaseException:
                 if was_serving and not self._awaiting_weights:
                     self._serving.set()
@@ -350,7 +386,11 @@ class AsyncVllmGenerator(Generator):
         """How long a pause-mode update waits for requests in flight to finish."""
         if self._drain_timeout_s is not None:
             return self._drain_timeout_s
-        bound = self.update_timeout_s if self._group_timeout_s is None else min(self.update_timeout_s, self._group_timeout_s)
+        bound = (
+            self.update_timeout_s
+            if self._group_timeout_s is None
+            else min(self.update_timeout_s, self._group_timeout_s)
+        )
         return bound / 2
 
     async def _pause(self, engine, mode: str) -> None:
@@ -359,7 +399,7 @@ class AsyncVllmGenerator(Generator):
             return
         try:
             await asyncio.wait_for(engine.pause_generation(mode="wait", clear_cache=True), self.drain_timeout_s())
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # What is still running is aborted and continued on the new weights (abort mode), so the
             # update (and the learner's send, by broadcast) never waits out a long request.
             self._abort_epoch += 1
@@ -377,8 +417,9 @@ class AsyncVllmGenerator(Generator):
         await self._serving.wait()
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         final = None
-        async for out in engine.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params,
-                                         request_id=f"canary-{time.monotonic_ns()}"):
+        async for out in engine.generate(
+            TokensPrompt(prompt_token_ids=list(token_ids)), params, request_id=f"canary-{time.monotonic_ns()}"
+        ):
             final = out
         steps = final.prompt_logprobs or []
         return [float(step[tok].logprob) for tok, step in zip(token_ids[1:], steps[1:])]

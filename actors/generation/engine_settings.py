@@ -24,6 +24,7 @@ The async engine also passes ``max_num_seqs`` (None: vLLM's default) and
 ``cpu_threads_bind="nobind"`` (its engine core's threads follow this
 process's CPU pinning, cluster.generator.cpus).
 """
+
 from __future__ import annotations
 
 import os
@@ -129,8 +130,13 @@ def engine_setup(settings: EngineSettings) -> EngineSetup:
         "HF_HUB_OFFLINE": "1",  # models are local directories; never a hub
     }
     kwargs: dict[str, Any] = dict(
-        model=s.model_path, dtype=s.dtype, max_model_len=s.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-        enforce_eager=s.enforce_eager, seed=s.seed, tensor_parallel_size=s.tensor_parallel_size,
+        model=s.model_path,
+        dtype=s.dtype,
+        max_model_len=s.max_model_len,
+        enable_prefix_caching=s.enable_prefix_caching,
+        enforce_eager=s.enforce_eager,
+        seed=s.seed,
+        tensor_parallel_size=s.tensor_parallel_size,
         worker_extension_cls=WORKER_EXTENSION,
     )
     if s.max_num_seqs is not None:

@@ -3,6 +3,7 @@
 What ``stats()`` reports: the driver copies them into each step's metrics
 (seal/run/step_metrics.py), per replica and summed.
 """
+
 from __future__ import annotations
 
 import time

@@ -11,6 +11,7 @@ Ray actor handle. A dead or restarting generator actor raises
 GeneratorUnavailable (the orchestrator re-issues the group), never a quiet
 aborted episode.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,10 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from actors.generation.sources import as_tensors, restarted_by_ray
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
@@ -46,15 +48,23 @@ class ServerCounters:
 
     def to_dict(self) -> dict[str, Any]:
         wall = time.perf_counter() - self.started
-        return {"batches": self.batches, "requests": self.requests, "generated_tokens": self.generated_tokens,
-                "busy_s": self.busy_s, "update_s": self.update_s, "updates": self.updates, "wall_s": wall,
-                "idle_ratio": max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0,
-                "mean_batch_requests": self.requests / self.batches if self.batches else 0.0}
+        return {
+            "batches": self.batches,
+            "requests": self.requests,
+            "generated_tokens": self.generated_tokens,
+            "busy_s": self.busy_s,
+            "update_s": self.update_s,
+            "updates": self.updates,
+            "wall_s": wall,
+            "idle_ratio": max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0,
+            "mean_batch_requests": self.requests / self.batches if self.batches else 0.0,
+        }
 
 
 class GeneratorServer:
-    def __init__(self, make_generator: Callable[[], Generator], max_batch_requests: int = 256,
-                 await_weights: bool = False) -> None:
+    def __init__(
+        self, make_generator: Callable[[], Generator], max_batch_requests: int = 256, await_weights: bool = False
+    ) -> None:
         """``await_weights``: hold generate calls until the first weight update
         (a restarted generator must not serve the base weights as if current)."""
         self.generator = make_generator()
@@ -79,7 +89,9 @@ class GeneratorServer:
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1) -> list[int]:
         """Join the learner's weight broadcast group, this engine's workers from ``rank`` on (vLLM
         generators with weight_sync=broadcast); blocks until every member has joined."""
-        return self._on_engine("call", lambda: self.generator.init_weight_group(host, port, world_size, rank=rank, backend=backend))
+        return self._on_engine(
+            "call", lambda: self.generator.init_weight_group(host, port, world_size, rank=rank, backend=backend)
+        )
 
     def update_weights_from_group(self, version: int, metadata: list) -> float:
         """Receive one broadcast round from the learner (sent concurrently)."""

@@ -7,10 +7,12 @@ async_vllm_engine.py). ``restarted_by_ray``: a replica Ray restarted after a
 crash holds only the base weights, so it must wait for the current ones before
 it serves (``await_weights``).
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from weights.buckets import WeightManifest
 
@@ -76,8 +78,9 @@ def send_weights(rpc: Callable[..., Any], source: str | Mapping[str, Any] | Weig
     rpc("finish_weight_records")
 
 
-async def send_weights_async(rpc: Callable[..., Awaitable[Any]], source: str | Mapping[str, Any] | WeightManifest,
-                             who: str, timeout_s: float) -> None:
+async def send_weights_async(
+    rpc: Callable[..., Awaitable[Any]], source: str | Mapping[str, Any] | WeightManifest, who: str, timeout_s: float
+) -> None:
     """``send_weights`` through an async engine's ``collective_rpc``; each bucket fetch is awaited
     (within ``timeout_s``), so the actor's event loop keeps serving meanwhile."""
     from actors.generation.weight_worker import weight_records

@@ -21,11 +21,13 @@ lets the learner broadcast weights straight into the workers over a group of
 their own (``init_weight_group`` once, ``update_weights_from_group`` per
 version) instead of through a snapshot on disk; ``update_weights`` still works.
 """
+
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from actors.generation.engine_settings import EngineSettings, engine_setup
 from actors.generation.sources import send_weights
@@ -54,12 +56,23 @@ class VllmGenerator(Generator):
     ) -> None:
         """The engine keywords go to ``EngineSettings`` (actors/generation/engine_settings.py), which
         checks them; ``initial_version``: the version the loaded weights are."""
-        setup = engine_setup(EngineSettings(
-            model_path=model_path, engine="blocking", device=device, dtype=dtype, max_model_len=max_model_len,
-            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
-            cpu_threads_bind=cpu_threads_bind, cpu_kv_cache_gb=cpu_kv_cache_gb, seed=seed, weight_sync=weight_sync,
-        ))
+        setup = engine_setup(
+            EngineSettings(
+                model_path=model_path,
+                engine="blocking",
+                device=device,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_prefix_caching=enable_prefix_caching,
+                enforce_eager=enforce_eager,
+                cpu_threads_bind=cpu_threads_bind,
+                cpu_kv_cache_gb=cpu_kv_cache_gb,
+                seed=seed,
+                weight_sync=weight_sync,
+            )
+        )
         setup.apply_env()  # read when vLLM is imported: set before
         from vllm import LLM
 
@@ -85,8 +98,11 @@ class VllmGenerator(Generator):
             return []
         params = [
             SamplingParams(
-                temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=r.max_new_tokens,
-                logprobs=0, seed=r.seed if r.seed is not None else sampling.seed,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=r.max_new_tokens,
+                logprobs=0,
+                seed=r.seed if r.seed is not None else sampling.seed,
             )
             for r in requests
         ]
@@ -100,11 +116,17 @@ class VllmGenerator(Generator):
             logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
             if len(logprobs) != len(ids):
                 raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(ids)} tokens")
-            outputs.append(GenerationOutput(
-                request_id=req.request_id, token_ids=ids, logprobs=logprobs,
-                finish_reason=out.finish_reason or "abort", policy_version=version,
-                prompt_tokens=len(req.prompt_ids), cached_prompt_tokens=int(res.num_cached_tokens or 0),
-            ))
+            outputs.append(
+                GenerationOutput(
+                    request_id=req.request_id,
+                    token_ids=ids,
+                    logprobs=logprobs,
+                    finish_reason=out.finish_reason or "abort",
+                    policy_version=version,
+                    prompt_tokens=len(req.prompt_ids),
+                    cached_prompt_tokens=int(res.num_cached_tokens or 0),
+                )
+            )
         return outputs
 
     def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
@@ -116,8 +138,9 @@ class VllmGenerator(Generator):
         self._llm.collective_rpc("refresh_tied_weights")  # receive_weights does this itself
         return self._loaded(version, t0)
 
-    def init_weight_group(self, host: str, port: int, world_size: int, rank: int = 1, backend: str | None = None,
-                          timeout_s: float = 600.0) -> list[int]:
+    def init_weight_group(
+        self, host: str, port: int, world_size: int, rank: int = 1, backend: str | None = None, timeout_s: float = 600.0
+    ) -> list[int]:
         """Join the learner's weight group (it is rank 0); blocks until every member has joined.
 
         ``rank`` is this engine's first worker; its tensor-parallel workers
@@ -127,9 +150,18 @@ class VllmGenerator(Generator):
         if self.weight_sync != "broadcast":
             raise RuntimeError("init_weight_group needs weight_sync=broadcast in the generator config")
         backend = backend or ("nccl" if self.device == "cuda" else "gloo")
-        ranks = self._llm.collective_rpc("init_weight_group", kwargs=dict(
-            host=host, port=int(port), rank=int(rank), world_size=int(world_size), backend=backend,
-            timeout_s=float(timeout_s), label=f"generator replica pid {os.getpid()}"))
+        ranks = self._llm.collective_rpc(
+            "init_weight_group",
+            kwargs=dict(
+                host=host,
+                port=int(port),
+                rank=int(rank),
+                world_size=int(world_size),
+                backend=backend,
+                timeout_s=float(timeout_s),
+                label=f"generator replica pid {os.getpid()}",
+            ),
+        )
         self._group_ready = True
         return list(ranks)
 
@@ -161,8 +193,10 @@ class VllmGenerator(Generator):
         # no request holds a block and vLLM's reset cannot be refused; if it were, every later
         # request could read old-weight KV: stop here rather than serve it under the new version.
         if not self._llm.reset_prefix_cache():
-            raise RuntimeError(f"vLLM refused to reset the prefix cache after loading v{version} "
-                               "(a request still holds KV blocks between generate calls)")
+            raise RuntimeError(
+                f"vLLM refused to reset the prefix cache after loading v{version} "
+                "(a request still holds KV blocks between generate calls)"
+            )
         self.policy_version = version
         return time.perf_counter() - t0
 

@@ -18,6 +18,7 @@ as the NCCL backend does; on CPU a tied lm_head is re-derived after it
 imported: in the replica's process before its engine starts, and in each
 worker through the worker extension (actors/generation/weight_worker.py imports it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,16 +37,28 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(BACKEND, __name__, "GlooWeightTransferEngine")
 
 
-def init_info(host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0,
-              label: str = "") -> dict:
+def init_info(
+    host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0, label: str = ""
+) -> dict:
     """The payload of ``init_weight_transfer_engine`` for ``backend`` (TCPStore rendezvous on host:port).
     ``label``: who the engine is, named by the rank-0 side in errors (seal_gloo only: vLLM's NCCL
     init info has no such field)."""
     if backend == BACKEND:
-        return {"host": host, "port": int(port), "rank_offset": int(rank_offset), "world_size": int(world_size),
-                "timeout_s": float(timeout_s), "label": str(label)}
-    return {"master_address": host, "master_port": int(port), "rank_offset": int(rank_offset),
-            "world_size": int(world_size), "packed": False}
+        return {
+            "host": host,
+            "port": int(port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+            "timeout_s": float(timeout_s),
+            "label": str(label),
+        }
+    return {
+        "master_address": host,
+        "master_port": int(port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+        "packed": False,
+    }
 
 
 def update_info(metadata) -> dict:
@@ -53,12 +66,19 @@ def update_info(metadata) -> dict:
     from weights.group import WeightMeta
 
     metas = [WeightMeta.from_wire(m) for m in metadata]
-    return {"names": [m.name for m in metas], "dtype_names": [m.dtype for m in metas],
-            "shapes": [list(m.shape) for m in metas]}
+    return {
+        "names": [m.name for m in metas],
+        "dtype_names": [m.dtype for m in metas],
+        "shapes": [list(m.shape) for m in metas],
+    }
 
 
 try:  # the engine classes need vLLM; the helpers above do not
-    from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
+    from vllm.distributed.weight_transfer.base import (
+        WeightTransferEngine,
+        WeightTransferInitInfo,
+        WeightTransferUpdateInfo,
+    )
 except ImportError:  # pragma: no cover - vLLM is part of every install of this repo
     WeightTransferEngine = WeightTransferInitInfo = WeightTransferUpdateInfo = object
 
@@ -81,8 +101,10 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
-            raise ValueError(f"names, dtype_names and shapes differ in length: "
-                             f"{len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)}")
+            raise ValueError(
+                f"names, dtype_names and shapes differ in length: "
+                f"{len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)}"
+            )
         if not self.names:
             raise ValueError("an update carries at least one tensor")
 
@@ -105,10 +127,20 @@ class GlooWeightTransferEngine(WeightTransferEngine):
             # As vLLM's NCCL engine, which would leak the old communicator here: a re-formed group
             # needs shutdown_weight_transfer_engine first. Refusing (not closing quietly) makes a
             # CPU run catch a caller that would leak on GPU.
-            raise RuntimeError("seal_gloo weight transfer: init_transfer_engine while the previous group is open; "
-                               "call shutdown_weight_transfer_engine first (vLLM's NCCL engine would leak it)")
-        self.group = WeightGroup(init_info.host, init_info.port, rank, init_info.world_size, "gloo", self.device,
-                                 init_info.timeout_s, label=f"{init_info.label or 'generator'} worker {p.rank}")
+            raise RuntimeError(
+                "seal_gloo weight transfer: init_transfer_engine while the previous group is open; "
+                "call shutdown_weight_transfer_engine first (vLLM's NCCL engine would leak it)"
+            )
+        self.group = WeightGroup(
+            init_info.host,
+            init_info.port,
+            rank,
+            init_info.world_size,
+            "gloo",
+            self.device,
+            init_info.timeout_s,
+            label=f"{init_info.label or 'generator'} worker {p.rank}",
+        )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -127,7 +159,6 @@ class GlooWeightTransferEngine(WeightTransferEngine):
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-
         finalize_layerwise_reload(self.model, self.model_config)
         refresh_tied_cpu_weights(self.model)
 
@@ -135,6 +166,7 @@ class GlooWeightTransferEngine(WeightTransferEngine):
         if self.group is not None:
             self.group.close()
             self.group = None
+
 
 def refresh_tied_cpu_weights(model: torch.nn.Module) -> int:
     """Re-run CPU weight processing of embedding-method layers whose weight is shared; returns how many.

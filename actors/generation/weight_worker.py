@@ -7,24 +7,33 @@ Weights that come instead as records (Ray's object store, a file) go through the
 makes those records on the engine's side of vLLM's RPC. A tied CPU lm_head is re-derived after
 every reload (``refresh_tied_cpu_weights``, see actors/generation/weight_transfer.py).
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
 from actors.generation.weight_transfer import refresh_tied_cpu_weights, register
 from weights.group import WeightGroup, WeightMeta
 
+
 def weight_records(tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
     """name -> tensor as records that cross vLLM's multiprocess RPC (msgpack): raw bytes with dtype
     and shape (bf16 as its int16 bits, keeping its dtype name). ``load_weight_records`` reads them."""
     records = []
-    for name, t in (tensors.items() if isinstance(tensors, Mapping) else tensors):
+    for name, t in tensors.items() if isinstance(tensors, Mapping) else tensors:
         t = torch.as_tensor(t).detach().contiguous().cpu()
         raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-        records.append({"name": str(name), "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                        "data": raw.numpy().tobytes()})
+        records.append(
+            {
+                "name": str(name),
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "data": raw.numpy().tobytes(),
+            }
+        )
     return records
 
 
@@ -83,8 +92,9 @@ class WeightSyncExtension:
             getattr(self.model_runner, reset, lambda: None)()
         refresh_tied_cpu_weights(self.get_model())
 
-    def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                          timeout_s: float = 600.0, label: str = "") -> int:
+    def init_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 600.0, label: str = ""
+    ) -> int:
         """``rank`` is the group rank of the engine's first worker; tensor-parallel worker i takes rank + i.
         ``label``: who this engine is (the rank-0 side names it in errors)."""
         worker = int(getattr(self, "rank", 0))
@@ -93,7 +103,9 @@ class WeightSyncExtension:
         if old is not None:  # re-formed (a replica restored, a learner restarted): the old communicator goes first
             old.close()
         who = f"{label or 'generator'} worker {worker}"
-        self._seal_weight_group = WeightGroup(host, port, my_rank, world_size, backend, self.device, timeout_s, label=who)
+        self._seal_weight_group = WeightGroup(
+            host, port, my_rank, world_size, backend, self.device, timeout_s, label=who
+        )
         return my_rank
 
     def weight_group_open(self) -> bool:

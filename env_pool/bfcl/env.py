@@ -1,14 +1,15 @@
 """BFCL V3 multi-turn as an episode environment for actors (the step loop: env_pool/multi_turn.py)."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
+from env_pool.base import Message, TokenCounter
 from env_pool.bfcl.judge import Diagnosis, judge
 from env_pool.bfcl.prompts import reveal_message, system_prompt
 from env_pool.bfcl.replay import ground_truth_turns
 from env_pool.bfcl.runtime import ExecCall, InstanceSet, call_signatures, error_text, is_error_result
 from env_pool.bfcl.tasks import BfclTask, get_task, split_ids
-from env_pool.base import Message, TokenCounter
 from env_pool.interface.examples import exchange_messages, placeholder_exchange
 from env_pool.interface.feedback import tool_error_hint, unknown_tool_hint
 from env_pool.multi_turn import MultiTurnEnv
@@ -43,7 +44,14 @@ class BfclEnv(MultiTurnEnv):
         task = self._task
         assert task is not None
         if turn in task.withheld:
-            return [{"role": "user", "content": reveal_message(task.withheld[turn], self.tool_format, self._interface, self.tool_doc_indent)}]
+            return [
+                {
+                    "role": "user",
+                    "content": reveal_message(
+                        task.withheld[turn], self.tool_format, self._interface, self.tool_doc_indent
+                    ),
+                }
+            ]
         return [dict(m) for m in self._turn_messages(turn)]
 
     # ------------------------------------------------------------ hooks
@@ -52,7 +60,9 @@ class BfclEnv(MultiTurnEnv):
 
     def _open(self, task: BfclTask) -> list[Message]:
         self._instances = InstanceSet(task.initial_config, list(task.involved_classes), task.long_context)
-        sys_msg = system_prompt(task.tools_at_turn(0), self.tool_format, self._interface, task.category, self.tool_doc_indent)
+        sys_msg = system_prompt(
+            task.tools_at_turn(0), self.tool_format, self._interface, task.category, self.tool_doc_indent
+        )
         first = [dict(m) for m in self._turn_messages(0)]
         if first and first[0]["role"] == "system":  # as bfcl-eval: ours goes first
             first[0]["content"] = sys_msg + "\n\n" + first[0]["content"]

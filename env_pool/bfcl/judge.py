@@ -9,13 +9,14 @@ official checker's order (empty, state, response), so reward and error type
 equal ``multi_turn_checker``'s (tests check this on thousands of corrupted
 trajectories); the per-turn tags add what the official checker never reports.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from env_pool import tags as T
-from env_pool.paper_labels import paper_label
 from env_pool.bfcl.runtime import (
     ExecCall,
     InstanceSet,
@@ -24,6 +25,7 @@ from env_pool.bfcl.runtime import (
     prepare_import,
 )
 from env_pool.bfcl.tasks import BfclTask
+from env_pool.paper_labels import paper_label
 from env_pool.tool_calls import ParsedStep
 
 _checkers: tuple[Any, Any] | None = None
@@ -118,7 +120,9 @@ def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]], instance_mismat
                 elif not response_ok:
                     error_type = T.ERR_RESPONSE
 
-        tag = _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes)
+        tag = _released_tag(
+            model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes
+        )
         visible = {doc["name"]: doc for doc in task.tools_at_turn(t)}
         label = paper_label(steps, calls, gt_calls, results, state_ok, response_ok, tag, visible, is_error_result)
         diagnoses.append(
@@ -147,7 +151,9 @@ def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]], instance_mismat
     )
 
 
-def _released_tag(model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes) -> str:
+def _released_tag(
+    model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes
+) -> str:
     if any(r.startswith("Error during execution") for r in gt_results):
         return T.GT_ERROR
     if not gt_calls:

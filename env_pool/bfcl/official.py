@@ -8,11 +8,12 @@ text. The instances it keeps in module globals are removed afterwards.
 
 Used by tests and by ``seal env score --official``; training uses judge.py.
 """
+
 from __future__ import annotations
 
 import itertools
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from env_pool import tags as T
 from env_pool.bfcl.runtime import isolate_shared_state, method_class, prepare_import
@@ -54,8 +55,13 @@ def official_verdict(task: BfclTask, turns: Sequence[Sequence[ParsedStep]]) -> t
             # globals) with private copies of long_context's shared module data.
             for suffix in ("", "_ground_truth"):
                 _, instances = multi_turn_utils.execute_multi_turn_func_call(
-                    [], task.initial_config, list(task.involved_classes), model_name + suffix, task.id,
-                    long_context=True, is_evaL_run=True,
+                    [],
+                    task.initial_config,
+                    list(task.involved_classes),
+                    model_name + suffix,
+                    task.id,
+                    long_context=True,
+                    is_evaL_run=True,
                 )
                 for inst in instances.values():
                     isolate_shared_state(inst)

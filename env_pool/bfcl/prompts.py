@@ -9,11 +9,13 @@ prompt, more than a small model's context.
 With the raw interface the output is exactly the benchmark prompt; the
 training interface only adds to it.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from env_pool.bfcl.runtime import prepare_import
 from env_pool.interface.guidelines import guideline_block
@@ -51,7 +53,9 @@ def _bfcl_prompt_parts() -> dict[str, str]:
 
 def tool_docs_text(tools: Sequence[dict[str, Any]], fmt: str, indent: int | None) -> str:
     if fmt == "json":
-        return "\n".join(json.dumps({"type": "function", "function": t}, indent=indent, ensure_ascii=False) for t in tools)
+        return "\n".join(
+            json.dumps({"type": "function", "function": t}, indent=indent, ensure_ascii=False) for t in tools
+        )
     return json.dumps(list(tools), indent=indent, ensure_ascii=False)
 
 
@@ -83,11 +87,7 @@ def system_prompt(
             available_tools=p["available_tools"].format(format="json", functions=docs),
         )
     elif fmt == "json":
-        prompt = (
-            f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n"
-            + HERMES_TOOLS.format(tools=docs)
-            + "\n"
-        )
+        prompt = f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n" + HERMES_TOOLS.format(tools=docs) + "\n"
     else:
         raise ValueError(f"unknown tool-call format {fmt!r}")
     extras = []
@@ -101,7 +101,9 @@ def system_prompt(
     return prompt
 
 
-def reveal_message(tools: Sequence[dict[str, Any]], fmt: str, interface: InterfaceState, indent: int | None = None) -> str:
+def reveal_message(
+    tools: Sequence[dict[str, Any]], fmt: str, interface: InterfaceState, indent: int | None = None
+) -> str:
     """The user message of a miss_func turn that adds the withheld tools."""
     p = _bfcl_prompt_parts()
     shown = annotate_tools(tools, interface)

@@ -1,4 +1,5 @@
 """Ground truth as assistant text: how `seal env replay-gt` drives the env."""
+
 from __future__ import annotations
 
 from env_pool.bfcl.runtime import keyword_form, method_class, parse_ground_truth_call

@@ -8,6 +8,7 @@ The result formatting, the blocked-name list and the name resolution
 (later classes win) mirror ``execute_multi_turn_func_call`` exactly, so the
 results match what the official checker computes.
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,11 +18,12 @@ import importlib.util
 import inspect
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 # Names bfcl-eval refuses to execute (execute_multi_turn_func_call).
 _BLOCKED = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
@@ -63,7 +65,7 @@ def _stateless() -> frozenset[str]:
     return frozenset(STATELESS_CLASSES)
 
 
-@lru_cache(maxsize=None)
+@cache
 def api_class(class_name: str) -> type:
     modules = _class_modules()
     if class_name not in modules:
@@ -72,7 +74,7 @@ def api_class(class_name: str) -> type:
     return getattr(importlib.import_module(modules[class_name]), class_name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def public_methods(class_name: str) -> tuple[str, ...]:
     cls = api_class(class_name)
     return tuple(n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_"))
@@ -178,7 +180,7 @@ def parse_ground_truth_call(source: str) -> ExecCall:
     return ExecCall(node.func.id, args, kwargs)
 
 
-@lru_cache(maxsize=None)
+@cache
 def method_parameters(class_name: str, name: str) -> tuple[str, ...]:
     """The API method's parameter names in positional order (without self)."""
     return tuple(p for p in inspect.signature(getattr(api_class(class_name), name)).parameters if p != "self")
@@ -201,9 +203,13 @@ def call_signatures(involved_classes: tuple[str, ...]) -> Mapping[str, tuple[str
     schema's property order (they differ, e.g. TravelAPI.purchase_insurance).
     Covers every public method (withheld ones too: the executor runs them);
     later classes win, as in the name resolution."""
-    return MappingProxyType({name: method_parameters(owner, name)
-                             for name in {n for c in involved_classes for n in public_methods(c)}
-                             if (owner := method_class(involved_classes, name)) is not None})
+    return MappingProxyType(
+        {
+            name: method_parameters(owner, name)
+            for name in {n for c in involved_classes for n in public_methods(c)}
+            if (owner := method_class(involved_classes, name)) is not None
+        }
+    )
 
 
 def method_class(involved_classes: list[str] | tuple[str, ...], name: str) -> str | None:

@@ -5,6 +5,7 @@ data files are bfcl-eval's ``BFCL_v4_multi_turn_*.json`` (the current copy of
 the V3 multi-turn set). We read them with json directly: bfcl-eval's loaders
 mutate entries in place and import modules that write into site-packages.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,7 +80,9 @@ def load_tasks() -> dict[str, BfclTask]:
     tasks: dict[str, BfclTask] = {}
     for cat in CATEGORIES:
         entries = _read_jsonl(data / f"BFCL_v4_multi_turn_{cat}.json")
-        answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{cat}.json")}
+        answers = {
+            a["id"]: a["ground_truth"] for a in _read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{cat}.json")
+        }
         for e in entries:
             tasks[e["id"]] = _build_task(e, cat, answers[e["id"]], docs)
     return tasks
@@ -131,5 +134,7 @@ def _sort_key(task_id: str) -> tuple[int, int]:
 def get_task(task_id: str) -> BfclTask:
     tasks = load_tasks()
     if task_id not in tasks:
-        raise KeyError(f"unknown BFCL task id {task_id!r} (ids look like multi_turn_base_0 .. multi_turn_long_context_199)")
+        raise KeyError(
+            f"unknown BFCL task id {task_id!r} (ids look like multi_turn_base_0 .. multi_turn_long_context_199)"
+        )
     return tasks[task_id]

@@ -7,16 +7,25 @@ task's tools with placeholder values taken from its schema types and a made-up
 result that is never executed; an environment may pass exchanges of its own
 about other requests than its tasks'.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from env_pool.tool_calls import ToolCall, render_calls
 
 # Placeholder values by schema type: they show a value's shape, not a task's value.
 _PLACEHOLDER: dict[str, Any] = {
-    "string": "example", "integer": 1, "float": 1.0, "number": 1, "boolean": True,
-    "array": [], "tuple": [], "dict": {}, "object": {},
+    "string": "example",
+    "integer": 1,
+    "float": 1.0,
+    "number": 1,
+    "boolean": True,
+    "array": [],
+    "tuple": [],
+    "dict": {},
+    "object": {},
 }
 # (user request, call, tool result, final reply): one request, one call, one answer.
 Exchange = tuple[str, ToolCall, str, str]
@@ -31,7 +40,10 @@ def placeholder_exchange(tools: Sequence[dict[str, Any]]) -> Exchange | None:
         specs = [props.get(name) or {} for name in required]
         if all(spec.get("type") in _PLACEHOLDER for spec in specs):
             # An enum's first value (any other would be refused by the schema), else the type's placeholder.
-            values = {name: (spec["enum"][0] if spec.get("enum") else _PLACEHOLDER[spec["type"]]) for name, spec in zip(required, specs)}
+            values = {
+                name: (spec["enum"][0] if spec.get("enum") else _PLACEHOLDER[spec["type"]])
+                for name, spec in zip(required, specs)
+            }
             call = ToolCall(doc["name"], values)
             args = ", ".join(f"{k}={v!r}" for k, v in call.arguments.items())
             request = f"(Example of the call format) Please run {doc['name']}" + (f" with {args}." if args else ".")

@@ -3,10 +3,11 @@
 Hints restate the format, the schema or the error's general cause. They never
 say which tool or argument value the task needs.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 MAX_TOOL_NAMES_PARSE = 12
 MAX_TOOL_NAMES_UNKNOWN = 8
@@ -19,21 +20,30 @@ FORMAT_HINTS = {
 
 # (pattern on the error text, hint); the first match wins.
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"missing \d+ required (positional|keyword)(-only)? argument", re.I),
-     "A required argument is missing: give every parameter the schema marks as required."),
-    (re.compile(r"unexpected keyword argument", re.I),
-     "Use only the parameter names listed in the tool's schema."),
-    (re.compile(r"only one folder level|unsupported path", re.I),
-     "Paths with several components are not accepted here: move one directory level per call."),
+    (
+        re.compile(r"missing \d+ required (positional|keyword)(-only)? argument", re.I),
+        "A required argument is missing: give every parameter the schema marks as required.",
+    ),
+    (re.compile(r"unexpected keyword argument", re.I), "Use only the parameter names listed in the tool's schema."),
+    (
+        re.compile(r"only one folder level|unsupported path", re.I),
+        "Paths with several components are not accepted here: move one directory level per call.",
+    ),
     # The path hint. bfcl-eval's cd says "No such directory" (older releases add
     # "You cannot use path to change directory."): the same hint as a missing
     # file, as in the released code, not the generic one.
-    (re.compile(r"no such (file|directory)", re.I),
-     "That name does not exist where you are: check the current location and its contents before using a name."),
-    (re.compile(r"log ?in|logged in|authenticat|access token|token expired", re.I),
-     "This action needs authentication first: use the matching login or authentication tool."),
-    (re.compile(r"expected .{1,40}? got|must be (a |an )?(number|string|integer|list|dict)", re.I),
-     "An argument has the wrong type: match the type the schema gives for each parameter."),
+    (
+        re.compile(r"no such (file|directory)", re.I),
+        "That name does not exist where you are: check the current location and its contents before using a name.",
+    ),
+    (
+        re.compile(r"log ?in|logged in|authenticat|access token|token expired", re.I),
+        "This action needs authentication first: use the matching login or authentication tool.",
+    ),
+    (
+        re.compile(r"expected .{1,40}? got|must be (a |an )?(number|string|integer|list|dict)", re.I),
+        "An argument has the wrong type: match the type the schema gives for each parameter.",
+    ),
 ]
 
 

@@ -6,10 +6,11 @@ prevalence * (1 - reward_mean) each add one guideline (DESIGN.md section 5).
 Prevalence is a tag's share of the failure tags only: passed, abstained and
 unknown turns are left out of the denominator, as in the released code.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from env_pool import tags as T
 from env_pool.interface.state import InterfaceState
@@ -74,7 +75,11 @@ def select_guidelines(profile: Mapping[str, TagStat], policy: GuidelinePolicy = 
         if tag in _NOT_FAILURES or tag not in TAG_TO_GUIDELINE:
             continue
         prevalence = stat.count / total
-        if stat.count >= policy.min_count and prevalence >= policy.min_prevalence and stat.reward_mean < policy.max_reward_mean:
+        if (
+            stat.count >= policy.min_count
+            and prevalence >= policy.min_prevalence
+            and stat.reward_mean < policy.max_reward_mean
+        ):
             scored.append((prevalence * (1 - stat.reward_mean), tag))
     scored.sort(key=lambda x: (-x[0], x[1]))  # ties broken by name: deterministic
     return tuple(TAG_TO_GUIDELINE[tag] for _, tag in scored[: policy.top_k])

@@ -3,10 +3,12 @@
 Only states what the schema already says (which parameters are required,
 which values an enum allows); never which tool or value a task needs.
 """
+
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from env_pool.interface.state import InterfaceState
 

@@ -4,15 +4,21 @@ A versioned, serializable value: which components are on and which
 guidelines are active. Every trajectory carries its ``version``. The default
 value (everything off) is the raw benchmark interface used for evaluation.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 GUIDELINE_KINDS: tuple[str, ...] = ("cautious_call", "active_respond", "state_aware", "scope", "format")
 # Names accepted on the command line for the three components.
-COMPONENTS: dict[str, str] = {"lite": "schema_lite", "feedback": "error_feedback", "guidelines": "guidelines",
-                              "examples": "worked_examples"}
+COMPONENTS: dict[str, str] = {
+    "lite": "schema_lite",
+    "feedback": "error_feedback",
+    "guidelines": "guidelines",
+    "examples": "worked_examples",
+}
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,9 @@ class InterfaceState:
     def __post_init__(self) -> None:
         # Normalise lists (from YAML or JSON) so equal states compare equal.
         object.__setattr__(self, "active_guidelines", tuple(self.active_guidelines))
-        object.__setattr__(self, "category_guidelines", {k: tuple(v) for k, v in dict(self.category_guidelines).items()})
+        object.__setattr__(
+            self, "category_guidelines", {k: tuple(v) for k, v in dict(self.category_guidelines).items()}
+        )
         for kind in (*self.active_guidelines, *(k for ks in self.category_guidelines.values() for k in ks)):
             if kind not in GUIDELINE_KINDS:
                 raise ValueError(f"unknown guideline kind {kind!r}; expected one of {GUIDELINE_KINDS}")
@@ -45,7 +53,9 @@ class InterfaceState:
 
     @property
     def is_raw(self) -> bool:
-        return not (self.schema_lite or self.error_feedback or self.worked_examples or (self.guidelines and self._any_guideline))
+        return not (
+            self.schema_lite or self.error_feedback or self.worked_examples or (self.guidelines and self._any_guideline)
+        )
 
     @property
     def _any_guideline(self) -> bool:
@@ -65,7 +75,7 @@ class InterfaceState:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "InterfaceState":
+    def from_dict(cls, data: Mapping[str, Any]) -> InterfaceState:
         known = set(cls.__dataclass_fields__)
         unknown = set(data) - known
         if unknown:
@@ -75,7 +85,7 @@ class InterfaceState:
         d["category_guidelines"] = {k: tuple(v) for k, v in d.get("category_guidelines", {}).items()}
         return cls(**d)
 
-    def with_components(self, names: str | list[str]) -> "InterfaceState":
+    def with_components(self, names: str | list[str]) -> InterfaceState:
         """Switch components on by their short names: lite, feedback, guidelines."""
         items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
         changes: dict[str, bool] = {}
@@ -85,7 +95,7 @@ class InterfaceState:
             changes[COMPONENTS[name]] = True
         return replace(self, **changes)
 
-    def bumped(self, **changes: Any) -> "InterfaceState":
+    def bumped(self, **changes: Any) -> InterfaceState:
         """A new version with the changes; the same value if nothing changes."""
         new = replace(self, **changes)
         return self if new == self else replace(new, version=self.version + 1)

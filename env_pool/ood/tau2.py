@@ -21,16 +21,18 @@ communicated info: deterministic, no LLM judge).
   tau^2-bench scores, which use a gpt-4.1 user simulator; the result names
   the simulator model.
 """
+
 from __future__ import annotations
 
 import copy
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 from env_pool.ood import TAU2_SIMULATOR_NOTE
 
@@ -77,7 +79,7 @@ def _check_domain(domain: str) -> None:
         raise ValueError(f"unknown tau2 domain {domain!r}; expected one of {DOMAINS} (or {SMOKE_DOMAIN!r})")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tasks(domain: str) -> dict[str, Any]:
     _check_domain(domain)
     return {task.id: task for task in _t().registry.get_tasks_loader(domain)(TASK_SPLIT)}
@@ -105,10 +107,12 @@ class Action:
 
 def gold_actions(domain: str, task_id: str) -> list[Action]:
     criteria = get_task(domain, task_id).evaluation_criteria
-    return [Action(a.name, copy.deepcopy(a.arguments), a.requestor) for a in (criteria.actions or [])] if criteria else []
+    return (
+        [Action(a.name, copy.deepcopy(a.arguments), a.requestor) for a in (criteria.actions or [])] if criteria else []
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tool_kinds(domain: str) -> dict[tuple[str, str], str]:
     env = _t().registry.get_env_constructor(domain)()
     kinds = {("assistant", n): str(env.tools.tool_type(n).value) for n in env.tools.get_tools()}
@@ -167,8 +171,9 @@ def score_actions(domain: str, task_id: str, actions: Sequence[Action], final_me
     for i, action in enumerate(actions):
         if action.requestor not in ("assistant", "user"):
             raise ValueError(f"action {i}: requestor must be assistant or user, got {action.requestor!r}")
-        call = t.ToolCall(id=f"call_{i}", name=action.name, arguments=copy.deepcopy(action.arguments),
-                          requestor=action.requestor)
+        call = t.ToolCall(
+            id=f"call_{i}", name=action.name, arguments=copy.deepcopy(action.arguments), requestor=action.requestor
+        )
         speaker = t.AssistantMessage if action.requestor == "assistant" else t.UserMessage
         messages.append(speaker(role=action.requestor, tool_calls=[call]))
         result = env.get_response(call)
@@ -177,12 +182,28 @@ def score_actions(domain: str, task_id: str, actions: Sequence[Action], final_me
     if final_message:
         messages.append(t.AssistantMessage(role="assistant", content=final_message))
     # The conversation ended normally: anything else scores 0 before any check.
-    sim = t.SimulationRun(id=f"replay-{task_id}", task_id=task_id, start_time="", end_time="", duration=0.0,
-                          termination_reason=t.TerminationReason.AGENT_STOP, messages=messages)
-    info = t.evaluate_simulation(simulation=sim, task=task, evaluation_type=t.EvaluationType.ALL,
-                                 solo_mode=False, domain=domain)
-    return Tau2Score(domain, task_id, float(info.reward), info.reward == 1.0, bool(gold_actions(domain, task_id)),
-                     _breakdown(info), errors, (info.info or {}).get("note") if isinstance(info.info, dict) else None)
+    sim = t.SimulationRun(
+        id=f"replay-{task_id}",
+        task_id=task_id,
+        start_time="",
+        end_time="",
+        duration=0.0,
+        termination_reason=t.TerminationReason.AGENT_STOP,
+        messages=messages,
+    )
+    info = t.evaluate_simulation(
+        simulation=sim, task=task, evaluation_type=t.EvaluationType.ALL, solo_mode=False, domain=domain
+    )
+    return Tau2Score(
+        domain,
+        task_id,
+        float(info.reward),
+        info.reward == 1.0,
+        bool(gold_actions(domain, task_id)),
+        _breakdown(info),
+        errors,
+        (info.info or {}).get("note") if isinstance(info.info, dict) else None,
+    )
 
 
 def gold_replay(domain: str, task_id: str) -> Tau2Score:
@@ -222,16 +243,31 @@ class Tau2EpisodeResult:
 
 def llm_args(base_url: str, temperature: float = 0.0, max_tokens: int | None = None, num_retries: int = 1) -> dict:
     """litellm arguments that send a tau2 participant to the local endpoint."""
-    args: dict[str, Any] = {"api_base": base_url, "api_key": os.environ.get("OPENAI_API_KEY", "dummy"),
-                            "temperature": temperature, "num_retries": num_retries}
+    args: dict[str, Any] = {
+        "api_base": base_url,
+        "api_key": os.environ.get("OPENAI_API_KEY", "dummy"),
+        "temperature": temperature,
+        "num_retries": num_retries,
+    }
     if max_tokens is not None:
         args["max_tokens"] = max_tokens
     return args
 
 
-def run_episode(domain: str, task: Any, agent_llm: str, user_llm: str, base_url: str, *, temperature: float = 0.0,
-                user_temperature: float = 0.0, max_tokens: int | None = None, max_steps: int = 100,
-                max_errors: int = 10, seed: int | None = 300) -> Tau2EpisodeResult:
+def run_episode(
+    domain: str,
+    task: Any,
+    agent_llm: str,
+    user_llm: str,
+    base_url: str,
+    *,
+    temperature: float = 0.0,
+    user_temperature: float = 0.0,
+    max_tokens: int | None = None,
+    max_steps: int = 100,
+    max_errors: int = 10,
+    seed: int | None = 300,
+) -> Tau2EpisodeResult:
     """One tau2 simulation: tau2's LLMAgent as ``openai/<agent_llm>`` and its
     UserSimulator as ``openai/<user_llm>``, both at ``base_url``; scored by
     tau2's evaluator. ``task`` is a task id or a tau2 Task. An episode that
@@ -243,30 +279,60 @@ def run_episode(domain: str, task: Any, agent_llm: str, user_llm: str, base_url:
     task = get_task(domain, task) if isinstance(task, str) else task
     start = time.perf_counter()
     env = t.registry.get_env_constructor(domain)()
-    agent = t.LLMAgent(tools=env.get_tools(), domain_policy=env.get_policy(), llm=f"openai/{agent_llm}",
-                       llm_args=llm_args(base_url, temperature, max_tokens))
+    agent = t.LLMAgent(
+        tools=env.get_tools(),
+        domain_policy=env.get_policy(),
+        llm=f"openai/{agent_llm}",
+        llm_args=llm_args(base_url, temperature, max_tokens),
+    )
     try:
         user_tools = env.get_user_tools()
     except Exception:  # domains without user tools raise (retail, airline)
         user_tools = None
-    user = t.UserSimulator(tools=user_tools, instructions=str(task.user_scenario), llm=f"openai/{user_llm}",
-                           llm_args=llm_args(base_url, user_temperature, max_tokens))
-    orchestrator = t.Orchestrator(domain=domain, agent=agent, user=user, environment=env, task=task,
-                                  max_steps=max_steps, max_errors=max_errors, seed=seed)
-    common = dict(view=f"tau2_{domain}", domain=domain, task_id=task.id, agent_model=agent_llm, simulator_model=user_llm)
+    user = t.UserSimulator(
+        tools=user_tools,
+        instructions=str(task.user_scenario),
+        llm=f"openai/{user_llm}",
+        llm_args=llm_args(base_url, user_temperature, max_tokens),
+    )
+    orchestrator = t.Orchestrator(
+        domain=domain,
+        agent=agent,
+        user=user,
+        environment=env,
+        task=task,
+        max_steps=max_steps,
+        max_errors=max_errors,
+        seed=seed,
+    )
+    common = dict(
+        view=f"tau2_{domain}", domain=domain, task_id=task.id, agent_model=agent_llm, simulator_model=user_llm
+    )
     try:
         sim = orchestrator.run()
-        info = t.evaluate_simulation(simulation=sim, task=task, evaluation_type=t.EvaluationType.ALL,
-                                     solo_mode=False, domain=domain)
+        info = t.evaluate_simulation(
+            simulation=sim, task=task, evaluation_type=t.EvaluationType.ALL, solo_mode=False, domain=domain
+        )
     except Exception as exc:
         termination, error = _failure(exc, orchestrator)
-        return Tau2EpisodeResult(reward=0.0, success=False, termination=termination,
-                                 **_counts(t, orchestrator.trajectory), seconds=time.perf_counter() - start,
-                                 process_error=error, **common)
-    return Tau2EpisodeResult(reward=float(info.reward), success=info.reward == 1.0,
-                             termination=getattr(sim.termination_reason, "value", str(sim.termination_reason)),
-                             **_counts(t, sim.messages), seconds=time.perf_counter() - start,
-                             breakdown=_breakdown(info), **common)
+        return Tau2EpisodeResult(
+            reward=0.0,
+            success=False,
+            termination=termination,
+            **_counts(t, orchestrator.trajectory),
+            seconds=time.perf_counter() - start,
+            process_error=error,
+            **common,
+        )
+    return Tau2EpisodeResult(
+        reward=float(info.reward),
+        success=info.reward == 1.0,
+        termination=getattr(sim.termination_reason, "value", str(sim.termination_reason)),
+        **_counts(t, sim.messages),
+        seconds=time.perf_counter() - start,
+        breakdown=_breakdown(info),
+        **common,
+    )
 
 
 def _failure(exc: Exception, orchestrator: Any) -> tuple[str, str | None]:
@@ -283,8 +349,11 @@ def _failure(exc: Exception, orchestrator: Any) -> tuple[str, str | None]:
     if isinstance(exc, litellm.ContextWindowExceededError):
         return "context_overflow", None  # the model's limit, a named outcome (DESIGN.md section 9)
     role = getattr(orchestrator.to_role, "value", None)
-    empty_reply = (isinstance(exc, ValueError) and not isinstance(exc, openai.OpenAIError)
-                   and "must have either content or tool calls" in str(exc))
+    empty_reply = (
+        isinstance(exc, ValueError)
+        and not isinstance(exc, openai.OpenAIError)
+        and "must have either content or tool calls" in str(exc)
+    )
     if empty_reply and role in ("agent", "user"):
         return f"{role}_error", None
     return "process_error", f"{type(exc).__name__}: {exc}"

@@ -7,6 +7,7 @@ guidelines, worked exchanges) and the same step loop (env_pool/multi_turn.py) as
 env_pool/bfcl: a step with no call ends the user turn; the per-turn step limit
 ends a runaway turn and the episode.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ from env_pool.shopping.tasks import ShoppingTask, get_task, task_ids
 from env_pool.shopping.tools import SIGNATURES, TOOL_NAMES, TOOLS, ShoppingList, is_error
 from env_pool.shopping.verifier import Verdict, judge
 from env_pool.tool_calls import Signatures, ToolCall, render_calls
+
 
 # The benchmark's own few-shot prompt, part of its definition and the same at every
 # snapshot, in every run and in both interfaces: a request that lacks its quantity
@@ -41,15 +43,28 @@ ASK_FIRST: tuple[Message, ...] = (
     {"role": "user", "content": "Please add some yogurt to my shopping list."},
     {"role": "assistant", "content": "How many yogurt would you like?"},
 )
-ASK_ANSWERED = _call_exchange("3 of them, please.", ToolCall("add_item", {"item": "yogurt", "quantity": 3}),
-                              '{"added": "yogurt", "quantity": 3}', "I added 3 yogurt to your list.")
+ASK_ANSWERED = _call_exchange(
+    "3 of them, please.",
+    ToolCall("add_item", {"item": "yogurt", "quantity": 3}),
+    '{"added": "yogurt", "quantity": 3}',
+    "I added 3 yogurt to your list.",
+)
 BENCHMARK_EXCHANGES: tuple[Exchange, ...] = (
-    _call_exchange("Please add pear to my shopping list, quantity 2.", ToolCall("add_item", {"item": "pear", "quantity": 2}),
-                   '{"added": "pear", "quantity": 2}', "I added 2 pear to your list."),
-    _call_exchange("Please remove yogurt from my shopping list.", ToolCall("remove_item", {"item": "yogurt"}),
-                   '{"removed": "yogurt", "items": {"pear": 2}}', "I removed yogurt from your list."),
-    _call_exchange("What is on my shopping list now?", ToolCall("view_list", {}), '{"items": {"pear": 2}}',
-                   "Your list has 2 pear."),
+    _call_exchange(
+        "Please add pear to my shopping list, quantity 2.",
+        ToolCall("add_item", {"item": "pear", "quantity": 2}),
+        '{"added": "pear", "quantity": 2}',
+        "I added 2 pear to your list.",
+    ),
+    _call_exchange(
+        "Please remove yogurt from my shopping list.",
+        ToolCall("remove_item", {"item": "yogurt"}),
+        '{"removed": "yogurt", "items": {"pear": 2}}',
+        "I removed yogurt from your list.",
+    ),
+    _call_exchange(
+        "What is on my shopping list now?", ToolCall("view_list", {}), '{"items": {"pear": 2}}', "Your list has 2 pear."
+    ),
 )
 NO_CALL_EXCHANGE: tuple[Message, ...] = (
     {"role": "user", "content": "Thank you!"},
@@ -61,18 +76,29 @@ ASK_DROPPED: tuple[Message, ...] = (
     {"role": "user", "content": "Never mind, thanks."},
     {"role": "assistant", "content": "All right. Tell me if you need anything else."},
 )
+
+
 def benchmark_messages(fmt: str, bare: bool = False) -> list[Message]:
     """The benchmark's few-shot turns: in every episode, raw or training interface."""
-    return ([dict(m) for m in ASK_FIRST] + exchange_messages([ASK_ANSWERED, *BENCHMARK_EXCHANGES], fmt, bare)
-            + [dict(m) for m in (*NO_CALL_EXCHANGE, *ASK_DROPPED)])
+    return (
+        [dict(m) for m in ASK_FIRST]
+        + exchange_messages([ASK_ANSWERED, *BENCHMARK_EXCHANGES], fmt, bare)
+        + [dict(m) for m in (*NO_CALL_EXCHANGE, *ASK_DROPPED)]
+    )
 
 
 class ShoppingEnv(MultiTurnEnv):
     kind = "shopping"
 
-    def __init__(self, tool_format: str = "python", step_limit: int = 2, instance_mismatch: str = "release",
-                 max_context_tokens: int | None = None, token_counter: TokenCounter | None = None,
-                 bare_calls: bool = True) -> None:
+    def __init__(
+        self,
+        tool_format: str = "python",
+        step_limit: int = 2,
+        instance_mismatch: str = "release",
+        max_context_tokens: int | None = None,
+        token_counter: TokenCounter | None = None,
+        bare_calls: bool = True,
+    ) -> None:
         """``bare_calls``: the prompt shows a single python call without the list's brackets
         (``add_item(...)``, not ``[add_item(...)]``); either parses. SmolLM2-135M starts a bare
         call about 7x more often (docs/main-job.md: the CPU default)."""
@@ -85,19 +111,26 @@ class ShoppingEnv(MultiTurnEnv):
 
     def system_prompt(self, interface: InterfaceState, category: str | None = None) -> str:
         tools = "\n".join(json.dumps(t) for t in annotate_tools(TOOLS, interface))
-        example = render_calls([ToolCall("add_item", {"item": "pear", "quantity": 2})], self.tool_format, self.bare_calls)
+        example = render_calls(
+            [ToolCall("add_item", {"item": "pear", "quantity": 2})], self.tool_format, self.bare_calls
+        )
         prompt = (
             "You are a shopping-list assistant with tools. To use a tool, reply with only the call, for example:\n"
             f"{example}\nAfter the tool answers, reply to the user in plain text. "
             "If the request needs no tool, or lacks a detail you need, reply in plain text.\n"
             f"Tools:\n{tools}\n"
         )
-        extras = ([SYSTEM_LINE] if interface.schema_lite else []) + [b for b in [guideline_block(interface.guidelines_for(category))] if b]
+        extras = ([SYSTEM_LINE] if interface.schema_lite else []) + [
+            b for b in [guideline_block(interface.guidelines_for(category))] if b
+        ]
         return prompt + ("\n" + "\n\n".join(extras) + "\n" if extras else "")
 
     def reference_turns(self, task_id: str) -> list[list[str]]:
         turns = get_task(task_id).turns
-        return [([render_calls(list(t.expected), self.tool_format, self.bare_calls)] if t.expected else []) + ["Done."] for t in turns]
+        return [
+            ([render_calls(list(t.expected), self.tool_format, self.bare_calls)] if t.expected else []) + ["Done."]
+            for t in turns
+        ]
 
     def user_messages(self, turn: int) -> list[Message]:
         return [{"role": "user", "content": self._task.turns[turn].user}]  # type: ignore[union-attr]
@@ -133,5 +166,9 @@ class ShoppingEnv(MultiTurnEnv):
 
     def _judge(self) -> Verdict:
         # An episode the step limit or the context cut off fails as force-terminated.
-        return judge(self._task, self._turn_parsed, self.instance_mismatch,  # type: ignore[arg-type]
-                     cut_off=self._outcome != Outcome.COMPLETED)
+        return judge(
+            self._task,
+            self._turn_parsed,
+            self.instance_mismatch,  # type: ignore[arg-type]
+            cut_off=self._outcome != Outcome.COMPLETED,
+        )

@@ -8,6 +8,7 @@ A task has 2 or 3 user turns and, per turn, the calls a correct agent makes
 - recovery: the user names the item in the plural, which the tool refuses with an
   error; the agent must read it and call again with the singular name.
 """
+
 from __future__ import annotations
 
 import random
@@ -98,6 +99,11 @@ def _generate(task_id: str, index: int) -> ShoppingTask:
         )
     else:
         countable = rng.choice([i for i in PLURALS if i not in on_list])
-        turns = (Turn(f"I need {quantity} {PLURALS[countable]}, please add them to my shopping list.", (_add(countable, quantity),)),
-                 _closing(rng))
+        turns = (
+            Turn(
+                f"I need {quantity} {PLURALS[countable]}, please add them to my shopping list.",
+                (_add(countable, quantity),),
+            ),
+            _closing(rng),
+        )
     return ShoppingTask(task_id, category, initial, turns)

@@ -4,6 +4,7 @@ The state is what the verifier compares (as BFCL's state checker compares API
 instances). Errors come back as tool results ({"error": ...}), as BFCL's API
 classes return them, so a policy can read them and recover within the turn.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,14 @@ from env_pool.tool_calls import ToolCall
 API_CLASS = "ShoppingList"
 # Items are named in the singular; users may say the plural (the recovery category).
 PLURALS = {
-    "apple": "apples", "banana": "bananas", "egg": "eggs", "tomato": "tomatoes",
-    "carrot": "carrots", "lemon": "lemons", "onion": "onions", "potato": "potatoes",
+    "apple": "apples",
+    "banana": "bananas",
+    "egg": "eggs",
+    "tomato": "tomatoes",
+    "carrot": "carrots",
+    "lemon": "lemons",
+    "onion": "onions",
+    "potato": "potatoes",
 }
 MASS_ITEMS = ("milk", "bread", "rice", "cheese", "butter", "coffee", "tea", "sugar")
 # Used only by the worked exchanges, never by a task (so they reveal no task's answer).
@@ -26,17 +33,32 @@ CATALOG = tuple(sorted((*PLURALS, *MASS_ITEMS, *EXAMPLE_ITEMS)))
 MAX_QUANTITY = 20
 
 TOOLS: tuple[dict[str, Any], ...] = (
-    {"name": "add_item", "description": "Add an item to the shopping list, or raise its quantity if it is already there.",
-     "parameters": {"type": "dict", "properties": {
-         "item": {"type": "string", "description": "Item name, singular."},
-         "quantity": {"type": "integer", "description": f"How many, 1 to {MAX_QUANTITY}."}},
-         "required": ["item", "quantity"]}},
-    {"name": "remove_item", "description": "Remove an item from the shopping list.",
-     "parameters": {"type": "dict", "properties": {
-         "item": {"type": "string", "description": "Item name, as on the list."}},
-         "required": ["item"]}},
-    {"name": "view_list", "description": "Show the items on the shopping list with their quantities.",
-     "parameters": {"type": "dict", "properties": {}, "required": []}},
+    {
+        "name": "add_item",
+        "description": "Add an item to the shopping list, or raise its quantity if it is already there.",
+        "parameters": {
+            "type": "dict",
+            "properties": {
+                "item": {"type": "string", "description": "Item name, singular."},
+                "quantity": {"type": "integer", "description": f"How many, 1 to {MAX_QUANTITY}."},
+            },
+            "required": ["item", "quantity"],
+        },
+    },
+    {
+        "name": "remove_item",
+        "description": "Remove an item from the shopping list.",
+        "parameters": {
+            "type": "dict",
+            "properties": {"item": {"type": "string", "description": "Item name, as on the list."}},
+            "required": ["item"],
+        },
+    },
+    {
+        "name": "view_list",
+        "description": "Show the items on the shopping list with their quantities.",
+        "parameters": {"type": "dict", "properties": {}, "required": []},
+    },
 )
 TOOL_NAMES = tuple(t["name"] for t in TOOLS)
 # Positional arguments bind in schema order.

@@ -9,10 +9,11 @@ response_checker). The verdict is the first failing turn in the official
 order (empty, state, response); as in BFCL, a call in a turn that expects none
 is tagged but not failed (its effect on the list shows at the next check).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from env_pool import tags as T
 from env_pool.paper_labels import paper_label
@@ -32,8 +33,9 @@ class Verdict:
     progress: float
 
 
-def judge(task: ShoppingTask, turns: Sequence[Sequence[ParsedStep]], instance_mismatch: str = "release",
-          cut_off: bool = False) -> Verdict:
+def judge(
+    task: ShoppingTask, turns: Sequence[Sequence[ParsedStep]], instance_mismatch: str = "release", cut_off: bool = False
+) -> Verdict:
     """``cut_off`` or ``turns`` shorter than the task: the episode ended early (force-terminated,
     as bfcl-eval fails an entry its step limit stopped); the turns given are still diagnosed."""
     by_classes = T.check_instance_mismatch_rule(instance_mismatch) == "classes"
@@ -56,8 +58,15 @@ def judge(task: ShoppingTask, turns: Sequence[Sequence[ParsedStep]], instance_mi
             state_ok = model.snapshot() == truth.snapshot()
             response_ok = all(r in model_results for r in gt_results)
             if error_type is None:
-                error_type = (T.ERR_EMPTY_TURN if not decoded else T.ERR_STATE if not state_ok
-                              else T.ERR_RESPONSE if not response_ok else None)
+                error_type = (
+                    T.ERR_EMPTY_TURN
+                    if not decoded
+                    else T.ERR_STATE
+                    if not state_ok
+                    else T.ERR_RESPONSE
+                    if not response_ok
+                    else None
+                )
         tag = released_tag(turn.expected, calls, gt_results, bool(decoded), state_ok, response_ok, by_classes)
         tags.append(tag)
         labels.append(paper_label(steps, calls, turn.expected, results, state_ok, response_ok, tag, _SCHEMAS, is_error))
@@ -80,4 +89,3 @@ def released_tag(expected, calls, gt_results, decoded: bool, state_ok, response_
     if by_classes and any(c.name not in _SCHEMAS for c in calls):
         return T.INSTANCE_MISMATCH
     return T.STATE_MISMATCH if not state_ok else T.RESPONSE_MISMATCH
-

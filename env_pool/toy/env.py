@@ -6,6 +6,7 @@ exact: reward 1 iff the expected tool was called with the expected arguments
 and no other tool was called. Same episode API, step loop
 (env_pool/multi_turn.py), formats and training interface as BFCL.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,11 +25,50 @@ from env_pool.schema import argument_problems
 from env_pool.tool_calls import Signatures, ToolCall, render_calls
 
 CITIES = ("Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi", "Rome", "Quito")
-WEATHER = {"Paris": "rain", "Tokyo": "sunny", "Lima": "cloudy", "Oslo": "snow", "Cairo": "hot", "Delhi": "humid", "Rome": "windy", "Quito": "mild"}
+WEATHER = {
+    "Paris": "rain",
+    "Tokyo": "sunny",
+    "Lima": "cloudy",
+    "Oslo": "snow",
+    "Cairo": "hot",
+    "Delhi": "humid",
+    "Rome": "windy",
+    "Quito": "mild",
+}
 TOOLS: tuple[dict[str, Any], ...] = (
-    {"name": "add", "description": "Add two integers.", "parameters": {"type": "dict", "properties": {"a": {"type": "integer", "description": "First number."}, "b": {"type": "integer", "description": "Second number."}}, "required": ["a", "b"]}},
-    {"name": "multiply", "description": "Multiply two integers.", "parameters": {"type": "dict", "properties": {"a": {"type": "integer", "description": "First number."}, "b": {"type": "integer", "description": "Second number."}}, "required": ["a", "b"]}},
-    {"name": "get_weather", "description": "Current weather of a city.", "parameters": {"type": "dict", "properties": {"city": {"type": "string", "description": "City name."}}, "required": ["city"]}},
+    {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "dict",
+            "properties": {
+                "a": {"type": "integer", "description": "First number."},
+                "b": {"type": "integer", "description": "Second number."},
+            },
+            "required": ["a", "b"],
+        },
+    },
+    {
+        "name": "multiply",
+        "description": "Multiply two integers.",
+        "parameters": {
+            "type": "dict",
+            "properties": {
+                "a": {"type": "integer", "description": "First number."},
+                "b": {"type": "integer", "description": "Second number."},
+            },
+            "required": ["a", "b"],
+        },
+    },
+    {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "dict",
+            "properties": {"city": {"type": "string", "description": "City name."}},
+            "required": ["city"],
+        },
+    },
 )
 _EXAMPLE = ToolCall("add", {"a": 1, "b": 2})
 # The toy executor reads arguments by name; positional ones bind in schema order.
@@ -39,7 +79,12 @@ SIGNATURES = {t["name"]: tuple(t["parameters"]["properties"]) for t in TOOLS}
 # raw interface): a learnable signal.
 FEW_SHOT: tuple[tuple[str, ToolCall, str, str], ...] = (
     ("What is 3 plus 4?", ToolCall("add", {"a": 3, "b": 4}), '{"result": 7}', "3 plus 4 is 7."),
-    ("What is the weather in Berlin right now?", ToolCall("get_weather", {"city": "Berlin"}), '{"weather": "cold"}', "It is cold in Berlin."),
+    (
+        "What is the weather in Berlin right now?",
+        ToolCall("get_weather", {"city": "Berlin"}),
+        '{"weather": "cold"}',
+        "It is cold in Berlin.",
+    ),
     ("What is 6 times 7?", ToolCall("multiply", {"a": 6, "b": 7}), '{"result": 42}', "6 times 7 is 42."),
 )
 TOOL_NAMES = tuple(t["name"] for t in TOOLS)
@@ -114,8 +159,13 @@ class ToyVerdict:
 class ToyToolEnv(MultiTurnEnv):
     kind = "toy"
 
-    def __init__(self, tool_format: str = "python", step_limit: int = 3, few_shot: bool = True,
-                 instance_mismatch: str = "release") -> None:
+    def __init__(
+        self,
+        tool_format: str = "python",
+        step_limit: int = 3,
+        few_shot: bool = True,
+        instance_mismatch: str = "release",
+    ) -> None:
         super().__init__(tool_format, step_limit, instance_mismatch)
         self.few_shot = few_shot
         self._task: ToyTask | None = None
@@ -132,7 +182,9 @@ class ToyToolEnv(MultiTurnEnv):
             "You are a helpful assistant with tools. To use a tool, reply with only the call, for example:\n"
             f"{render_calls([_EXAMPLE], self.tool_format)}\nThen answer the user in plain text.\nTools:\n{tools}\n"
         )
-        extras = ([SYSTEM_LINE] if interface.schema_lite else []) + [b for b in [guideline_block(interface.guidelines_for(None))] if b]
+        extras = ([SYSTEM_LINE] if interface.schema_lite else []) + [
+            b for b in [guideline_block(interface.guidelines_for(None))] if b
+        ]
         return prompt + ("\n" + "\n\n".join(extras) + "\n" if extras else "")
 
     def reference_turns(self, task_id: str) -> list[list[str]]:

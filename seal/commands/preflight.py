@@ -12,6 +12,7 @@ The check that needs the tokenizer (do the prompts fit the context?) stays
 with the pipeline: it takes about 10 s on BFCL, and the pipeline would
 repeat it (it selects its tasks itself).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,15 @@ from seal.errors import CliError
 
 # Settings compared with numbers downstream: a string there would surface as a TypeError deep inside.
 # (The trainer group's are typed by seal/config.py TrainerConfig.)
-INTEGERS = ("n", "seed", "cluster.env_actors", "learner.cfg.mini_batch_groups", "learner.cfg.micro_batch_size",
-            "sampling.max_new_tokens", "generator.max_model_len")
+INTEGERS = (
+    "n",
+    "seed",
+    "cluster.env_actors",
+    "learner.cfg.mini_batch_groups",
+    "learner.cfg.micro_batch_size",
+    "sampling.max_new_tokens",
+    "generator.max_model_len",
+)
 CHEAP = ("env", "interface", "sampling", "tag_weights", "guideline_policy", "transport", "evaluation")  # plain objects
 HEAVY = ("generator", "learner")  # their constructors load models: only their keys are checked
 
@@ -55,14 +63,18 @@ def check(cfg) -> None:
         raise ValueError(f"limit must be a number of tasks >= 1 or null, got {cfg.limit!r}")
     from seal.run.driver import check_pipeline_config
 
-    trainer = check_pipeline_config(cfg)  # the pipeline's own checks (the trainer group typed, learner size, guideline_policy)
+    trainer = check_pipeline_config(
+        cfg
+    )  # the pipeline's own checks (the trainer group typed, learner size, guideline_policy)
     built = {group: _build(cfg, group) for group in CHEAP}
     _build_queue(cfg, trainer)
     _check_signatures(cfg)
     _check_batch_split(cfg, trainer)
     if cfg.sampling.max_new_tokens >= cfg.generator.max_model_len:
-        raise ValueError(f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} leaves no room for a prompt in "
-                         f"generator.max_model_len={cfg.generator.max_model_len}")
+        raise ValueError(
+            f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} leaves no room for a prompt in "
+            f"generator.max_model_len={cfg.generator.max_model_len}"
+        )
     check_model(str(cfg.model.path))
     _check_resume(cfg, trainer)
     from seal.run.task_fit import training_pool
@@ -120,8 +132,14 @@ def _build_queue(cfg, t: TrainerConfig) -> None:
     """The replay queue checks the settings it is given; it is a plain object."""
     from replay.queue import ReplayQueue
 
-    ReplayQueue(cfg.n, t.groups_per_step, max_staleness=t.staleness, stale_policy=t.stale_policy,
-                reissue_after_s=t.reissue_after_s, filter_groups=t.filter_groups)
+    ReplayQueue(
+        cfg.n,
+        t.groups_per_step,
+        max_staleness=t.staleness,
+        stale_policy=t.stale_policy,
+        reissue_after_s=t.reissue_after_s,
+        filter_groups=t.filter_groups,
+    )
 
 
 def _check_signatures(cfg) -> None:
@@ -160,11 +178,15 @@ def _check_batch_split(cfg, trainer: TrainerConfig) -> None:
     lc, groups = cfg.learner.cfg, trainer.groups_per_step
     per_mini = lc.mini_batch_groups * cfg.n
     if per_mini % lc.micro_batch_size:
-        raise ValueError(f"a learner mini-batch of {per_mini} trajectories (learner.cfg.mini_batch_groups={lc.mini_batch_groups} x n={cfg.n}) "
-                         f"does not split into micro-batches of learner.cfg.micro_batch_size={lc.micro_batch_size}")
+        raise ValueError(
+            f"a learner mini-batch of {per_mini} trajectories (learner.cfg.mini_batch_groups={lc.mini_batch_groups} x n={cfg.n}) "
+            f"does not split into micro-batches of learner.cfg.micro_batch_size={lc.micro_batch_size}"
+        )
     if groups % lc.mini_batch_groups:
-        raise ValueError(f"trainer.groups_per_step={groups} is not a whole number of learner mini-batches of "
-                         f"learner.cfg.mini_batch_groups={lc.mini_batch_groups} groups")
+        raise ValueError(
+            f"trainer.groups_per_step={groups} is not a whole number of learner mini-batches of "
+            f"learner.cfg.mini_batch_groups={lc.mini_batch_groups} groups"
+        )
 
 
 def check_model(path: str) -> None:
@@ -191,7 +213,9 @@ def _check_resume(cfg, trainer: TrainerConfig) -> None:
             raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume_checkpoint(Path(cfg.resume))}")
     # A fresh run into an old run's directory would append steps 1.. to its metrics and snapshots.
     if not cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "run.json").is_file():
-        raise FileExistsError(f"run_dir={cfg.run_dir} already holds a run: resume={cfg.run_dir} continues it, or choose another run_dir")
+        raise FileExistsError(
+            f"run_dir={cfg.run_dir} already holds a run: resume={cfg.run_dir} continues it, or choose another run_dir"
+        )
 
 
 def _check_cluster(cfg, gpus=None) -> None:

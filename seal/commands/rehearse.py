@@ -15,6 +15,7 @@ It then checks what a GPU run needs (seal/commands/rehearse_report.py): every ra
 version with a canary within bounds, every rank's checkpoint shard, the snapshot. Any failure
 (a crash too, which is what a rehearsal is for) is one line and exit status 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,13 +57,17 @@ def rehearsal_model(tp: int) -> str:
     if tp in (1, 2):
         return "tiny"
     if 8 % tp:
-        raise CliError(f"generator.tensor_parallel_size={tp}: the rehearsal's tiny models split over 1, 2, 4 or 8 workers")
+        raise CliError(
+            f"generator.tensor_parallel_size={tp}: the rehearsal's tiny models split over 1, 2, 4 or 8 workers"
+        )
     from weights.model_assets import prepare_tiny_tp_model
 
     return str(prepare_tiny_tp_model())
 
 
-def rehearsal_overrides(target, user: list[str], address: str, run_dir: str, steps: int, model: str, local: bool) -> list[str]:
+def rehearsal_overrides(
+    target, user: list[str], address: str, run_dir: str, steps: int, model: str, local: bool
+) -> list[str]:
     """The `seal train` overrides of the rehearsal: the user's (the recipe among them), then the CPU stand-ins;
     ``local``: ``address`` is the rehearsal's own cluster (no token to join it with)."""
     from seal.runtime.generator_fleet import ASYNC_ENGINES
@@ -70,13 +75,33 @@ def rehearsal_overrides(target, user: list[str], address: str, run_dir: str, ste
     world = int(_select(target, "learner.world_size", 1))
     gen = target.generator
     engine = "vllm_async_cpu" if gen._target_ in ASYNC_ENGINES else "vllm_cpu"
-    out = [*user, f"generator={engine}", "env=toy", "env.step_limit=1", "limit=null", "n=2", "sampling.max_new_tokens=16",
-           f"model.path={model}", f"model.max_model_len={MAX_MODEL_LEN}", "generator.dtype=float32",
-           "generator.cpu_kv_cache_gb=0.0625",  # 64 MiB a worker: 16 sequences of 2048 tokens; 8 TP workers held 8 GiB at 1
-           "learner.cfg.device=cpu", "learner.cfg.dtype=float32", f"learner.cfg.mini_batch_groups={world}",
-           f"trainer.groups_per_step={world}", f"trainer.steps={steps}", "trainer.checkpoint_every=1", "trainer.snapshot_every=0",
-           "trainer.filter_groups=none", "trainer.oversample=0", "trainer.mode=async", f"run_dir={run_dir}",
-           "cluster.env_actors=2", "cluster.learner.threads=1", "cluster.generator.threads=1"]
+    out = [
+        *user,
+        f"generator={engine}",
+        "env=toy",
+        "env.step_limit=1",
+        "limit=null",
+        "n=2",
+        "sampling.max_new_tokens=16",
+        f"model.path={model}",
+        f"model.max_model_len={MAX_MODEL_LEN}",
+        "generator.dtype=float32",
+        "generator.cpu_kv_cache_gb=0.0625",  # 64 MiB a worker: 16 sequences of 2048 tokens; 8 TP workers held 8 GiB at 1
+        "learner.cfg.device=cpu",
+        "learner.cfg.dtype=float32",
+        f"learner.cfg.mini_batch_groups={world}",
+        f"trainer.groups_per_step={world}",
+        f"trainer.steps={steps}",
+        "trainer.checkpoint_every=1",
+        "trainer.snapshot_every=0",
+        "trainer.filter_groups=none",
+        "trainer.oversample=0",
+        "trainer.mode=async",
+        f"run_dir={run_dir}",
+        "cluster.env_actors=2",
+        "cluster.learner.threads=1",
+        "cluster.generator.threads=1",
+    ]
     for key in CARRIED:
         if key in gen:
             value = gen[key]
@@ -102,15 +127,18 @@ def _plan_nodes(plan) -> list[dict[str, Any]]:
 
     if plan.layout is None:
         return []
-    return [{"name": n.name, "learner": s.learners, "generator": s.generators} for n, s in zip(plan.layout.nodes, plan_shapes(plan.layout))]
+    return [
+        {"name": n.name, "learner": s.learners, "generator": s.generators}
+        for n, s in zip(plan.layout.nodes, plan_shapes(plan.layout))
+    ]
 
 
 def run(args) -> int:
     """The `seal rehearse` handler."""
+    from seal.commands.preflight import one_line
+    from seal.commands.rehearse_report import Report
     from seal.config import compose, instantiate
     from seal.runtime.plan import build_plan
-    from seal.commands.preflight import one_line
-    from seal.commands.rehearse_report import Report, report_text, write_report
 
     user = list(args.overrides)
     try:
@@ -123,21 +151,47 @@ def run(args) -> int:
     hardware = cluster.hardware
     address = user_address(user)
     if hardware is None and not address:
-        raise CliError("seal rehearse needs the nodes to rehearse: cluster.hardware (nodes, gpus_per_node, cpus_per_node) "
-                       "as the recipes set it, or cluster.address of a running CPU cluster")
+        raise CliError(
+            "seal rehearse needs the nodes to rehearse: cluster.hardware (nodes, gpus_per_node, cpus_per_node) "
+            "as the recipes set it, or cluster.address of a running CPU cluster"
+        )
     steps = int(getattr(args, "steps", None) or STEPS)
-    run_dir = Path(str(_select(target, "run_dir") or Path("runs") / f"rehearse-{recipe.replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    run_dir = Path(
+        str(
+            _select(target, "run_dir")
+            or Path("runs") / f"rehearse-{recipe.replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
+    )
     tp = int(_select(target, "generator.tensor_parallel_size", 1))
-    report = Report(recipe=recipe, command="", cluster={}, plan=_plan_nodes(plan), run_dir=str(run_dir), not_rehearsed=list(NOT_REHEARSED))
+    report = Report(
+        recipe=recipe,
+        command="",
+        cluster={},
+        plan=_plan_nodes(plan),
+        run_dir=str(run_dir),
+        not_rehearsed=list(NOT_REHEARSED),
+    )
     report.failures += [f"seal plan cannot place the recipe: {p}" for p in plan.problems if "cannot be placed" in p]
     report.failures += [f"seal plan: {p}" for p in plan.problems if "cannot be placed" not in p]
     if any("cannot be placed" in p for p in plan.problems):
         return _finish(report, args)  # nothing to rehearse: the cluster could not start it either
     if not address:  # on the user's CPU nodes the network between them is real
-        report.not_rehearsed.append("the network between nodes: the logical nodes share this machine's address "
-                                    "(tests/integration/test_two_hosts.py runs two real hosts)")
-    _rehearse(report, target, user, address, hardware, run_dir, steps, tp, float(getattr(args, "timeout", None) or 1800.0),
-              quiet=bool(getattr(args, "json", False) or getattr(args, "quiet", False)))
+        report.not_rehearsed.append(
+            "the network between nodes: the logical nodes share this machine's address "
+            "(tests/integration/test_two_hosts.py runs two real hosts)"
+        )
+    _rehearse(
+        report,
+        target,
+        user,
+        address,
+        hardware,
+        run_dir,
+        steps,
+        tp,
+        float(getattr(args, "timeout", None) or 1800.0),
+        quiet=bool(getattr(args, "json", False) or getattr(args, "quiet", False)),
+    )
     return _finish(report, args)
 
 
@@ -154,9 +208,11 @@ def _finish(report, args) -> int:
     return 0
 
 
-def _rehearse(report, target, user, address, hardware, run_dir: Path, steps: int, tp: int, timeout_s: float, quiet: bool) -> None:
-    from seal.run.progress import Progress
+def _rehearse(
+    report, target, user, address, hardware, run_dir: Path, steps: int, tp: int, timeout_s: float, quiet: bool
+) -> None:
     from seal.commands.rehearse_cluster import LocalCluster, MemorySampler, Watchdog, alive_nodes, node_specs
+    from seal.run.progress import Progress
 
     memory = MemorySampler().start()
     watchdog = Watchdog(timeout_s)
@@ -170,12 +226,18 @@ def _rehearse(report, target, user, address, hardware, run_dir: Path, steps: int
         if not address:
             watchdog.phase = "starting the local cluster"
             local = LocalCluster(node_specs(hardware)).start()
-        overrides = rehearsal_overrides(target, user, address or local.address, str(run_dir), steps, model, local is not None)
+        overrides = rehearsal_overrides(
+            target, user, address or local.address, str(run_dir), steps, model, local is not None
+        )
         report.command = "seal train " + " ".join(overrides)
-        report.cluster = {"kind": f"the cluster at {address}" if address else
-                          f"a local Ray cluster of {len(local.nodes)} logical node{'s' * (len(local.nodes) > 1)} "
-                          f"x {hardware.gpus_per_node} logical GPUs", "address": address or local.address,
-                          "ray_logs": local.logs_dir() if local is not None else "each node's /tmp/ray/session_latest/logs"}
+        report.cluster = {
+            "kind": f"the cluster at {address}"
+            if address
+            else f"a local Ray cluster of {len(local.nodes)} logical node{'s' * (len(local.nodes) > 1)} "
+            f"x {hardware.gpus_per_node} logical GPUs",
+            "address": address or local.address,
+            "ray_logs": local.logs_dir() if local is not None else "each node's /tmp/ray/session_latest/logs",
+        }
         pipeline = _start_pipeline(overrides, run_dir, Progress(quiet=quiet), watchdog)
         report.cluster["nodes"] = alive_nodes()
         watchdog.phase = f"running {steps} steps"
@@ -210,8 +272,10 @@ def failure_line(exc: BaseException) -> str:
     text = one_line(getattr(exc, "error_msg", None) or exc) or exc.__class__.__name__
     if "out of memory" in text.lower() or "OutOfMemoryError" in text:
         head = text.split(": Refer to the documentation")[0].split(": Task was killed")[0]
-        return (f"{head}: killed by Ray's memory monitor: this machine ran out of memory for the rehearsal "
-                f"(a limit of the machine rehearsing, not of the topology; more memory or fewer other processes)")
+        return (
+            f"{head}: killed by Ray's memory monitor: this machine ran out of memory for the rehearsal "
+            f"(a limit of the machine rehearsing, not of the topology; more memory or fewer other processes)"
+        )
     # Ray's guesses at why a worker died follow its facts; the actor's stack is in Ray's worker log.
     cut = text.split(" Some common causes include")[0]
     return (cut + " (its stack: worker-*.err under the report's Ray logs)" if cut != text else text)[:600]
@@ -233,7 +297,13 @@ def _start_pipeline(overrides: list[str], run_dir: Path, progress, watchdog):
 
 def _read_out(report, pipeline, target, steps: int) -> None:
     """Everything the report states, read from the pipeline and its run directory; judged here."""
-    from seal.commands.rehearse_report import Landing, NodeShape, checkpoint_problems, checkpoint_shards, compare_placement
+    from seal.commands.rehearse_report import (
+        Landing,
+        NodeShape,
+        checkpoint_problems,
+        checkpoint_shards,
+        compare_placement,
+    )
     from seal.runtime.storage import checkpoint_dir
 
     cfg = pipeline.cfg
@@ -243,27 +313,50 @@ def _read_out(report, pipeline, target, steps: int) -> None:
     try:
         ranks = pipeline.learner_ranks()
     except Exception as exc:  # noqa: BLE001 - the group is gone (a rank died): its nodes are still known
-        ranks = [{**node, "rank": r} for r, node in enumerate(pipeline.actors.learners.nodes)] if pipeline.actors else []
+        ranks = (
+            [{**node, "rank": r} for r, node in enumerate(pipeline.actors.learners.nodes)] if pipeline.actors else []
+        )
         report.failures.append(f"the learner group does not answer after the run: {str(exc).splitlines()[0][:300]}")
     replicas = pipeline.replica_nodes() if pipeline.actors else {}
-    report.landings = [Landing("learner", f"rank {r['rank']}", r.get("node_id", "?"), r.get("ip", "?"), pipeline.cluster.learner.num_gpus)
-                       for r in ranks] + [Landing("generator", name, n["node_id"], n["ip"], gpus) for name, n in replicas.items()]
+    report.landings = [
+        Landing(
+            "learner", f"rank {r['rank']}", r.get("node_id", "?"), r.get("ip", "?"), pipeline.cluster.learner.num_gpus
+        )
+        for r in ranks
+    ] + [Landing("generator", name, n["node_id"], n["ip"], gpus) for name, n in replicas.items()]
     node_ids = [n["node_id"] for n in report.cluster.get("nodes", [])]
     if report.plan and report.landings:
-        report.failures += compare_placement([NodeShape(p["learner"], p["generator"]) for p in report.plan], report.landings, node_ids)
+        report.failures += compare_placement(
+            [NodeShape(p["learner"], p["generator"]) for p in report.plan], report.landings, node_ids
+        )
     # The groups.
     shares = [f"rank {r['rank']} holds {r['held'] / r['total']:.0%}" for r in ranks if r.get("total")]
-    report.groups.append({"name": "learner training group", "world_size": len(ranks), "backend": "gloo (nccl on the GPUs)",
-                          "detail": f"ZeRO-{stage}" + (": " + ", ".join(shares) + " of the parameters" if shares else "")})
+    report.groups.append(
+        {
+            "name": "learner training group",
+            "world_size": len(ranks),
+            "backend": "gloo (nccl on the GPUs)",
+            "detail": f"ZeRO-{stage}" + (": " + ", ".join(shares) + " of the parameters" if shares else ""),
+        }
+    )
     if deepspeed and stage == 3 and world > 1 and any(r.get("held") == r.get("total") for r in ranks if r.get("total")):
         report.failures.append(f"ZeRO-3 did not partition the model over the {world} learner ranks")
     for g in getattr(pipeline, "weight_groups", []):
         want = 1 + len(replicas) * tp
-        report.groups.append({"name": "weight group", "world_size": g["world_size"], "backend": f"{g['backend']} through vLLM's "
-                              "weight-transfer engine seal_gloo (its nccl engine on the GPUs)",
-                              "detail": ", ".join(f"{k}: ranks {v}" for k, v in g["ranks"].items()) + f"; {g['tensors']} tensors a round"})
+        report.groups.append(
+            {
+                "name": "weight group",
+                "world_size": g["world_size"],
+                "backend": f"{g['backend']} through vLLM's "
+                "weight-transfer engine seal_gloo (its nccl engine on the GPUs)",
+                "detail": ", ".join(f"{k}: ranks {v}" for k, v in g["ranks"].items())
+                + f"; {g['tensors']} tensors a round",
+            }
+        )
         if g["world_size"] != want:
-            report.failures.append(f"the weight group has {g['world_size']} ranks where 1 + {len(replicas)} replicas x TP {tp} = {want}")
+            report.failures.append(
+                f"the weight group has {g['world_size']} ranks where 1 + {len(replicas)} replicas x TP {tp} = {want}"
+            )
     if cfg.generator.get("weight_sync") == "broadcast" and not getattr(pipeline, "weight_groups", []):
         report.failures.append("the weight group (weight_sync=broadcast) never formed")
     # Weights per replica.
@@ -274,26 +367,47 @@ def _read_out(report, pipeline, target, steps: int) -> None:
         report.weights[name] = [records[v] for v in sorted(records)]
         missing = [v for v in range(1, final + 1) if not records.get(v, {}).get("confirmed")]
         if missing:
-            report.failures.append(f"generator replica {name} did not confirm weight version(s) {', '.join(map(str, missing))}")
-        worst = [(v, r["canary_diff"]) for v, r in records.items() if r.get("canary_diff") is not None and r["canary_diff"] > limit]
+            report.failures.append(
+                f"generator replica {name} did not confirm weight version(s) {', '.join(map(str, missing))}"
+            )
+        worst = [
+            (v, r["canary_diff"])
+            for v, r in records.items()
+            if r.get("canary_diff") is not None and r["canary_diff"] > limit
+        ]
         if worst:
-            report.failures.append(f"generator replica {name}: canary logprobs differ from the learner's by {worst[0][1]:.3g} "
-                                   f"(> {limit:g}) at v{worst[0][0]}")
+            report.failures.append(
+                f"generator replica {name}: canary logprobs differ from the learner's by {worst[0][1]:.3g} "
+                f"(> {limit:g}) at v{worst[0][0]}"
+            )
         if final and not any(r.get("canary_diff") is not None for r in records.values()):
             report.failures.append(f"generator replica {name}: no canary came back")
     fleet = pipeline.actors.generators if pipeline.actors else None
-    if fleet is not None and (fleet.counters.restores or fleet.counters.update_timeouts or fleet.counters.canary_failures):
+    if fleet is not None and (
+        fleet.counters.restores or fleet.counters.update_timeouts or fleet.counters.canary_failures
+    ):
         c = fleet.counters
-        report.failures.append(f"generator replicas failed during the rehearsal: {', '.join(c.failed_replicas) or '?'} "
-                               f"({c.update_timeouts} update timeouts, {c.canary_failures} canary failures, {c.restores} restores)")
+        report.failures.append(
+            f"generator replicas failed during the rehearsal: {', '.join(c.failed_replicas) or '?'} "
+            f"({c.update_timeouts} update timeouts, {c.canary_failures} canary failures, {c.restores} restores)"
+        )
     # Checkpoints, snapshot, steps.
     report.checkpoints = checkpoint_shards(checkpoint_dir(pipeline.storage))
     rows = _metrics(pipeline.run_dir)
-    report.steps = [{"step": r["step"], "step_s": r.get("step_s", 0.0), "learner_s": (r.get("wait_s") or {}).get("learner"),
-                     "publish_s": r.get("publish_s")} for r in rows]
+    report.steps = [
+        {
+            "step": r["step"],
+            "step_s": r.get("step_s", 0.0),
+            "learner_s": (r.get("wait_s") or {}).get("learner"),
+            "publish_s": r.get("publish_s"),
+        }
+        for r in rows
+    ]
     rounds_failed = max((int(r.get("weight_rounds_failed") or 0) for r in rows), default=0)  # cumulative per run
     if rounds_failed:
-        report.failures.append(f"{rounds_failed} weight broadcast round(s) failed (a replica left the weight group; see the run log)")
+        report.failures.append(
+            f"{rounds_failed} weight broadcast round(s) failed (a replica left the weight group; see the run log)"
+        )
     if len(rows) < steps and not report.failures:
         report.failures.append(f"{len(rows)} of {steps} steps finished")
     if rows:
@@ -321,5 +435,11 @@ def _snapshot(run_dir: Path, steps: int) -> dict[str, Any]:
         return {}
     weights = Path(run_dir) / last["weights"]
     files = sorted(p.name for p in weights.iterdir()) if weights.is_dir() else []
-    return {"name": last["name"], "step": last["step"], "policy_version": last["policy_version"], "weights": str(weights),
-            "files": len(files), "file_names": files}
+    return {
+        "name": last["name"],
+        "step": last["step"],
+        "policy_version": last["policy_version"],
+        "weights": str(weights),
+        "files": len(files),
+        "file_names": files,
+    }

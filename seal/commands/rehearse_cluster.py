@@ -11,6 +11,7 @@ affinities resolve as they would there. What it does not have is a network betwe
 Memory is sampled while the rehearsal runs: the resident set of this process and every process
 under it (the raylets and their workers: learner ranks, vLLM engines and their TP workers).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,6 +29,7 @@ OBJECT_STORE_BYTES = 512 * 2**20  # per node: the tiny model's weights are ~30 M
 @dataclass(frozen=True)
 class NodeSpec:
     """One logical node: what it declares to Ray."""
+
     cpus: int
     gpus: int
 
@@ -35,20 +37,29 @@ class NodeSpec:
 @dataclass
 class LocalCluster:
     """A Ray cluster of ``nodes`` raylets on this machine; ``address`` is what drivers join."""
+
     nodes: list[NodeSpec]
     cluster: Any = None
     address: str = ""
     _saved_env: dict[str, str | None] = field(default_factory=dict)
 
-    def start(self) -> "LocalCluster":
+    def start(self) -> LocalCluster:
         from ray.cluster_utils import Cluster
 
         for key, value in {**RAYLET_ENV, "RAY_AUTH_MODE": "disabled"}.items():
             self._saved_env[key] = os.environ.get(key)
             os.environ.setdefault(key, value)
         head, *rest = self.nodes
-        self.cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-            "num_cpus": head.cpus, "num_gpus": head.gpus, "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES})
+        self.cluster = Cluster(
+            initialize_head=True,
+            connect=False,
+            head_node_args={
+                "num_cpus": head.cpus,
+                "num_gpus": head.gpus,
+                "include_dashboard": False,
+                "object_store_memory": OBJECT_STORE_BYTES,
+            },
+        )
         for node in rest:
             self.cluster.add_node(num_cpus=node.cpus, num_gpus=node.gpus, object_store_memory=OBJECT_STORE_BYTES)
         self.cluster.wait_for_nodes()
@@ -82,8 +93,15 @@ def alive_nodes() -> list[dict[str, Any]]:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     head = ray.get_runtime_context().get_node_id()
     nodes.sort(key=lambda n: (n["NodeID"] != head, n["NodeID"]))
-    return [{"node_id": n["NodeID"], "ip": n.get("NodeManagerAddress", "?"), "GPU": n.get("Resources", {}).get("GPU", 0.0),
-             "CPU": n.get("Resources", {}).get("CPU", 0.0)} for n in nodes]
+    return [
+        {
+            "node_id": n["NodeID"],
+            "ip": n.get("NodeManagerAddress", "?"),
+            "GPU": n.get("Resources", {}).get("GPU", 0.0),
+            "CPU": n.get("Resources", {}).get("CPU", 0.0),
+        }
+        for n in nodes
+    ]
 
 
 class MemorySampler:
@@ -95,7 +113,7 @@ class MemorySampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rehearse-memory", daemon=True)
 
-    def start(self) -> "MemorySampler":
+    def start(self) -> MemorySampler:
         self._thread.start()
         return self
 
@@ -136,7 +154,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._loop, name="rehearse-watchdog", daemon=True)
         self._started = time.monotonic()
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         self._thread.start()
         return self
 

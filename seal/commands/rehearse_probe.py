@@ -11,6 +11,7 @@ of what a report needs and the run does not record (seal/commands/rehearse.py dr
 The read-outs wrap the fleet's own methods on this run's fleet object and call them unchanged;
 the canary difference is computed again from the replica's answer (the same max |a - b|).
 """
+
 from __future__ import annotations
 
 import time
@@ -45,9 +46,14 @@ class ProbedPublisher(WeightPublisher):
         finally:
             del fleet.join_weight_group  # the class's own method again
         ranks = ray.get(seen["refs"])  # already awaited by the publisher: their answers
-        self.weight_groups.append({"world_size": seen["world"], "backend": seen["backend"],
-                                   "ranks": {"learner rank 0": [0], **dict(zip(seen["names"], ranks))},
-                                   "tensors": len(self.group_meta or [])})
+        self.weight_groups.append(
+            {
+                "world_size": seen["world"],
+                "backend": seen["backend"],
+                "ranks": {"learner rank 0": [0], **dict(zip(seen["names"], ranks))},
+                "tensors": len(self.group_meta or []),
+            }
+        )
 
 
 class RehearsalPipeline(Pipeline):
@@ -77,8 +83,12 @@ class RehearsalPipeline(Pipeline):
             seconds = published(ref)
             if entry is not None:
                 name, version, _ = entry
-                self.updates.setdefault(name, {})[version] = {"version": version, "confirmed": seconds is not None,
-                                                              "update_s": seconds, "canary_diff": None}
+                self.updates.setdefault(name, {})[version] = {
+                    "version": version,
+                    "confirmed": seconds is not None,
+                    "update_s": seconds,
+                    "canary_diff": None,
+                }
             return seconds
 
         def on_poll():
@@ -91,8 +101,12 @@ class RehearsalPipeline(Pipeline):
                     got = ray.get(ref, timeout=0)
                 except Exception:  # the replica died: its record stays without a canary
                     continue
-                diff = float("inf") if len(got) != len(want) else max((abs(a - b) for a, b in zip(got, want)), default=0.0)
-                self.updates.setdefault(name, {}).setdefault(version, {"version": version, "confirmed": True, "update_s": None})
+                diff = (
+                    float("inf") if len(got) != len(want) else max((abs(a - b) for a, b in zip(got, want)), default=0.0)
+                )
+                self.updates.setdefault(name, {}).setdefault(
+                    version, {"version": version, "confirmed": True, "update_s": None}
+                )
                 self.updates[name][version]["canary_diff"] = diff
 
         def on_expect(version, logprobs):
@@ -124,7 +138,10 @@ class RehearsalPipeline(Pipeline):
         if len(group.actors) != len(nodes):
             return [{**node, "rank": r} for r, node in enumerate(nodes)]
         shares = group.param_shares()
-        return [{**node, "rank": r, "held": s["held"], "total": s["total"]} for r, (node, s) in enumerate(zip(nodes, shares))]
+        return [
+            {**node, "rank": r, "held": s["held"], "total": s["total"]}
+            for r, (node, s) in enumerate(zip(nodes, shares))
+        ]
 
     def replica_nodes(self) -> dict[str, dict[str, str]]:
         from seal.runtime.placement import actor_nodes

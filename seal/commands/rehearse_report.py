@@ -6,13 +6,15 @@ cluster's, and `seal plan`'s nodes are interchangeable, so the question is wheth
 of (learner ranks, generator replicas) per node is the one the plan states. A learner spread
 over more nodes than the plan packs it on is named first: ZeRO's gathers would cross nodes.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 REPORT_JSON = "rehearsal.json"
 REPORT_TEXT = "rehearsal.txt"
@@ -21,6 +23,7 @@ REPORT_TEXT = "rehearsal.txt"
 @dataclass(frozen=True)
 class Landing:
     """Where one learner rank or generator replica runs."""
+
     role: str  # learner | generator
     name: str  # "rank 0" | the replica's actor name
     node_id: str
@@ -31,18 +34,24 @@ class Landing:
 @dataclass(frozen=True)
 class NodeShape:
     """What one node holds: learner ranks and generator replicas."""
+
     learners: int
     generators: int
 
     def text(self) -> str:
-        parts = [f"learner x{self.learners}" if self.learners else "", f"generator x{self.generators}" if self.generators else ""]
+        parts = [
+            f"learner x{self.learners}" if self.learners else "",
+            f"generator x{self.generators}" if self.generators else "",
+        ]
         return " + ".join(p for p in parts if p) or "nothing"
 
 
 def plan_shapes(layout) -> list[NodeShape]:
     """Per node of `seal plan`'s layout (seal/plan_layout.Layout): its learner ranks and replicas."""
-    return [NodeShape(sum(d.role == "learner" for d in n.placed), sum(d.role == "generator" for d in n.placed))
-            for n in layout.nodes]
+    return [
+        NodeShape(sum(d.role == "learner" for d in n.placed), sum(d.role == "generator" for d in n.placed))
+        for n in layout.nodes
+    ]
 
 
 def landed_shapes(landings: Sequence[Landing], node_ids: Sequence[str]) -> dict[str, NodeShape]:
@@ -68,17 +77,27 @@ def compare_placement(plan: Sequence[NodeShape], landings: Sequence[Landing], no
             problems.append(f"{got_n} {what} placed where seal plan places {want_n}")
     want_l, got_l = _counts(plan, "learners"), _counts(list(got.values()), "learners")
     if len(got_l) > len(want_l):
-        ranks = {node: [x.name.split()[-1] for x in landings if x.role == "learner" and x.node_id == node] for node in got}
+        ranks = {
+            node: [x.name.split()[-1] for x in landings if x.role == "learner" and x.node_id == node] for node in got
+        }
         where = "; ".join(f"ranks {','.join(r)} on node {node[:8]}" for node, r in ranks.items() if r)
-        problems.append(f"learner split over {len(got_l)} nodes ({' + '.join(map(str, got_l))} ranks: {where}) where seal plan "
-                        f"places it on {len(want_l)} ({' + '.join(map(str, want_l))}): ZeRO's gathers would cross nodes")
+        problems.append(
+            f"learner split over {len(got_l)} nodes ({' + '.join(map(str, got_l))} ranks: {where}) where seal plan "
+            f"places it on {len(want_l)} ({' + '.join(map(str, want_l))}): ZeRO's gathers would cross nodes"
+        )
     want_g, got_g = _counts(plan, "generators"), _counts(list(got.values()), "generators")
     if want_g != got_g and sum(want_g) == sum(got_g):
-        problems.append(f"generator replicas per node {' + '.join(map(str, got_g))} where seal plan places "
-                        f"{' + '.join(map(str, want_g))}")
+        problems.append(
+            f"generator replicas per node {' + '.join(map(str, got_g))} where seal plan places "
+            f"{' + '.join(map(str, want_g))}"
+        )
     if not problems and sorted(got.values(), key=_key) != sorted(plan, key=_key):
-        problems.append("placement differs from seal plan: nodes hold " + " | ".join(s.text() for s in sorted(got.values(), key=_key))
-                        + " where the plan has " + " | ".join(s.text() for s in sorted(plan, key=_key)))
+        problems.append(
+            "placement differs from seal plan: nodes hold "
+            + " | ".join(s.text() for s in sorted(got.values(), key=_key))
+            + " where the plan has "
+            + " | ".join(s.text() for s in sorted(plan, key=_key))
+        )
     return problems
 
 
@@ -114,15 +133,24 @@ def checkpoint_shards(ckpt: Path) -> dict[str, Any]:
             shared.append(entry)
         else:
             ranks.setdefault(str(rank), []).append(entry)
-    return {"dir": str(ckpt), "tag": tags[-1].name if tags else None, "tags": [t.name for t in tags],
-            "ranks": dict(sorted(ranks.items(), key=lambda kv: int(kv[0]))), "shared": shared}
+    return {
+        "dir": str(ckpt),
+        "tag": tags[-1].name if tags else None,
+        "tags": [t.name for t in tags],
+        "ranks": dict(sorted(ranks.items(), key=lambda kv: int(kv[0]))),
+        "shared": shared,
+    }
 
 
 def checkpoint_problems(shards: Mapping[str, Any], world_size: int, deepspeed: bool) -> list[str]:
     ranks = shards.get("ranks", {})
     if deepspeed and shards.get("tag") is None:
         return [f"no DeepSpeed checkpoint tag under {shards['dir']}"]
-    missing = [r for r in range(world_size) if not any("zero_pp_rank" in f["file"] or not deepspeed for f in ranks.get(str(r), []))]
+    missing = [
+        r
+        for r in range(world_size)
+        if not any("zero_pp_rank" in f["file"] or not deepspeed for f in ranks.get(str(r), []))
+    ]
     return [f"learner rank {r} wrote no checkpoint shard under {shards['dir']}" for r in missing]
 
 
@@ -165,29 +193,52 @@ def _node_label(node_ids: Sequence[str], node: str) -> str:
 
 def report_text(r: Report) -> str:
     nodes = [n["node_id"] for n in r.cluster.get("nodes", [])]
-    lines = [f"seal rehearse: {r.recipe} on {r.cluster.get('kind', '?')} ({len(nodes)} node{'s' * (len(nodes) != 1)})",
-             f"ran: {r.command}"] + ([f"Ray logs: {r.cluster['ray_logs']}"] if r.cluster.get("ray_logs") else []) + [""]
+    lines = (
+        [
+            f"seal rehearse: {r.recipe} on {r.cluster.get('kind', '?')} ({len(nodes)} node{'s' * (len(nodes) != 1)})",
+            f"ran: {r.command}",
+        ]
+        + ([f"Ray logs: {r.cluster['ray_logs']}"] if r.cluster.get("ray_logs") else [])
+        + [""]
+    )
     lines.append("placement (rehearsal node: what landed | seal plan):")
     shapes = landed_shapes(r.landings, nodes)
     for i, node in enumerate(nodes):
         here = [x for x in r.landings if x.node_id == node]
-        names = ", ".join(f"learner {x.name} ({x.gpus:g} GPU)" if x.role == "learner" else f"replica {x.name.rsplit('-', 1)[-1]} ({x.gpus:g} GPUs)"
-                          for x in here) or "nothing"
+        names = (
+            ", ".join(
+                f"learner {x.name} ({x.gpus:g} GPU)"
+                if x.role == "learner"
+                else f"replica {x.name.rsplit('-', 1)[-1]} ({x.gpus:g} GPUs)"
+                for x in here
+            )
+            or "nothing"
+        )
         ip = next((n["ip"] for n in r.cluster["nodes"] if n["node_id"] == node), "?")
         lines.append(f"  node {i} ({node[:8]}, {ip}): {names}  [{shapes[node].text()}]")
     if r.plan:
-        lines.append("  seal plan: " + " | ".join(f"{p['name']}: {NodeShape(p['learner'], p['generator']).text()}" for p in r.plan))
+        lines.append(
+            "  seal plan: "
+            + " | ".join(f"{p['name']}: {NodeShape(p['learner'], p['generator']).text()}" for p in r.plan)
+        )
     lines.append("")
     lines.append("collective groups:")
     for g in r.groups:
-        lines.append(f"  {g['name']}: world size {g['world_size']}, {g['backend']}" + (f"; {g['detail']}" if g.get("detail") else ""))
+        lines.append(
+            f"  {g['name']}: world size {g['world_size']}, {g['backend']}"
+            + (f"; {g['detail']}" if g.get("detail") else "")
+        )
     if not r.groups:
         lines.append("  none formed")
     lines.append("")
     lines.append("weights per replica (version: confirmed, canary max |logprob diff|):")
     for name, versions in r.weights.items():
-        cells = ", ".join(f"v{v['version']}: " + ("ok" if v.get("confirmed") else "NOT confirmed")
-                          + (f" {v['canary_diff']:.2g}" if v.get("canary_diff") is not None else " no canary") for v in versions)
+        cells = ", ".join(
+            f"v{v['version']}: "
+            + ("ok" if v.get("confirmed") else "NOT confirmed")
+            + (f" {v['canary_diff']:.2g}" if v.get("canary_diff") is not None else " no canary")
+            for v in versions
+        )
         lines.append(f"  {name}: {cells or 'no update'}")
     lines.append("")
     ck = r.checkpoints
@@ -196,9 +247,17 @@ def report_text(r: Report) -> str:
         for rank, files in ck.get("ranks", {}).items():
             lines.append(f"  rank {rank}: " + ", ".join(f"{Path(f['file']).name} ({f['mb']:.1f} MB)" for f in files))
     if r.snapshot:
-        lines.append(f"snapshot {r.snapshot.get('name')}: {r.snapshot.get('weights')} ({r.snapshot.get('files', 0)} files)")
+        lines.append(
+            f"snapshot {r.snapshot.get('name')}: {r.snapshot.get('weights')} ({r.snapshot.get('files', 0)} files)"
+        )
     lines.append("")
-    lines.append("steps: " + (", ".join(f"{s['step']}: {s['step_s']:.1f} s (learner {s.get('learner_s') or 0:.1f} s)" for s in r.steps) or "none"))
+    lines.append(
+        "steps: "
+        + (
+            ", ".join(f"{s['step']}: {s['step_s']:.1f} s (learner {s.get('learner_s') or 0:.1f} s)" for s in r.steps)
+            or "none"
+        )
+    )
     mem = f", peak memory {r.peak_rss_gb:.1f} GB (Ray processes' RSS)" if r.peak_rss_gb is not None else ""
     lines.append(f"wall time {r.wall_s:.0f} s{mem}")
     lines.append("")

@@ -1,4 +1,5 @@
 """`seal rollout` (tagged training trajectories) and `seal eval` (raw interface, greedy)."""
+
 from __future__ import annotations
 
 import json
@@ -32,17 +33,23 @@ def choose_tasks(cfg, env, interface, default_ids: list[str], named: str | None)
     if named is not None:
         ids = [t.strip() for t in named.split(",")]
         if not all(ids):
-            raise CliError(f"--task-ids takes comma-separated task ids, e.g. {','.join(env.task_ids('all')[:2])}; got {named!r}")
+            raise CliError(
+                f"--task-ids takes comma-separated task ids, e.g. {','.join(env.task_ids('all')[:2])}; got {named!r}"
+            )
         known = set(env.task_ids("all"))
         if unknown := [t for t in ids if t not in known]:
-            raise CliError(f"unknown task id{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for env {type(env).__name__}")
+            raise CliError(
+                f"unknown task id{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for env {type(env).__name__}"
+            )
     if not ids:
         raise CliError("no tasks to play (check --split and the task count)")
     fit = fit_tasks(chat_tokenizer(cfg), env, interface, ids, prompt_room(cfg))
     if named is not None and fit.overlong:
         (task, length), more = fit.overlong[0], len(fit.overlong) - 1
-        raise CliError(f"task {task}: its opening prompt is {length} tokens, longer than {room_text(cfg)}"
-                       + (f"; {more} more named task(s) do not fit either" if more else ""))
+        raise CliError(
+            f"task {task}: its opening prompt is {length} tokens, longer than {room_text(cfg)}"
+            + (f"; {more} more named task(s) do not fit either" if more else "")
+        )
     note = fit.note(room_text(cfg))
     if not fit.keep:
         raise CliError(f"no task left to play: {note}")
@@ -52,7 +59,11 @@ def choose_tasks(cfg, env, interface, default_ids: list[str], named: str | None)
 def _generator(cfg, instantiate):
     from rollout.chat import ChatTokenizer
 
-    print(f"starting generator ({cfg.generator._target_.rsplit('.', 1)[-1]}, model={cfg.model.path}) ...", file=sys.stderr, flush=True)
+    print(
+        f"starting generator ({cfg.generator._target_.rsplit('.', 1)[-1]}, model={cfg.model.path}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     from seal.runtime.generator_fleet import local_generator
 
     generator = local_generator(cfg.generator)
@@ -83,16 +94,28 @@ def rollout(args) -> int:
     t0 = time.perf_counter()
     with open(args.out, "w", encoding="utf-8") as out:
         for i, task_id in enumerate(tqdm(ids, desc="groups", unit="group")):
-            group = run_group(make_env, generator, chat, task_id, args.n, sampling, interface,
-                              group_id=f"g{i:05d}", seed=cfg.seed + i, stats=stats)
+            group = run_group(
+                make_env,
+                generator,
+                chat,
+                task_id,
+                args.n,
+                sampling,
+                interface,
+                group_id=f"g{i:05d}",
+                seed=cfg.seed + i,
+                stats=stats,
+            )
             for traj in group:
                 out.write(json.dumps(traj.to_dict()) + "\n")
                 tags.update(traj.tags)
                 rewards.append(traj.reward)
     seconds = time.perf_counter() - t0
     print(f"wrote {len(rewards)} trajectories ({len(ids)} groups of {args.n}) to {args.out} in {seconds:.0f} s")
-    print(f"mean reward {sum(rewards) / len(rewards):.3f}; {stats.generated_tokens} generated tokens "
-          f"({stats.generated_tokens / max(stats.generate_s, 1e-9):.1f} tokens/s); prefix-cache hit rate {stats.prefix_cache_hit_rate:.1%}")
+    print(
+        f"mean reward {sum(rewards) / len(rewards):.3f}; {stats.generated_tokens} generated tokens "
+        f"({stats.generated_tokens / max(stats.generate_s, 1e-9):.1f} tokens/s); prefix-cache hit rate {stats.prefix_cache_hit_rate:.1%}"
+    )
     total = sum(tags.values())
     for tag, count in tags.most_common():
         print(f"  {tag:<28}{count:>6}  {'#' * max(1, round(40 * count / total))}")
@@ -102,9 +125,8 @@ def rollout(args) -> int:
 def evaluate(args) -> int:
     from tqdm import tqdm
 
-    from rollout.play import run_group
     from env_pool.interface.state import RAW_INTERFACE
-
+    from rollout.play import run_group
     from seal.errors import CliError
 
     if args.task_ids is not None and (args.split is not None or args.limit is not None):
@@ -124,7 +146,16 @@ def evaluate(args) -> int:
     by_cat: dict[str, list[float]] = defaultdict(list)
     outcomes: Counter = Counter()
     for i, task_id in enumerate(tqdm(ids, desc="eval", unit="task")):
-        (traj,) = run_group(make_env, generator, chat, task_id, 1, replace(sampling, seed=cfg.seed), RAW_INTERFACE, group_id=f"eval{i:05d}")
+        (traj,) = run_group(
+            make_env,
+            generator,
+            chat,
+            task_id,
+            1,
+            replace(sampling, seed=cfg.seed),
+            RAW_INTERFACE,
+            group_id=f"eval{i:05d}",
+        )
         by_cat[traj.category].append(traj.reward)
         outcomes[traj.outcome] += 1
     per_cat = {c: sum(v) / len(v) for c, v in sorted(by_cat.items())}

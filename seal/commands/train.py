@@ -7,6 +7,7 @@ and at the end summary.txt (the closing note it prints) and training_curves.png.
 Progress is one line per event (seal/run/progress.py); --quiet prints only errors
 and the closing note's first line.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,11 +30,20 @@ def run(args) -> int:
         return 0
     if quiet:
         _quiet_logs()
-    progress.emit("tasks", "checking which tasks' opening prompts fit the model's context (the tokenizer: a few seconds)")
+    progress.emit(
+        "tasks", "checking which tasks' opening prompts fit the model's context (the tokenizer: a few seconds)"
+    )
     tasks = _select_tasks(cfg)  # "no task fits" is one line, still before any side effect
-    progress.emit("tasks", f"{len(tasks[0])} tasks" + (
-        f"; skipping {tasks[1]} whose opening prompt does not fit the model's context ({cfg.generator.max_model_len} tokens "
-        f"with {cfg.sampling.max_new_tokens} to answer; trainer.skip_overlong=false keeps them)" if tasks[1] else ""))
+    progress.emit(
+        "tasks",
+        f"{len(tasks[0])} tasks"
+        + (
+            f"; skipping {tasks[1]} whose opening prompt does not fit the model's context ({cfg.generator.max_model_len} tokens "
+            f"with {cfg.sampling.max_new_tokens} to answer; trainer.skip_overlong=false keeps them)"
+            if tasks[1]
+            else ""
+        ),
+    )
 
     from seal.config import TrainerConfig
     from seal.run.driver import Pipeline
@@ -43,9 +53,12 @@ def run(args) -> int:
     resume = Path(cfg.resume) if cfg.resume else None
     run_dir = create_run_dir(str(resume) if resume else cfg.run_dir, cfg, list(args.overrides))
     learner = f"ZeRO-{cfg.learner.cfg.zero_stage}" if cfg.learner.cfg.backend == "deepspeed" else "torch"
-    progress.emit("run", f"{run_dir}: mode={trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} "
-                         f"learner={learner} env_actors={cfg.cluster.env_actors}; {trainer.steps} steps x "
-                         f"{trainer.groups_per_step} groups/step x {cfg.n} rollouts")
+    progress.emit(
+        "run",
+        f"{run_dir}: mode={trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} "
+        f"learner={learner} env_actors={cfg.cluster.env_actors}; {trainer.steps} steps x "
+        f"{trainer.groups_per_step} groups/step x {cfg.n} rollouts",
+    )
     pipeline = Pipeline(cfg, run_dir, resume, progress=progress, tasks=tasks)
     try:
         if resume is not None:
@@ -76,8 +89,8 @@ def _quiet_logs() -> None:
 
 
 def _select_tasks(cfg) -> tuple[list[str], int]:
-    from seal.errors import CliError
     from seal.commands.preflight import one_line
+    from seal.errors import CliError
     from seal.run.task_fit import select_tasks
 
     try:
@@ -93,9 +106,9 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
     import logging
 
     from evaluation.frozen import read_final
+    from seal.run.plot import plot_training
     from seal.run.snapshots import read_snapshots
     from seal.run.summary import CURVES_FILE, SUMMARY_FILE, summary_text
-    from seal.run.plot import plot_training
 
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     curves = True
@@ -104,8 +117,16 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
     except Exception as exc:  # noqa: BLE001 - a plot must not turn a finished run into a failed one
         logging.getLogger(__name__).error("could not draw %s: %s", CURVES_FILE, exc)
         curves = False
-    text = summary_text(rows, run_dir, wall_s, read_snapshots(run_dir), checkpoint=checkpoint, curves=curves, steps_now=steps_now,
-                        final=read_final(run_dir))
+    text = summary_text(
+        rows,
+        run_dir,
+        wall_s,
+        read_snapshots(run_dir),
+        checkpoint=checkpoint,
+        curves=curves,
+        steps_now=steps_now,
+        final=read_final(run_dir),
+    )
     (run_dir / SUMMARY_FILE).write_text(text)
     return text
 

@@ -5,6 +5,7 @@ default the root config's defaults list; setting values come from the
 composed config, so the help cannot drift from what a run uses. Hydra's
 compose is the only import that costs anything (well under a second).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,11 @@ def config_groups(root) -> list[tuple[str, list[str], str | None, str | None]]:
         options = sorted(p.stem for p in folder.glob("*.yaml"))
         if options:
             default = defaults.get(folder.name)
-            follows = default[2:-1] if isinstance(default, str) and default.startswith("${") and default.endswith("}") else None
+            follows = (
+                default[2:-1]
+                if isinstance(default, str) and default.startswith("${") and default.endswith("}")
+                else None
+            )
             groups.append((folder.name, options, defaults.get(follows) if follows else default, follows))
     return groups
 
@@ -57,7 +62,11 @@ def describe() -> str:
     lines = ["", "config groups (GROUP=OPTION; * marks the default, from configs/config.yaml):"]
     for group, options, default, follows in config_groups(root):
         listed = " ".join(o + ("*" if o == default else "") for o in options)
-        note = f"   (default: the {follows} group's choice)" if follows else ("" if default in options else "   (default: none)")
+        note = (
+            f"   (default: the {follows} group's choice)"
+            if follows
+            else ("" if default in options else "   (default: none)")
+        )
         lines.append(f"  {group:<18}{listed}" + note)
     cfg = compose([])
     lines += ["", "main settings (KEY=VALUE, defaults as composed):"]
@@ -65,7 +74,10 @@ def describe() -> str:
         value = OmegaConf.select(cfg, key)
         shown = "null" if value is None else str(value)
         lines.append(f"  {key:<26}{shown:<16}{meaning}")
-    lines += ["", "every other key of `seal train --cfg` takes KEY=VALUE too; --cfg prints the resolved config and exits"]
+    lines += [
+        "",
+        "every other key of `seal train --cfg` takes KEY=VALUE too; --cfg prints the resolved config and exits",
+    ]
     return "\n".join(lines)
 
 

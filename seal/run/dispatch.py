@@ -3,6 +3,7 @@ one generator replica (its prefix cache serves every turn and rollout of the gro
 the job's report, or its failure, comes back here. The trajectories themselves travel to
 the replay server on their own stream (replay/transport.py); the report only counts them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,17 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher:
-    def __init__(self, actors: ActorSet, ledger: SlotLedger, replay: ReplayServer, publisher: WeightPublisher,
-                 window: StepWindow, progress: Progress, max_new_tokens: int, filter_zero_variance: bool) -> None:
+    def __init__(
+        self,
+        actors: ActorSet,
+        ledger: SlotLedger,
+        replay: ReplayServer,
+        publisher: WeightPublisher,
+        window: StepWindow,
+        progress: Progress,
+        max_new_tokens: int,
+        filter_zero_variance: bool,
+    ) -> None:
         self.actors, self.ledger, self.replay, self.publisher = actors, ledger, replay, publisher
         self.window, self.progress = window, progress
         self.max_new_tokens, self.filter_zero_variance = max_new_tokens, filter_zero_variance
@@ -80,8 +90,14 @@ class Dispatcher:
             # the slot's bounded retries. Either way the group is given up and
             # its slot re-issued.
             crash = isinstance(exc, (ray.exceptions.RayActorError, GeneratorUnavailable))
-            log.warning("group %s (slot %d, task %s) lost on %s: %s", job.group_id, job.slot, job.task_id, name,
-                        exc.__class__.__name__ if crash else exc)
+            log.warning(
+                "group %s (slot %d, task %s) lost on %s: %s",
+                job.group_id,
+                job.slot,
+                job.task_id,
+                name,
+                exc.__class__.__name__ if crash else exc,
+            )
             self.window.note_failure(exc)
             if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
                 self.ledger.failed(job.group_id, crash=crash)

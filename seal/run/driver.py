@@ -17,6 +17,7 @@ learner and the end of each step (seal/run/learner_steps.py), weights to the gen
 replicas (seal/runtime/publisher.py), the run's position, checkpoints and snapshots
 (seal/run/run_state.py), one metrics row per step (seal/run/step_metrics.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,14 @@ class Pipeline:
     # The weight publisher's class (seal/commands/rehearse_probe.py uses one that records the weight groups it forms).
     publisher_type: type[WeightPublisher] = WeightPublisher
 
-    def __init__(self, cfg, run_dir: Path, resume: Path | None = None, progress: Progress | None = None,
-                 tasks: tuple[list[str], int] | None = None) -> None:
+    def __init__(
+        self,
+        cfg,
+        run_dir: Path,
+        resume: Path | None = None,
+        progress: Progress | None = None,
+        tasks: tuple[list[str], int] | None = None,
+    ) -> None:
         """``tasks``: (task ids, overlong ones skipped) from ``select_tasks``, when the caller already chose them."""
         import ray
 
@@ -62,18 +69,35 @@ class Pipeline:
         self.storage = run_storage(run_dir, t.storage)
         record_storage(run_dir, self.storage)
         self._owns_ray = not ray.is_initialized()  # tests share one Ray session across pipelines
-        self.ledger = SlotLedger(self.task_ids, cfg.n, t.groups_per_step, t.staleness, cfg.seed, oversample=t.oversample)
-        queue = ReplayQueue(cfg.n, t.groups_per_step, max_staleness=t.staleness, stale_policy=t.stale_policy,
-                            reissue_after_s=t.reissue_after_s, filter_groups=t.filter_groups)
-        self.window = StepWindow(t.mode, int(cfg.sampling.max_new_tokens), int(cfg.learner.get("world_size", 1)),
-                                 int(cfg.generator.get("replicas", 1)), self.skipped_overlong)
+        self.ledger = SlotLedger(
+            self.task_ids, cfg.n, t.groups_per_step, t.staleness, cfg.seed, oversample=t.oversample
+        )
+        queue = ReplayQueue(
+            cfg.n,
+            t.groups_per_step,
+            max_staleness=t.staleness,
+            stale_policy=t.stale_policy,
+            reissue_after_s=t.reissue_after_s,
+            filter_groups=t.filter_groups,
+        )
+        self.window = StepWindow(
+            t.mode,
+            int(cfg.sampling.max_new_tokens),
+            int(cfg.learner.get("world_size", 1)),
+            int(cfg.generator.get("replicas", 1)),
+            self.skipped_overlong,
+        )
         self.keys: RunKeys | None = None
         self.replay: ReplayServer | None = None
         self.actors: ActorSet | None = None
         self.control: ControlServer | None = None
         try:
             with self.progress.timed("ray", f"starting Ray ({self.cluster.address or 'local'})", "Ray up"):
-                start_ray(self.cluster, learner_ranks=int(cfg.learner.get("world_size", 1)), replicas=int(cfg.generator.get("replicas", 1)))
+                start_ray(
+                    self.cluster,
+                    learner_ranks=int(cfg.learner.get("world_size", 1)),
+                    replicas=int(cfg.generator.get("replicas", 1)),
+                )
             check_reachable(self.cluster)
             transport = instantiate(cfg.transport)
             # This run's CURVE keys (replay/auth.py), in this process's memory: env actors get
@@ -81,8 +105,13 @@ class Pipeline:
             self.keys = RunKeys.generate() if transport.curve else None
             self.replay = ReplayServer(queue, transport, self.keys)
             with self.progress.timed("engine", f"starting {engines_text(cfg)}", "generator and learner ready"):
-                self.actors = ActorSet(cfg, self.cluster, self.replay.address, storage=str(self.storage),
-                                       replay_keys=self.replay.client_keys)
+                self.actors = ActorSet(
+                    cfg,
+                    self.cluster,
+                    self.replay.address,
+                    storage=str(self.storage),
+                    replay_keys=self.replay.client_keys,
+                )
             self._start(resume)
         except BaseException:
             self.close()  # no actor, socket or Ray session outlives a failed start
@@ -91,26 +120,52 @@ class Pipeline:
     def _start(self, resume: Path | None) -> None:
         t, actors = self.trainer, self.actors
         resumed = actors.learners.load_checkpoint(str(resume_checkpoint(resume))) if resume is not None else None
-        actors.start_coordinator(resumed["coordinator"] if resumed else None, closed_loop=t.closed_loop,
-                                 per_category=t.per_category_guidelines)
-        self.state = RunState(self.run_dir, self.storage, actors, self.progress, str(self.cfg.model.path),
-                              t.checkpoint_keep, resumed)
+        actors.start_coordinator(
+            resumed["coordinator"] if resumed else None,
+            closed_loop=t.closed_loop,
+            per_category=t.per_category_guidelines,
+        )
+        self.state = RunState(
+            self.run_dir, self.storage, actors, self.progress, str(self.cfg.model.path), t.checkpoint_keep, resumed
+        )
         if resumed:
             self.ledger.restore(resumed["slots"], self.state.version)
             self.replay.set_policy_version(self.state.version)
         self.publisher = self.publisher_type(
-            fleet=actors.generators, learners=actors.learners, version=self.state.version,
+            fleet=actors.generators,
+            learners=actors.learners,
+            version=self.state.version,
             broadcast=self.cfg.generator.get("weight_sync", "reload") == "broadcast",
             backend="nccl" if self.cfg.learner.cfg.device == "cuda" else "gloo",
-            canary_model=str(self.cfg.model.path) if t.weight_canary else None, canary_max_diff=t.canary_max_logprob_diff)
+            canary_model=str(self.cfg.model.path) if t.weight_canary else None,
+            canary_max_diff=t.canary_max_logprob_diff,
+        )
         self.publisher.start(resumed=resumed is not None)
         if resumed is None and self.state.needs_base_snapshot():
             self.state.snapshot(initial=True)
         lc = self.cfg.learner.cfg
-        self.dispatch = Dispatcher(actors, self.ledger, self.replay, self.publisher, self.window, self.progress,
-                                   int(self.cfg.sampling.max_new_tokens), t.filter_groups == "zero_variance")
-        self.learning = LearnerSteps(t, self.state, actors, self.replay, self.ledger, self.publisher, self.window,
-                                     self.progress, lc.mini_batch_groups, lc.old_logprobs)
+        self.dispatch = Dispatcher(
+            actors,
+            self.ledger,
+            self.replay,
+            self.publisher,
+            self.window,
+            self.progress,
+            int(self.cfg.sampling.max_new_tokens),
+            t.filter_groups == "zero_variance",
+        )
+        self.learning = LearnerSteps(
+            t,
+            self.state,
+            actors,
+            self.replay,
+            self.ledger,
+            self.publisher,
+            self.window,
+            self.progress,
+            lc.mini_batch_groups,
+            lc.old_logprobs,
+        )
         with self.progress.timed("env", f"starting {self.cluster.env_actors} env actors", "env actors ready"):
             actors.scale_env(self.cluster.env_actors)
         self._record_placement()
@@ -123,7 +178,9 @@ class Pipeline:
         by_node: dict[str, list[str]] = {}
         for kind, actors in where.items():
             for name, ip in actors.items():
-                by_node.setdefault(ip, []).append(name if kind in ("env", "generator", "coordinator") else f"{kind} {name}")
+                by_node.setdefault(ip, []).append(
+                    name if kind in ("env", "generator", "coordinator") else f"{kind} {name}"
+                )
         self.progress.emit("placement", "; ".join(f"{ip}: {', '.join(names)}" for ip, names in sorted(by_node.items())))
 
     # ------------------------------------------------------------ main loop
@@ -132,7 +189,11 @@ class Pipeline:
         target = self.state.step + steps
         guidelines = None  # the step lines show guideline changes against the interface the run starts with
         if not self.progress.quiet:
-            update = bounded_get(self.actors.coordinator.interface.remote(), COORDINATOR_TIMEOUT_S, "coordinator interface at the run's start")
+            update = bounded_get(
+                self.actors.coordinator.interface.remote(),
+                COORDINATOR_TIMEOUT_S,
+                "coordinator interface at the run's start",
+            )
             guidelines = update.state.get("active_guidelines", [])
         self.progress.run_started(target, t.groups_per_step, guidelines)
         try:
@@ -174,12 +235,21 @@ class Pipeline:
         fleet = self.actors.generators
         replicas = fleet.stats()  # a replica that does not answer (restarting) is left out
         counters = self.ledger.counters
-        return RunFacts(step=self.state.step, policy_version=self.state.version, env_actors=self.actors.target_env,
-                        filtered_total=counters.filtered, reissued=counters.reissued, replay=self.replay.counters(),
-                        control_unauthorized=self.control.unauthorized if self.control else 0,
-                        weight_rounds_failed=len(self.actors.learners.survivable_failures),
-                        publish_s=self.publisher.publish_s, generator_restores=self.publisher.restores,
-                        replicas=replicas, replica_count=len(fleet.handles), fleet=replica_metrics(fleet, replicas))
+        return RunFacts(
+            step=self.state.step,
+            policy_version=self.state.version,
+            env_actors=self.actors.target_env,
+            filtered_total=counters.filtered,
+            reissued=counters.reissued,
+            replay=self.replay.counters(),
+            control_unauthorized=self.control.unauthorized if self.control else 0,
+            weight_rounds_failed=len(self.actors.learners.survivable_failures),
+            publish_s=self.publisher.publish_s,
+            generator_restores=self.publisher.restores,
+            replicas=replicas,
+            replica_count=len(fleet.handles),
+            fleet=replica_metrics(fleet, replicas),
+        )
 
     # ------------------------------------------------------------ control
     def _on_control(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -193,11 +263,19 @@ class Pipeline:
                 self.publisher.scale(args["generators"])
             return {"env_actors": self.actors.target_env, "generators": len(self.actors.generators.handles)}
         if command == "status":
-            return {"step": self.state.step, "policy_version": self.state.version, "env_actors": self.actors.target_env,
-                    "generators": len(self.actors.generators.handles),
-                    "in_flight": len(self.dispatch.jobs), **self.ledger.counters.__dict__,
-                    "unauthorized": {"replay": self.replay.counters()["unauthorized"], "control": self.control.unauthorized},
-                    "replay_frames_by_peer": self.replay.counters()["frames_by_peer"]}
+            return {
+                "step": self.state.step,
+                "policy_version": self.state.version,
+                "env_actors": self.actors.target_env,
+                "generators": len(self.actors.generators.handles),
+                "in_flight": len(self.dispatch.jobs),
+                **self.ledger.counters.__dict__,
+                "unauthorized": {
+                    "replay": self.replay.counters()["unauthorized"],
+                    "control": self.control.unauthorized,
+                },
+                "replay_frames_by_peer": self.replay.counters()["frames_by_peer"],
+            }
         raise ValueError(f"unknown control command {command!r} (scale, status)")
 
     def close(self) -> None:

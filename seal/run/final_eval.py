@@ -8,12 +8,12 @@ one engine start. Results land in RUN_DIR/evaluation/final.json, the closing not
 (seal/run/summary.py) prints them, and TensorBoard gets them as `eval/` scalars at
 A_0's step and the final step.
 """
+
 from __future__ import annotations
 
 import gc
 from pathlib import Path
 from typing import Any
-
 
 FINAL_LOG = "final.log"
 
@@ -31,12 +31,12 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     the run has no later snapshot than A_0 or `evaluation.final=false`."""
     from omegaconf import OmegaConf
 
-    from rollout.chat import ChatTokenizer
     from evaluation.frozen import FINAL_FILE, FINAL_TASKS_FILE, final_record, final_tasks, play_snapshot, write_final
+    from rollout.chat import ChatTokenizer
     from seal.config import instantiate
     from seal.console import output_to_file
-    from seal.runtime.generator_fleet import local_generator
     from seal.run.snapshots import read_snapshots, snapshot_weights
+    from seal.runtime.generator_fleet import local_generator
 
     emit = emit or (lambda *_: None)
     (Path(run_dir) / "evaluation" / FINAL_FILE).unlink(missing_ok=True)  # a resumed run's earlier one is stale
@@ -49,13 +49,17 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     first, last = records[0], records[-1]
     env_node = OmegaConf.create(OmegaConf.to_container(cfg.env, resolve=True))
     make_env = lambda: instantiate(env_node)  # noqa: E731 - one env per episode
-    tasks = final_tasks(make_env().task_ids("test"), list(cfg.evaluation.heldout_categories),
-                        cfg.evaluation.get("final_per_category"))
+    tasks = final_tasks(
+        make_env().task_ids("test"), list(cfg.evaluation.heldout_categories), cfg.evaluation.get("final_per_category")
+    )
     sampling = final_sampling(cfg)
     details = Path(run_dir) / "evaluation" / FINAL_TASKS_FILE
     details.unlink(missing_ok=True)  # a resumed run evaluates again: its last snapshot is new
-    emit("eval", f"frozen evaluation of {first['name']} and {last['name']}: {len(tasks.task_ids)} test tasks, raw interface, "
-                 f"greedy, {sampling.max_new_tokens} new tokens per step")
+    emit(
+        "eval",
+        f"frozen evaluation of {first['name']} and {last['name']}: {len(tasks.task_ids)} test tasks, raw interface, "
+        f"greedy, {sampling.max_new_tokens} new tokens per step",
+    )
     log = Path(run_dir) / "evaluation" / FINAL_LOG
     emit("eval", f"the engine's own output goes to {log}")
     with output_to_file(log):  # vLLM's start-up and weight-load chatter, not the user's terminal
@@ -76,9 +80,16 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
             generator.close()
             del generator
             gc.collect()
-    settings = {"interface": "raw", "temperature": 0.0, "max_new_tokens": sampling.max_new_tokens, "rollouts_per_task": 1,
-                "seed": int(cfg.seed), "split": "test", "per_category": cfg.evaluation.get("final_per_category"),
-                "steps": {first["name"]: int(first["step"]), last["name"]: int(last["step"])}}
+    settings = {
+        "interface": "raw",
+        "temperature": 0.0,
+        "max_new_tokens": sampling.max_new_tokens,
+        "rollouts_per_task": 1,
+        "seed": int(cfg.seed),
+        "split": "test",
+        "per_category": cfg.evaluation.get("final_per_category"),
+        "steps": {first["name"]: int(first["step"]), last["name"]: int(last["step"])},
+    }
     record = final_record(runs[0], runs[1], tasks, settings)
     write_final(run_dir, record)
     _to_tensorboard(Path(run_dir), record)

@@ -6,6 +6,7 @@ generator replicas, the coordinator's round closed (sync mode waits for both). W
 keeps emptying the batch (``trainer.fill_patience`` batches' worth of equal-reward groups), the
 step is skipped (no update, no new version) or trains on what is ready (``trainer.unfilled``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,9 +32,19 @@ log = logging.getLogger(__name__)
 
 
 class LearnerSteps:
-    def __init__(self, trainer: TrainerConfig, state: RunState, actors: ActorSet, replay: ReplayServer,
-                 ledger: SlotLedger, publisher: WeightPublisher, window: StepWindow, progress: Progress,
-                 mini_batch_groups: int, old_logprobs: str) -> None:
+    def __init__(
+        self,
+        trainer: TrainerConfig,
+        state: RunState,
+        actors: ActorSet,
+        replay: ReplayServer,
+        ledger: SlotLedger,
+        publisher: WeightPublisher,
+        window: StepWindow,
+        progress: Progress,
+        mini_batch_groups: int,
+        old_logprobs: str,
+    ) -> None:
         self.trainer, self.state, self.actors, self.replay, self.ledger = trainer, state, actors, replay, ledger
         self.publisher, self.window, self.progress = publisher, window, progress
         self.mini_batch_groups, self.old_logprobs = mini_batch_groups, old_logprobs
@@ -51,8 +62,14 @@ class LearnerSteps:
         return self._maybe_finish()
 
     def _record_tags(self, trajs) -> None:
-        self.actors.coordinator.record.remote([TagSummary(t.task_id, t.category, t.tags, t.labels, t.reward, t.success,
-                                                          t.progress, t.interface_version) for t in trajs])
+        self.actors.coordinator.record.remote(
+            [
+                TagSummary(
+                    t.task_id, t.category, t.tags, t.labels, t.reward, t.success, t.progress, t.interface_version
+                )
+                for t in trajs
+            ]
+        )
 
     def _drain_filtered(self) -> None:
         """Zero-variance groups: their slots are done and their tags still shape the
@@ -79,11 +96,20 @@ class LearnerSteps:
                 groups = self.replay.take_batch(partial=True)
                 partial = groups is not None
             if groups is None:
-                log.warning("step %d skipped: %d groups in a row had equal rewards (trainer.unfilled=%s)",
-                            self.state.step + 1, self.window.filtered_count, t.unfilled)
+                log.warning(
+                    "step %d skipped: %d groups in a row had equal rewards (trainer.unfilled=%s)",
+                    self.state.step + 1,
+                    self.window.filtered_count,
+                    t.unfilled,
+                )
                 return self._skip()
-            log.warning("step %d runs on %d of %d groups: %d had equal rewards (trainer.unfilled=partial)",
-                        self.state.step + 1, len(groups), t.groups_per_step, self.window.filtered_count)
+            log.warning(
+                "step %d runs on %d of %d groups: %d had equal rewards (trainer.unfilled=partial)",
+                self.state.step + 1,
+                len(groups),
+                t.groups_per_step,
+                self.window.filtered_count,
+            )
         if groups is None:
             return None
         trajs = [tr for g in groups for tr in g.trajectories]
@@ -104,8 +130,11 @@ class LearnerSteps:
         """A step without a learner update: no new policy version, nothing published; the
         coordinator still closes the round (the failure profile grew by the filtered groups)."""
         self.state.step += 1
-        interface = bounded_get(self.actors.coordinator.end_round.remote(wait=self.trainer.sync), COORDINATOR_TIMEOUT_S,
-                                f"coordinator end_round of step {self.state.step} (skipped)")
+        interface = bounded_get(
+            self.actors.coordinator.end_round.remote(wait=self.trainer.sync),
+            COORDINATOR_TIMEOUT_S,
+            f"coordinator end_round of step {self.state.step} (skipped)",
+        )
         return StepOutcome([], None, interface, 0.0)
 
     def _maybe_finish(self) -> StepOutcome | None:
@@ -127,5 +156,7 @@ class LearnerSteps:
         if self.trainer.sync:  # generation waits for the new weights and interface; async goes on
             self.publisher.wait(refs)
         interface = bounded_get(round_ref, COORDINATOR_TIMEOUT_S, f"coordinator end_round of step {state.step}")
-        state.count_tokens(result["sequence_tokens"], sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports))
+        state.count_tokens(
+            result["sequence_tokens"], sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports)
+        )
         return StepOutcome(groups, result, interface, t_learn)

@@ -1,10 +1,12 @@
 """RUN_DIR/training_curves.png: reward, loss, KL, grad norm, tag weights and tag
 fractions by learner step, from the rows of metrics.jsonl. matplotlib is
 imported here only (`seal --help` stays instant)."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 NAN = float("nan")
 
@@ -32,12 +34,18 @@ def plot_training(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     reward.plot(steps, _series(rows, "trained_reward_mean"), marker=".", linestyle="--", label="trained groups")
     reward.set(title="reward (mean)", ylim=(-0.03, 1.03))
     reward.legend(fontsize=8)
-    for ax, key, title in ((axes[0][1], "loss", "loss"), (axes[0][2], "kl", "KL"), (axes[1][0], "grad_norm", "grad norm")):
+    for ax, key, title in (
+        (axes[0][1], "loss", "loss"),
+        (axes[0][2], "kl", "KL"),
+        (axes[1][0], "grad_norm", "grad norm"),
+    ):
         ax.plot(steps, _series(rows, key), marker="o")
         ax.set(title=title)
     # A tag absent from a step's failure profile had fraction 0; a weight never reported is unknown.
-    for ax, group, missing, title in ((axes[1][1], "tag_weights", NAN, "tag weights (A-Patch)"),
-                                      (axes[1][2], "tag_fractions", 0.0, "tag fractions (failure profile)")):
+    for ax, group, missing, title in (
+        (axes[1][1], "tag_weights", NAN, "tag weights (A-Patch)"),
+        (axes[1][2], "tag_fractions", 0.0, "tag fractions (failure profile)"),
+    ):
         for tag, ys in _by_tag(rows, group, missing).items():
             ax.plot(steps, ys, marker=".", label=tag)
         ax.set(title=title)

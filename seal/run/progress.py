@@ -12,13 +12,15 @@ the driver is waiting on (the remote call it made), so it costs no call to
 the learner. ``Progress(quiet=True)`` prints nothing (``seal train --quiet``,
 and pipelines built in tests or benchmarks).
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
 import sys
 import time
-from typing import Any, Iterator, Mapping, Sequence, TextIO
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TextIO
 
 KIND_WIDTH = 8
 # Above this many groups per step, group lines would flood: one line per batch's worth of groups instead.
@@ -107,9 +109,11 @@ def guideline_change(before: Sequence[str] | None, after: Sequence[str]) -> str:
 def group_done_text(report, filtered: bool) -> str:
     rate = report.generated_tokens / report.wall_s if report.wall_s > 0 else 0.0
     note = "; equal rewards: filtered" if filtered else ""
-    return (f"{report.group_id} done on {report.actor} in {duration(report.wall_s)}: {rewards_text(report.rewards)}{note}, "
-            f"{report.generated_tokens} tokens ({rate:.1f} tok/s), policy v{report.start_version}, "
-            f"interface v{report.interface_version}")
+    return (
+        f"{report.group_id} done on {report.actor} in {duration(report.wall_s)}: {rewards_text(report.rewards)}{note}, "
+        f"{report.generated_tokens} tokens ({rate:.1f} tok/s), policy v{report.start_version}, "
+        f"interface v{report.interface_version}"
+    )
 
 
 def groups_batch_text(done: int, rewards: Sequence[float], tokens: int, seconds: float, in_flight: int) -> str:
@@ -123,18 +127,28 @@ def _figure(name: str, value: Any, fmt: str = ".3f") -> str | None:
     return None if value is None else f"{name} {value:{fmt}}"
 
 
-def step_text(row: Mapping[str, Any], target: int, guidelines_before: Sequence[str] | None, seconds: float,
-              eta: float | None) -> str:
+def step_text(
+    row: Mapping[str, Any], target: int, guidelines_before: Sequence[str] | None, seconds: float, eta: float | None
+) -> str:
     """The line that closes a learner step (a row of metrics.jsonl); ``seconds`` since the previous
     step ended (the row's step_s of a first step also counts the engines' start)."""
     head = f"{row['step']}/{target}"
     if row.get("skipped"):
         head += f" skipped ({row.get('filtered_groups', 0)} groups with equal rewards, no update)"
     figures = [f"reward {row['reward_mean']:.2f}"]
-    figures += [f for f in (_figure("loss", row.get("loss")), _figure("kl", row.get("kl")),
-                            _figure("grad norm", row.get("grad_norm"), ".2f")) if f]
+    figures += [
+        f
+        for f in (
+            _figure("loss", row.get("loss")),
+            _figure("kl", row.get("kl")),
+            _figure("grad norm", row.get("grad_norm"), ".2f"),
+        )
+        if f
+    ]
     change = guideline_change(guidelines_before, row.get("active_guidelines") or [])
-    versions = f"policy v{row['policy_version']}, interface v{row['interface_version']}" + (f" ({change})" if change else "")
+    versions = f"policy v{row['policy_version']}, interface v{row['interface_version']}" + (
+        f" ({change})" if change else ""
+    )
     rate = f"{row.get('gen_tokens_per_s', 0.0):.1f} generated tok/s"
     left = "" if eta is None else ("; done" if row["step"] >= target else f"; about {duration(eta)} left")
     return f"{head}: {', '.join(figures)}; {versions}; {rate}; step {duration(seconds)}{left}"
@@ -178,7 +192,10 @@ class Progress:
 
     def group_started(self, job, actor: str, acked_version: int) -> None:
         if self.group_lines:
-            self.emit("group", f"{job.group_id} started on {actor}: task {job.task_id} (slot {job.slot}, policy v{acked_version})")
+            self.emit(
+                "group",
+                f"{job.group_id} started on {actor}: task {job.task_id} (slot {job.slot}, policy v{acked_version})",
+            )
 
     def group_done(self, report, filtered: bool, in_flight: int) -> None:
         if self.group_lines:
@@ -188,8 +205,16 @@ class Progress:
         if len(self._batch) >= self.groups_per_step:
             now = time.monotonic()
             rewards = [r for rep in self._batch for r in rep.rewards]
-            self.emit("groups", groups_batch_text(len(self._batch), rewards, sum(r.generated_tokens for r in self._batch),
-                                                  now - self._batch_started, in_flight))
+            self.emit(
+                "groups",
+                groups_batch_text(
+                    len(self._batch),
+                    rewards,
+                    sum(r.generated_tokens for r in self._batch),
+                    now - self._batch_started,
+                    in_flight,
+                ),
+            )
             self._batch, self._batch_started = [], now
 
     def learner_train(self, step: int, work: str) -> None:

@@ -1,4 +1,5 @@
 """The run directory every `seal train` writes (config, overrides, seed, code version)."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ from typing import Any
 def code_version(repo: Path) -> str:
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     if head.returncode != 0:
@@ -25,7 +28,12 @@ def create_run_dir(requested: str | None, cfg, overrides: list[str]) -> Path:
     repo = Path(__file__).resolve().parents[2]
     path = Path(requested) if requested else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     path.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {"overrides": overrides, "seed": cfg.seed, "code_version": code_version(repo), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    meta: dict[str, Any] = {
+        "overrides": overrides,
+        "seed": cfg.seed,
+        "code_version": code_version(repo),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     run_file = path / "run.json"
     if run_file.is_file():  # a resumed run: keep the original record, log the continuation
         record = json.loads(run_file.read_text())

@@ -2,23 +2,69 @@
 step), rounds.jsonl (per-round failure profile and interface state) and
 TensorBoard scalars and text. docs/main-job.md's "TensorBoard scalars" list names
 every tag written here (tests/integration/test_cli_generation.py reads both)."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-SCALARS = ("reward_mean", "policy_version", "prefix_cache_hit_rate", "env_tool_calls", "staleness_mean", "staleness_max", "mean_scale", "interface_version", "gen_tokens_per_s",
-           "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s", "publish_s", "dropped", "reissued",
-           "rejected", "unauthorized", "abandoned", "loss", "kl", "env_actors", "step_s",
-           # off-policy control and episodes (learner/step_stats.py, seal/run/step_metrics.py)
-           "filtered_groups", "filtered_total", "trained_groups", "trained_reward_mean", "mismatch_kl", "mismatch_kl_max",
-           "mismatch_abs_logprob_diff", "offpolicy_kl", "is_weight_mean", "is_weight_max", "is_truncated_frac", "ess",
-           "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "entropy", "grad_norm", "response_len_mean",
-           "response_len_max", "response_truncated_frac", "tool_calls_per_episode", "parse_failures_per_episode",
-           "token_staleness_mean", "token_staleness_max", "tokens_per_s_per_device",
-           # generator replicas' weight updates (seal/run/step_metrics.py replica_metrics)
-           "prefix_cache_reset_refused", "drain_timeouts", "weight_rounds_failed")
+SCALARS = (
+    "reward_mean",
+    "policy_version",
+    "prefix_cache_hit_rate",
+    "env_tool_calls",
+    "staleness_mean",
+    "staleness_max",
+    "mean_scale",
+    "interface_version",
+    "gen_tokens_per_s",
+    "env_steps_per_s",
+    "learner_samples_per_s",
+    "learner_tokens_per_s",
+    "publish_s",
+    "dropped",
+    "reissued",
+    "rejected",
+    "unauthorized",
+    "abandoned",
+    "loss",
+    "kl",
+    "env_actors",
+    "step_s",
+    # off-policy control and episodes (learner/step_stats.py, seal/run/step_metrics.py)
+    "filtered_groups",
+    "filtered_total",
+    "trained_groups",
+    "trained_reward_mean",
+    "mismatch_kl",
+    "mismatch_kl_max",
+    "mismatch_abs_logprob_diff",
+    "offpolicy_kl",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_truncated_frac",
+    "ess",
+    "clip_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "clip_frac_dual",
+    "entropy",
+    "grad_norm",
+    "response_len_mean",
+    "response_len_max",
+    "response_truncated_frac",
+    "tool_calls_per_episode",
+    "parse_failures_per_episode",
+    "token_staleness_mean",
+    "token_staleness_max",
+    "tokens_per_s_per_device",
+    # generator replicas' weight updates (seal/run/step_metrics.py replica_metrics)
+    "prefix_cache_reset_refused",
+    "drain_timeouts",
+    "weight_rounds_failed",
+)
 GROUPS = ("tag_weights", "tag_fractions", "success_by_category", "reward_by_category", "wait_s", "idle_ratio")
 # TensorBoard's Custom Scalars tab (http://localhost:6006/#custom_scalars, which the closing note
 # names): what a user asks first (is it learning, per category; before vs after on the raw
@@ -28,12 +74,21 @@ LAYOUT = {
     "1 outcome": {
         "frozen evaluation: success on test tasks, A_0 -> final (raw interface)": ["Multiline", [r"eval/.*/success"]],
         "training success by category": ["Multiline", [r"success_by_category/.*"]],
-        "training reward (all rollouts; trained groups)": ["Multiline", [r"train/reward_mean", r"train/trained_reward_mean"]],
+        "training reward (all rollouts; trained groups)": [
+            "Multiline",
+            [r"train/reward_mean", r"train/trained_reward_mean"],
+        ],
     },
     "2 learning": {
-        "loss, KL, grad norm, entropy": ["Multiline", [r"train/loss", r"train/kl", r"train/grad_norm", r"train/entropy"]],
+        "loss, KL, grad norm, entropy": [
+            "Multiline",
+            [r"train/loss", r"train/kl", r"train/grad_norm", r"train/entropy"],
+        ],
         "clipping": ["Multiline", [r"train/clip_frac.*"]],
-        "off-policy: staleness and mismatch": ["Multiline", [r"train/.*staleness.*", r"train/mismatch_kl", r"train/offpolicy_kl"]],
+        "off-policy: staleness and mismatch": [
+            "Multiline",
+            [r"train/.*staleness.*", r"train/mismatch_kl", r"train/offpolicy_kl"],
+        ],
     },
     "3 diagnosis and interface": {
         "failure profile (tag fractions)": ["Multiline", [r"tag_fractions/.*"]],
@@ -41,7 +96,10 @@ LAYOUT = {
         "interface version": ["Multiline", [r"train/interface_version"]],
     },
     "4 throughput": {
-        "generation tokens/s and learner samples/s": ["Multiline", [r"train/gen_tokens_per_s", r"train/learner_samples_per_s"]],
+        "generation tokens/s and learner samples/s": [
+            "Multiline",
+            [r"train/gen_tokens_per_s", r"train/learner_samples_per_s"],
+        ],
         "step seconds and waits": ["Multiline", [r"train/step_s", r"wait_s/.*"]],
         "idle ratio per stage": ["Multiline", [r"idle_ratio/.*"]],
     },
@@ -61,7 +119,9 @@ class RunLog:
     def write(self, row: Mapping[str, Any], interface: Mapping[str, Any]) -> None:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        self._rounds.write(json.dumps({"step": row["step"], "failure_profile": row["tag_fractions"], "interface": interface}) + "\n")
+        self._rounds.write(
+            json.dumps({"step": row["step"], "failure_profile": row["tag_fractions"], "interface": interface}) + "\n"
+        )
         self._rounds.flush()
         step = row["step"]
         for key in SCALARS:

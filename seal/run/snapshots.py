@@ -13,11 +13,13 @@ A record: {"name", "step", "policy_version", "interface_version", "weights"
 wall time so far), "update_tokens" and "rollout_tokens" (cumulative)}. The last
 record is the final snapshot. Evaluation reads these and never writes training state.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 INDEX = "index.jsonl"
 
@@ -33,8 +35,13 @@ def read_snapshots(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
 
 
-def write_snapshot(run_dir: Path, record: Mapping[str, Any], interface: Mapping[str, Any], capability: Mapping[str, Any],
-                   metrics: Mapping[str, Any] | None) -> Path:
+def write_snapshot(
+    run_dir: Path,
+    record: Mapping[str, Any],
+    interface: Mapping[str, Any],
+    capability: Mapping[str, Any],
+    metrics: Mapping[str, Any] | None,
+) -> Path:
     """Write the side files and append the record (the index line goes last,
     so a crash mid-write never indexes a half snapshot)."""
     root = snapshot_root(run_dir)

@@ -5,12 +5,14 @@ Throughputs are pipeline figures over the window between two learner steps
 summed per stage; idle ratios say how much of the window each stage had
 nothing to do. Counters (dropped, reissued, rejected, ...) are cumulative.
 """
+
 from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from replay.messages import GroupReport
 
@@ -18,6 +20,7 @@ from replay.messages import GroupReport
 @dataclass(frozen=True)
 class StepOutcome:
     """A learner step as the learner side ends it."""
+
     groups: list  # the batch trained on (replay.queue.Group); empty for a step skipped for want of reward variance
     result: Mapping[str, Any] | None  # the learner's; None for a skipped step
     interface: Mapping[str, Any]  # the coordinator's end-of-round answer
@@ -27,6 +30,7 @@ class StepOutcome:
 @dataclass(frozen=True)
 class RunFacts:
     """What a row reads from the rest of the run when its step ends (the driver gathers them)."""
+
     step: int
     policy_version: int
     env_actors: int  # the target count
@@ -43,8 +47,9 @@ class RunFacts:
 
 
 class StepWindow:
-    def __init__(self, mode: str, max_new_tokens: int, learner_world_size: int, generator_replicas: int,
-                 skipped_overlong: int) -> None:
+    def __init__(
+        self, mode: str, max_new_tokens: int, learner_world_size: int, generator_replicas: int, skipped_overlong: int
+    ) -> None:
         self.mode, self.max_new_tokens, self.skipped_overlong = mode, max_new_tokens, skipped_overlong
         self.learner_world_size = learner_world_size
         self.devices = learner_world_size + generator_replicas
@@ -102,7 +107,9 @@ class StepWindow:
             "reward_mean": sum(t.reward for t in trajs) / len(trajs),
             "success_by_category": {c: sum(t.success for t in ts) / len(ts) for c, ts in sorted(by_cat.items())},
             "reward_by_category": {c: sum(t.reward for t in ts) / len(ts) for c, ts in sorted(by_cat.items())},
-            "rollouts_by_category": {c: len(ts) for c, ts in sorted(by_cat.items())},  # weights for pooling steps (seal/run/summary.py)
+            "rollouts_by_category": {
+                c: len(ts) for c, ts in sorted(by_cat.items())
+            },  # weights for pooling steps (seal/run/summary.py)
             "skipped": not groups,
             "trained_groups": len(groups),
             "trained_reward_mean": sum(t.reward for t in trained) / len(trained) if trained else None,
@@ -137,10 +144,17 @@ class StepWindow:
             "learner_samples_per_s": result.get("samples_per_s"),
             "learner_tokens_per_s": result.get("tokens_per_s"),
             "publish_s": facts.publish_s,
-            "wait_s": {"generate": sum(r.generate_s for r in reports), "env": env_s,
-                       "send": sum(r.send_s for r in reports), "learner": outcome.t_learn},
-            "idle_ratio": {"env_actors": max(0.0, 1.0 - sum(r.wall_s for r in reports) / (actors * wall)),
-                           "generator": gen_idle, "learner": max(0.0, 1.0 - result.get("seconds", 0.0) / wall)},
+            "wait_s": {
+                "generate": sum(r.generate_s for r in reports),
+                "env": env_s,
+                "send": sum(r.send_s for r in reports),
+                "learner": outcome.t_learn,
+            },
+            "idle_ratio": {
+                "env_actors": max(0.0, 1.0 - sum(r.wall_s for r in reports) / (actors * wall)),
+                "generator": gen_idle,
+                "learner": max(0.0, 1.0 - result.get("seconds", 0.0) / wall),
+            },
             "dropped": counters["dropped_stale"],
             "reissued": facts.reissued,
             "rejected": counters["rejected"],
@@ -161,31 +175,57 @@ class StepWindow:
 
 
 # The learner's off-policy and loss statistics copied into the row (learner/step_stats.py).
-LEARNER_KEYS = ("pg_loss", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean",
-                "mismatch_kl", "mismatch_kl_max", "mismatch_abs_logprob_diff", "mismatch_tokens", "offpolicy_kl",
-                "is_weight_mean", "is_weight_max", "is_truncated_frac", "ess", "mini_batches")
+LEARNER_KEYS = (
+    "pg_loss",
+    "entropy",
+    "clip_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "clip_frac_dual",
+    "ratio_mean",
+    "mismatch_kl",
+    "mismatch_kl_max",
+    "mismatch_abs_logprob_diff",
+    "mismatch_tokens",
+    "offpolicy_kl",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_truncated_frac",
+    "ess",
+    "mini_batches",
+)
 
 
 def token_staleness(trajs, learner_version: int) -> dict[str, Any]:
     """Per generated token: how many versions behind the weights it trained against it was made."""
     tokens = [(learner_version - s.policy_version, s.end - s.start) for t in trajs for s in t.segments]
     n = sum(k for _, k in tokens)
-    return {"token_staleness_mean": sum(v * k for v, k in tokens) / n if n else None,
-            "token_staleness_max": max((v for v, k in tokens if k), default=None)}
+    return {
+        "token_staleness_mean": sum(v * k for v, k in tokens) / n if n else None,
+        "token_staleness_max": max((v for v, k in tokens if k), default=None),
+    }
 
 
 def episode_stats(trajs, max_new_tokens: int) -> dict[str, Any]:
     """Response length (generated tokens per episode; a step's output truncated when it hit
     max_new_tokens), tool calls and parse failures per episode."""
     if not trajs:
-        return {"response_len_mean": None, "response_len_max": None, "response_truncated_frac": None,
-                "tool_calls_per_episode": None, "parse_failures_per_episode": None}
+        return {
+            "response_len_mean": None,
+            "response_len_max": None,
+            "response_truncated_frac": None,
+            "tool_calls_per_episode": None,
+            "parse_failures_per_episode": None,
+        }
     lengths = [t.num_generated_tokens for t in trajs]
     segments = [s.end - s.start for t in trajs for s in t.segments]
-    return {"response_len_mean": sum(lengths) / len(lengths), "response_len_max": max(lengths),
-            "response_truncated_frac": sum(k >= max_new_tokens for k in segments) / len(segments) if segments else 0.0,
-            "tool_calls_per_episode": sum(t.num_tool_calls for t in trajs) / len(trajs),
-            "parse_failures_per_episode": sum(t.num_parse_errors for t in trajs) / len(trajs)}
+    return {
+        "response_len_mean": sum(lengths) / len(lengths),
+        "response_len_max": max(lengths),
+        "response_truncated_frac": sum(k >= max_new_tokens for k in segments) / len(segments) if segments else 0.0,
+        "tool_calls_per_episode": sum(t.num_tool_calls for t in trajs) / len(trajs),
+        "parse_failures_per_episode": sum(t.num_parse_errors for t in trajs) / len(trajs),
+    }
 
 
 def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -197,8 +237,12 @@ def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[st
         "generator_replicas": len(fleet.router.replicas),
         "replica_requests": {n: r.get("requests", 0) for n, r in replicas.items()},
         "replica_outstanding_tokens": {n: r.get("outstanding_tokens", 0) for n, r in replicas.items()},
-        "replica_queue_depth": {n: r.get("outstanding", 0) for n, r in replicas.items()},  # requests in the engine or waiting
-        "replica_prefix_cache_hit_rate": {n: r["prefix_cache_hit_rate"] for n, r in replicas.items() if "prefix_cache_hit_rate" in r},
+        "replica_queue_depth": {
+            n: r.get("outstanding", 0) for n, r in replicas.items()
+        },  # requests in the engine or waiting
+        "replica_prefix_cache_hit_rate": {
+            n: r["prefix_cache_hit_rate"] for n, r in replicas.items() if "prefix_cache_hit_rate" in r
+        },
         # Since each replica started (async replicas; actors/generation/async_vllm_engine.py): updates after which vLLM
         # kept the old prefix cache (requests after them never read it), pause drains cut short by their bound.
         "prefix_cache_reset_refused": sum(r.get("prefix_cache_reset_refused", 0) for r in replicas.values()),

@@ -13,11 +13,13 @@ RUN_DIR/summary.txt:
 Pure text from the rows of metrics.jsonl (all of the run's steps, resumes
 included) and the paths; `seal/commands/train.py` prints it and writes the file.
 """
+
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from evaluation.before_after import held_in_record
 from seal.run.progress import duration
@@ -35,7 +37,7 @@ def sparkline(values: Sequence[float | None], width: int = 60, lo: float | None 
     so a flat line at 0 reads as low, not as the middle."""
     if len(values) > width:
         size = len(values) / width
-        runs = [values[int(i * size): int((i + 1) * size)] for i in range(width)]
+        runs = [values[int(i * size) : int((i + 1) * size)] for i in range(width)]
         values = [_mean([v for v in run if v is not None]) for run in runs]
     present = [v for v in values if v is not None]
     if not present:
@@ -86,8 +88,11 @@ def category_halves(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float,
             acc = part.setdefault(cat, [0.0, 0.0])
             acc[0] += reward * weight
             acc[1] += weight
-    return {cat: (sums[0][cat][0] / sums[0][cat][1], sums[1][cat][0] / sums[1][cat][1])
-            for cat in sorted(set(sums[0]) & set(sums[1])) if sums[0][cat][1] and sums[1][cat][1]}
+    return {
+        cat: (sums[0][cat][0] / sums[0][cat][1], sums[1][cat][0] / sums[1][cat][1])
+        for cat in sorted(set(sums[0]) & set(sums[1]))
+        if sums[0][cat][1] and sums[1][cat][1]
+    }
 
 
 def category_change(halves: Mapping[str, tuple[float, float]]) -> float | None:
@@ -122,16 +127,29 @@ def interface_text(rows: Sequence[Mapping[str, Any]], start: int) -> str:
     return f"{head}; guidelines turned on: {turned}"
 
 
-def result_line(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, steps_now: int | None = None,
-                final: Mapping[str, Any] | None = None) -> str:
+def result_line(
+    rows: Sequence[Mapping[str, Any]],
+    run_dir: Path | str,
+    wall_s: float,
+    steps_now: int | None = None,
+    final: Mapping[str, Any] | None = None,
+) -> str:
     """The one line `seal train --quiet` prints: what a script needs to know."""
     first, last = rows[0], rows[-1]
-    steps = f"{len(rows)} steps" + (f" ({steps_now} this time)" if steps_now is not None and steps_now != len(rows) else "")
+    steps = f"{len(rows)} steps" + (
+        f" ({steps_now} this time)" if steps_now is not None and steps_now != len(rows) else ""
+    )
     held_in = held_in_record(final["rows"]) if final else None
-    test = (f"; held-in test success {held_in['before']['rate']:.2f} -> {held_in['after']['rate']:.2f} "
-            f"({final['before']} -> {final['after']}, raw interface)" if held_in else "")
-    return (f"done: {steps} in {duration(wall_s)}; reward {first['reward_mean']:.2f} -> {last['reward_mean']:.2f}{test}; "
-            f"policy v{last['policy_version']}, interface v{last['interface_version']}; run dir {run_dir}")
+    test = (
+        f"; held-in test success {held_in['before']['rate']:.2f} -> {held_in['after']['rate']:.2f} "
+        f"({final['before']} -> {final['after']}, raw interface)"
+        if held_in
+        else ""
+    )
+    return (
+        f"done: {steps} in {duration(wall_s)}; reward {first['reward_mean']:.2f} -> {last['reward_mean']:.2f}{test}; "
+        f"policy v{last['policy_version']}, interface v{last['interface_version']}; run dir {run_dir}"
+    )
 
 
 def _pct(x: float) -> str:
@@ -141,16 +159,23 @@ def _pct(x: float) -> str:
 def final_lines(final: Mapping[str, Any]) -> list[str]:
     """The frozen evaluation's rows: per category, counts, rates with 95% intervals, the paired change."""
     s = final["settings"]
-    head = (f"{final['before']} -> {final['after']} on the same {final['tasks']} test tasks, raw interface, greedy, "
-            f"{s['max_new_tokens']} new tokens/step; [95% intervals]")
+    head = (
+        f"{final['before']} -> {final['after']} on the same {final['tasks']} test tasks, raw interface, greedy, "
+        f"{s['max_new_tokens']} new tokens/step; [95% intervals]"
+    )
     lines = [_row("frozen eval", head)]
     for r in final["rows"]:
         b, a, c = r["before"], r["after"], r["change"]
         label = r["name"] + (" (held out)" if r["held_out"] else "")
-        lines.append(_row("", f"  {label:<20} {b['successes']:>3}/{b['n']:<3} {_pct(b['rate']):>4} [{_pct(b['ci95'][0])}, "
-                              f"{_pct(b['ci95'][1])}] -> {a['successes']:>3}/{a['n']:<3} {_pct(a['rate']):>4} "
-                              f"[{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}]   change {100 * c['value']:+.0f} pts "
-                              f"[{100 * c['ci95'][0]:+.0f}, {100 * c['ci95'][1]:+.0f}]"))
+        lines.append(
+            _row(
+                "",
+                f"  {label:<20} {b['successes']:>3}/{b['n']:<3} {_pct(b['rate']):>4} [{_pct(b['ci95'][0])}, "
+                f"{_pct(b['ci95'][1])}] -> {a['successes']:>3}/{a['n']:<3} {_pct(a['rate']):>4} "
+                f"[{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}]   change {100 * c['value']:+.0f} pts "
+                f"[{100 * c['ci95'][0]:+.0f}, {100 * c['ci95'][1]:+.0f}]",
+            )
+        )
     lines.append(_row("", "  " + verdict(final)))
     return lines
 
@@ -171,8 +196,16 @@ def _row(label: str, text: str) -> str:
     return f"{label:<{LABEL_WIDTH}} {text}"
 
 
-def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s: float, snapshots: Sequence[Mapping[str, Any]],
-                 checkpoint: bool, curves: bool, steps_now: int | None = None, final: Mapping[str, Any] | None = None) -> str:
+def summary_text(
+    rows: Sequence[Mapping[str, Any]],
+    run_dir: Path | str,
+    wall_s: float,
+    snapshots: Sequence[Mapping[str, Any]],
+    checkpoint: bool,
+    curves: bool,
+    steps_now: int | None = None,
+    final: Mapping[str, Any] | None = None,
+) -> str:
     """The closing note; ``rows`` are metrics.jsonl's, oldest first; ``snapshots`` the records of
     snapshots/index.jsonl, whose first (A_0) has the versions the run started from."""
     if not rows:
@@ -183,8 +216,11 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
     trained = [r for r in rows if not r.get("skipped")]
     gen = sum(r.get("gen_tokens_per_s", 0.0) * r.get("step_s", 0.0) for r in rows)
     gen_s = sum(r.get("step_s", 0.0) for r in rows)
-    learner = (f"{_mean([r['learner_samples_per_s'] for r in trained]):.2f} learner samples/s"
-               if trained and all(r.get("learner_samples_per_s") is not None for r in trained) else "no learner update")
+    learner = (
+        f"{_mean([r['learner_samples_per_s'] for r in trained]):.2f} learner samples/s"
+        if trained and all(r.get("learner_samples_per_s") is not None for r in trained)
+        else "no learner update"
+    )
     filtered = sum(int(r.get("filtered_groups") or 0) for r in rows)
     if snapshots:
         start_policy, start_interface = int(snapshots[0]["policy_version"]), int(snapshots[0]["interface_version"])
@@ -193,8 +229,11 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
         start_interface = int(first["interface_version"])
     lines = [
         result_line(rows, run_dir, wall_s, steps_now, final),
-        _row("reward by step", f"{sparkline(rewards, lo=0.0, hi=1.0)}  {rewards[0]:.2f} -> {rewards[-1]:.2f} "
-                               f"(range {min(rewards):.2f} to {max(rewards):.2f})"),
+        _row(
+            "reward by step",
+            f"{sparkline(rewards, lo=0.0, hi=1.0)}  {rewards[0]:.2f} -> {rewards[-1]:.2f} "
+            f"(range {min(rewards):.2f} to {max(rewards):.2f})",
+        ),
     ]
     if len(rows) > 1:
         lines.append(_row("by category", category_text(category_halves(rows))))
@@ -205,16 +244,30 @@ def summary_text(rows: Sequence[Mapping[str, Any]], run_dir: Path | str, wall_s:
         lines.append(_row("", f"step {last['step']}: {top_tags(last.get('tag_fractions'))}"))
     lines += [
         _row("interface", interface_text(rows, start_interface)),
-        _row("policy", f"v{start_policy} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
-                       f"steps skipped, {filtered} groups filtered (equal rewards)"),
+        _row(
+            "policy",
+            f"v{start_policy} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
+            f"steps skipped, {filtered} groups filtered (equal rewards)",
+        ),
         _row("throughput", f"{gen / gen_s if gen_s else 0.0:.1f} generated tokens/s, {learner}"),
-        _row("TensorBoard", f".venv/bin/tensorboard --logdir {shlex.quote(str(Path(run_dir) / 'tensorboard'))}, "
-                            "then http://localhost:6006/#custom_scalars"),
-        _row("snapshots", f"{shlex.quote(str(Path(run_dir) / 'snapshots'))} ({', '.join(r['name'] for r in snapshots) or 'none'})"),
-        _row("checkpoint", shlex.quote(str(resume_checkpoint(Path(run_dir)))) if checkpoint
-             else "none (trainer.checkpoint_every=0)"),
-        _row("metrics", shlex.quote(str(Path(run_dir) / "metrics.jsonl"))
-             + (f", curves {shlex.quote(str(Path(run_dir) / CURVES_FILE))}" if curves else "")),
+        _row(
+            "TensorBoard",
+            f".venv/bin/tensorboard --logdir {shlex.quote(str(Path(run_dir) / 'tensorboard'))}, "
+            "then http://localhost:6006/#custom_scalars",
+        ),
+        _row(
+            "snapshots",
+            f"{shlex.quote(str(Path(run_dir) / 'snapshots'))} ({', '.join(r['name'] for r in snapshots) or 'none'})",
+        ),
+        _row(
+            "checkpoint",
+            shlex.quote(str(resume_checkpoint(Path(run_dir)))) if checkpoint else "none (trainer.checkpoint_every=0)",
+        ),
+        _row(
+            "metrics",
+            shlex.quote(str(Path(run_dir) / "metrics.jsonl"))
+            + (f", curves {shlex.quote(str(Path(run_dir) / CURVES_FILE))}" if curves else ""),
+        ),
         _row("evaluate", f"{SEAL} evaluate {run} && {SEAL} report {run}"),
     ]
     return "\n".join(lines) + "\n"

@@ -7,10 +7,11 @@ no generated token: a record (or a GRPO group) that says nothing about the
 policy. The split part (``training_pool``) is cheap and runs before anything
 starts; the fit part needs the tokenizer (a few seconds, no engine).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 def prompt_room(cfg) -> int:
@@ -19,8 +20,10 @@ def prompt_room(cfg) -> int:
 
 
 def room_text(cfg) -> str:
-    return (f"{prompt_room(cfg)} tokens (model context {cfg.generator.max_model_len} "
-            f"minus sampling.max_new_tokens {cfg.sampling.max_new_tokens})")
+    return (
+        f"{prompt_room(cfg)} tokens (model context {cfg.generator.max_model_len} "
+        f"minus sampling.max_new_tokens {cfg.sampling.max_new_tokens})"
+    )
 
 
 def chat_tokenizer(cfg):
@@ -59,8 +62,12 @@ def training_pool(cfg, env) -> list[str]:
     from evaluation.views import training_task_ids
 
     # The update-validation view's tasks never serve as update evidence.
-    task_ids = training_task_ids(env.task_ids(cfg.split), cfg.evaluation.validation_size, cfg.evaluation.heldout_categories,
-                                 env.task_ids("train"))
+    task_ids = training_task_ids(
+        env.task_ids(cfg.split),
+        cfg.evaluation.validation_size,
+        cfg.evaluation.heldout_categories,
+        env.task_ids("train"),
+    )
     if cfg.limit is not None:
         task_ids = task_ids[: int(cfg.limit)]
     if not task_ids:

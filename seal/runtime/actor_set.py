@@ -8,6 +8,7 @@ given it the latest weights. Scaling down retires env actors: they take no
 new group, and stop once their current group is sent, so no task is lost or
 played twice.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,11 +26,17 @@ from seal.runtime.placement import ClusterConfig
 log = logging.getLogger(__name__)
 
 
-def make_coordinator(interface: dict, tag_weights: dict, closed_loop: bool, per_category: bool, vocabulary: str,
-                     guideline_policy: dict) -> Coordinator:
-    return Coordinator(instantiate_spec(interface), instantiate_spec(tag_weights), closed_loop=closed_loop,
-                       per_category_guidelines=per_category, vocabulary=vocabulary,
-                       guideline_policy=instantiate_spec(guideline_policy))
+def make_coordinator(
+    interface: dict, tag_weights: dict, closed_loop: bool, per_category: bool, vocabulary: str, guideline_policy: dict
+) -> Coordinator:
+    return Coordinator(
+        instantiate_spec(interface),
+        instantiate_spec(tag_weights),
+        closed_loop=closed_loop,
+        per_category_guidelines=per_category,
+        vocabulary=vocabulary,
+        guideline_policy=instantiate_spec(guideline_policy),
+    )
 
 
 def _spec(node) -> dict:
@@ -37,13 +44,24 @@ def _spec(node) -> dict:
 
 
 class ActorSet:
-    def __init__(self, cfg, cluster: ClusterConfig, replay_address: str, storage: str | None = None,
-                 replay_keys: ClientKeys | None = None) -> None:
+    def __init__(
+        self,
+        cfg,
+        cluster: ClusterConfig,
+        replay_address: str,
+        storage: str | None = None,
+        replay_keys: ClientKeys | None = None,
+    ) -> None:
         """``replay_keys``: the env actors' CURVE keys for the replay stream (None: a plain stream)."""
         import ray
 
         from seal.runtime.generator_fleet import GeneratorFleet, split_generator_spec
-        from seal.runtime.layout_guard import check_replicas_fit, planned_learner_nodes, reserve_learner, reserved_per_node
+        from seal.runtime.layout_guard import (
+            check_replicas_fit,
+            planned_learner_nodes,
+            reserve_learner,
+            reserved_per_node,
+        )
         from seal.runtime.learner_group import GroupSettings, LearnerGroup
 
         self.cfg, self.cluster, self.replay_address, self.replay_keys = cfg, cluster, replay_address, replay_keys
@@ -65,19 +83,32 @@ class ActorSet:
         # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:
         # replicas started first could leave no node that holds every rank (seal/runtime/layout_guard.py).
         nodes = ray.nodes()
-        self.learner_plan = planned_learner_nodes(cluster.generator, cluster.learner, replicas, settings.world_size, nodes)
+        self.learner_plan = planned_learner_nodes(
+            cluster.generator, cluster.learner, replicas, settings.world_size, nodes
+        )
         pg = reserve_learner(cluster.learner, settings.world_size, self.learner_plan, settings.timeout_s)
         try:
             reserved = reserved_per_node(pg)
             check_replicas_fit(cluster.generator, replicas, nodes, reserved)
             # generator.replicas engines behind the router (seal/runtime/generator_fleet.py); started
             # before the learner ranks so both load at once.
-            self.generators = GeneratorFleet(gen_spec, cluster.generator, self.prefix, cluster.max_restarts,
-                                             update_timeout_s=float(cfg.generator.get("update_timeout_s", 600.0)), wait=False,
-                                             reserved=reserved)
+            self.generators = GeneratorFleet(
+                gen_spec,
+                cluster.generator,
+                self.prefix,
+                cluster.max_restarts,
+                update_timeout_s=float(cfg.generator.get("update_timeout_s", 600.0)),
+                wait=False,
+                reserved=reserved,
+            )
             # The learner group: world_size ranks in the reserved bundles, each with cluster.learner's resources; `learner` is rank 0.
-            self.learners = LearnerGroup(functools.partial(instantiate_spec, spec), settings, cluster.learner,
-                                         env_vars=cluster.learner.env_vars(), placement=pg)
+            self.learners = LearnerGroup(
+                functools.partial(instantiate_spec, spec),
+                settings,
+                cluster.learner,
+                env_vars=cluster.learner.env_vars(),
+                placement=pg,
+            )
             self.learner = self.learners.actors[0]
             self.generators.wait_ready(self.generators.names)
             self.check_layout(nodes)
@@ -110,8 +141,11 @@ class ActorSet:
         object store that holds the generator's weights (a replica's restore puts them there whole)."""
         from seal.runtime.layout_guard import check_learner_nodes, check_object_stores, node_name, weights_bytes
 
-        check_learner_nodes(self.learner_plan, [n.get("node_id", "?") for n in self.learners.nodes],
-                            {n["NodeID"]: node_name(n) for n in nodes})
+        check_learner_nodes(
+            self.learner_plan,
+            [n.get("node_id", "?") for n in self.learners.nodes],
+            {n["NodeID"]: node_name(n) for n in nodes},
+        )
         weights, what = weights_bytes(self.cfg)
         check_object_stores(nodes, self.node_roles(), weights, what)
 
@@ -119,9 +153,12 @@ class ActorSet:
         """Where each actor runs now: {"learner": {"rank-0": ip}, "generator": {...}, "env": {...}, "coordinator": ...}."""
         from seal.runtime.placement import actor_nodes
 
-        return {"learner": {f"rank-{r}": node["ip"] for r, node in enumerate(self.learners.nodes)},
-                "generator": actor_nodes(self.generators.handles), "env": actor_nodes(self.env),
-                "coordinator": actor_nodes({"coordinator": self.coordinator}) if self.coordinator is not None else {}}
+        return {
+            "learner": {f"rank-{r}": node["ip"] for r, node in enumerate(self.learners.nodes)},
+            "generator": actor_nodes(self.generators.handles),
+            "env": actor_nodes(self.env),
+            "coordinator": actor_nodes({"coordinator": self.coordinator}) if self.coordinator is not None else {},
+        }
 
     @property
     def generator(self) -> Any:
@@ -144,17 +181,32 @@ class ActorSet:
 
         from actors.coordinator.service import CoordinatorService
 
-        factory = functools.partial(make_coordinator, _spec(self.cfg.interface), _spec(self.cfg.tag_weights), closed_loop,
-                                    per_category, str(self.cfg.learner.cfg.apatch.vocabulary), _spec(self.cfg.guideline_policy))
-        options = dict(name=f"{self.prefix}-coordinator", max_restarts=0, runtime_env={"env_vars": self.cluster.coordinator.env_vars()},
-                       **self.cluster.coordinator.ray_options())
+        factory = functools.partial(
+            make_coordinator,
+            _spec(self.cfg.interface),
+            _spec(self.cfg.tag_weights),
+            closed_loop,
+            per_category,
+            str(self.cfg.learner.cfg.apatch.vocabulary),
+            _spec(self.cfg.guideline_policy),
+        )
+        options = dict(
+            name=f"{self.prefix}-coordinator",
+            max_restarts=0,
+            runtime_env={"env_vars": self.cluster.coordinator.env_vars()},
+            **self.cluster.coordinator.ray_options(),
+        )
         if not self.cluster.coordinator.resources:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             # On the driver's node: the coordinator is the run's state (capability, interface, tag
             # weights) and has no restart; on another node, losing that node would end the run.
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.coordinator = ray.remote(CoordinatorService).options(**options).remote(self.cluster.coordinator.pinned(factory), state)
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            )
+        self.coordinator = (
+            ray.remote(CoordinatorService).options(**options).remote(self.cluster.coordinator.pinned(factory), state)
+        )
         self._wait_ready([self.coordinator.interface.remote()], "coordinator")
 
     # ---------------------------------------------------------- env actors
@@ -169,22 +221,39 @@ class ActorSet:
             raise ValueError(f"env actors must be >= 1, got {n}")
         self.target_env = n
         res = self.cluster.env_actor
-        options: dict[str, Any] = dict(max_concurrency=2, max_restarts=self.cluster.max_restarts, max_task_retries=0,
-                                       runtime_env={"env_vars": {**res.env_vars(), "TOKENIZERS_PARALLELISM": "false"}},
-                                       **res.ray_options())
+        options: dict[str, Any] = dict(
+            max_concurrency=2,
+            max_restarts=self.cluster.max_restarts,
+            max_task_retries=0,
+            runtime_env={"env_vars": {**res.env_vars(), "TOKENIZERS_PARALLELISM": "false"}},
+            **res.ray_options(),
+        )
         if self.cluster.spread_env_actors:
             options["scheduling_strategy"] = "SPREAD"
         started = []
         while len(self.env) < n:
             name = f"env-{self._created}"
             self._created += 1
-            handle = ray.remote(EnvActor).options(**options).remote(
-                # The actor's constructor calls the tokenizer factory before any env work: it pins the process.
-                name, functools.partial(instantiate_spec, _spec(self.cfg.env)), res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
-                self.generators.names[0], f"{self.prefix}-coordinator", self.replay_address, self.sampling, self.hwm, self.send_timeout_s,
-                # The keys travel as a constructor argument: in memory, through Ray (whose token
-                # auth guards the cluster, docs/main-job.md), never in a file; Ray keeps them to restart the actor.
-                self.replay_keys, not self.generators.is_async)
+            handle = (
+                ray.remote(EnvActor)
+                .options(**options)
+                .remote(
+                    # The actor's constructor calls the tokenizer factory before any env work: it pins the process.
+                    name,
+                    functools.partial(instantiate_spec, _spec(self.cfg.env)),
+                    res.pinned(functools.partial(load_tokenizer, str(self.cfg.model.path))),
+                    self.generators.names[0],
+                    f"{self.prefix}-coordinator",
+                    self.replay_address,
+                    self.sampling,
+                    self.hwm,
+                    self.send_timeout_s,
+                    # The keys travel as a constructor argument: in memory, through Ray (whose token
+                    # auth guards the cluster, docs/main-job.md), never in a file; Ray keeps them to restart the actor.
+                    self.replay_keys,
+                    not self.generators.is_async,
+                )
+            )
             self.env[name] = handle
             self.coordinator.register_env_actor.remote(name, handle)
             started.append(handle)

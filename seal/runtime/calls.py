@@ -1,4 +1,5 @@
 """Remote calls the driver waits on, each with a bound and an error that names who and when."""
+
 from __future__ import annotations
 
 from typing import Any

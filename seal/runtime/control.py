@@ -21,14 +21,16 @@ run on the driver's machine (control.json's address is the loopback when the
 socket binds to 0.0.0.0), as the same user. The file goes when the driver
 closes; one left by a killed driver holds a key no server accepts any more.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import stat
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from replay.auth import ClientKeys, CurveGuard, KeyPair, RunKeys
 from replay.messages import Control
@@ -50,7 +52,9 @@ def key_dir() -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()
     if info.st_uid != os.getuid():
-        raise PermissionError(f"the key directory {path} belongs to uid {info.st_uid}, not this user ({os.getuid()}): set {KEY_DIR_ENV}")
+        raise PermissionError(
+            f"the key directory {path} belongs to uid {info.st_uid}, not this user ({os.getuid()}): set {KEY_DIR_ENV}"
+        )
     if stat.S_IMODE(info.st_mode) & 0o077:
         os.chmod(path, 0o700)
     return path
@@ -69,16 +73,22 @@ def read_key_file(path: Path) -> KeyPair:
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise FileNotFoundError(f"the control key {path} is gone (the driver closed, or another user or machine runs it): "
-                                "run `seal scale` as the driver's user on its machine") from None
+        raise FileNotFoundError(
+            f"the control key {path} is gone (the driver closed, or another user or machine runs it): "
+            "run `seal scale` as the driver's user on its machine"
+        ) from None
     if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-        raise PermissionError(f"the control key {path} must belong to this user and be readable by nobody else (mode 0600)")
+        raise PermissionError(
+            f"the control key {path} must belong to this user and be readable by nobody else (mode 0600)"
+        )
     record = json.loads(path.read_text())
     return KeyPair(record["public"], record["secret"])
 
 
 class ControlServer:
-    def __init__(self, run_dir: Path, host: str = "127.0.0.1", keys: RunKeys | None = None, replay: str | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, host: str = "127.0.0.1", keys: RunKeys | None = None, replay: str | None = None
+    ) -> None:
         """``keys``: the run's keys (CURVE, only their control key admitted); None: a plain socket.
         ``replay``: the trajectory stream's address, recorded beside the control socket's."""
         import zmq
@@ -102,7 +112,9 @@ class ControlServer:
         self.key_file = write_key_file(keys.control) if keys else None
         curve = {"server_key": keys.server.public.decode(), "key_file": str(self.key_file)} if keys else None
         self.path = run_dir / CONTROL_FILE
-        self.path.write_text(json.dumps({"address": self.address, "replay": replay, "pid": os.getpid(), "curve": curve}))
+        self.path.write_text(
+            json.dumps({"address": self.address, "replay": replay, "pid": os.getpid(), "curve": curve})
+        )
 
     @property
     def unauthorized(self) -> int:
@@ -144,7 +156,9 @@ class ControlServer:
 def send_control(run_dir: Path, command: str, args: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
     path = Path(run_dir) / CONTROL_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"no running pipeline for {run_dir} (no {CONTROL_FILE}; is `seal train run_dir={run_dir}` running?)")
+        raise FileNotFoundError(
+            f"no running pipeline for {run_dir} (no {CONTROL_FILE}; is `seal train run_dir={run_dir}` running?)"
+        )
     record = json.loads(path.read_text())
     address, curve = record["address"], record.get("curve")
     keys = ClientKeys(curve["server_key"], read_key_file(Path(curve["key_file"]))) if curve else None
@@ -155,7 +169,9 @@ def send_control(run_dir: Path, command: str, args: dict[str, Any], timeout_s: f
     return reply
 
 
-def request(address: str, keys: ClientKeys | None, command: str, args: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+def request(
+    address: str, keys: ClientKeys | None, command: str, args: dict[str, Any], timeout_s: float
+) -> dict[str, Any] | None:
     """One command to a control socket; its reply, or None when none came within ``timeout_s``."""
     import msgpack
     import zmq

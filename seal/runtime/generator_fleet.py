@@ -17,13 +17,15 @@ The fleet owns:
 - scaling: ``scale(M)`` starts replicas (current weights before they serve)
   or retires the newest (out of the router first; stopped once its groups end).
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from seal.runtime.router import ReplicaRouter
 
@@ -62,13 +64,19 @@ def check_fleet_spec(spec: dict) -> dict:
         if float(spec.get("update_timeout_s", 600.0)) <= 0:
             raise ValueError(f"generator.update_timeout_s must be > 0, got {spec.get('update_timeout_s')}")
     elif "update_mode" in spec:
-        raise ValueError("generator.update_mode needs the async engine (generator=vllm_async_cpu or vllm_async_gpu): "
-                         "the blocking engine always finishes a batch before its weights change")
+        raise ValueError(
+            "generator.update_mode needs the async engine (generator=vllm_async_cpu or vllm_async_gpu): "
+            "the blocking engine always finishes a batch before its weights change"
+        )
     return spec
 
 
-def spread_choice(handles: Mapping[str, Any], chosen: Mapping[str, str], ask: Mapping[str, float],
-                  reserved: Mapping[str, Mapping[str, float]]) -> tuple[str | None, Any]:
+def spread_choice(
+    handles: Mapping[str, Any],
+    chosen: Mapping[str, str],
+    ask: Mapping[str, float],
+    reserved: Mapping[str, Mapping[str, float]],
+) -> tuple[str | None, Any]:
     """The node for one more replica and its scheduling strategy (soft node affinity), or (None, None)
     to leave it to Ray: the node hosting the fewest of ``handles`` (placed, or ``chosen`` at their start)
     that holds one more beside them and beside ``reserved`` (the learner ranks' placement group)."""
@@ -88,8 +96,16 @@ def spread_choice(handles: Mapping[str, Any], chosen: Mapping[str, str], ask: Ma
 
 
 class GeneratorFleet:
-    def __init__(self, spec: dict, resources, prefix: str, max_restarts: int, update_timeout_s: float = 600.0,
-                 wait: bool = True, reserved: Mapping[str, Mapping[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        spec: dict,
+        resources,
+        prefix: str,
+        max_restarts: int,
+        update_timeout_s: float = 600.0,
+        wait: bool = True,
+        reserved: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
         """``wait``: return once every replica has started (else call ``wait_ready``). ``reserved``:
         node id -> resources held there for others (the learner ranks' placement group), which a
         replica's node choice must leave alone."""
@@ -114,7 +130,9 @@ class GeneratorFleet:
         self.canary_ids: list[int] = []
         self.canary_max_diff = 1.0
         self._expected: tuple[int, list[float]] | None = None
-        self.canaries: dict[Any, tuple[str, int, list[float]]] = {}  # prompt_logprobs ref -> (replica, version, expected)
+        self.canaries: dict[
+            Any, tuple[str, int, list[float]]
+        ] = {}  # prompt_logprobs ref -> (replica, version, expected)
         self._made = 0
         self.chosen_nodes: dict[str, str] = {}  # replica -> the node asked for at its start
         names = [self._start(await_weights=False) for _ in range(count)]
@@ -132,8 +150,14 @@ class GeneratorFleet:
         name = f"{self.prefix}-generator-{self._made}"
         self._made += 1
         res = self.resources
-        options: dict[str, Any] = dict(name=name, max_concurrency=1024, max_restarts=self.max_restarts, max_task_retries=0,
-                                       runtime_env={"env_vars": res.env_vars()}, **res.ray_options())
+        options: dict[str, Any] = dict(
+            name=name,
+            max_concurrency=1024,
+            max_restarts=self.max_restarts,
+            max_task_retries=0,
+            runtime_env={"env_vars": res.env_vars()},
+            **res.ray_options(),
+        )
         node, strategy = spread_choice(self.handles, self.chosen_nodes, self.resources.bundle(), self.reserved)
         if node is not None:  # replicas on different nodes where there are several (soft: Ray may still move it)
             options["scheduling_strategy"] = strategy
@@ -142,11 +166,17 @@ class GeneratorFleet:
             from actors.generation.async_vllm_engine import AsyncVllmGenerator
 
             kwargs = {k: v for k, v in self.spec.items() if k != "_target_"}
-            handle = ray.remote(AsyncVllmGenerator).options(**options).remote(
-                **kwargs, await_weights=await_weights, setup=res.pinned(dict))
+            handle = (
+                ray.remote(AsyncVllmGenerator)
+                .options(**options)
+                .remote(**kwargs, await_weights=await_weights, setup=res.pinned(dict))
+            )
         else:
-            handle = ray.remote(GeneratorServer).options(**options).remote(
-                res.pinned(functools.partial(instantiate_spec, self.spec)), await_weights=await_weights)
+            handle = (
+                ray.remote(GeneratorServer)
+                .options(**options)
+                .remote(res.pinned(functools.partial(instantiate_spec, self.spec)), await_weights=await_weights)
+            )
         self.handles[name] = handle
         self.versions[name] = -1 if await_weights else 0
         return name
@@ -223,7 +253,11 @@ class GeneratorFleet:
 
     def _send_canary(self, name: str, version: int) -> None:
         if self.canary_ids and self._expected is not None and self._expected[0] == version and name in self.handles:
-            self.canaries[self.handles[name].prompt_logprobs.remote(self.canary_ids)] = (name, version, self._expected[1])
+            self.canaries[self.handles[name].prompt_logprobs.remote(self.canary_ids)] = (
+                name,
+                version,
+                self._expected[1],
+            )
 
     def poll_canaries(self) -> None:
         """Compare the replicas' canaries that are in; one off by more than canary_max_diff is
@@ -248,8 +282,14 @@ class GeneratorFleet:
             if diff > self.canary_max_diff and name in self.handles:
                 self.counters.canary_failures += 1
                 self.counters.failed_replicas.append(name)
-                log.error("generator replica %s: logprobs after the update to v%d differ from the learner's by %.3g "
-                          "(> %.3g): treated as failed, restarted and re-synced", name, version, diff, self.canary_max_diff)
+                log.error(
+                    "generator replica %s: logprobs after the update to v%d differ from the learner's by %.3g "
+                    "(> %.3g): treated as failed, restarted and re-synced",
+                    name,
+                    version,
+                    diff,
+                    self.canary_max_diff,
+                )
                 self._take_out(name)
                 ray.kill(self.handles[name], no_restart=False)
 
@@ -267,8 +307,13 @@ class GeneratorFleet:
                 del self.pending[other]  # its later updates too: the restore brings it the latest weights
             self.counters.update_timeouts += 1
             self.counters.failed_replicas.append(name)
-            log.error("generator replica %s did not confirm the update to v%d within %.0f s: taken out of the router "
-                      "and restarted", name, version, self.update_timeout_s)
+            log.error(
+                "generator replica %s did not confirm the update to v%d within %.0f s: taken out of the router "
+                "and restarted",
+                name,
+                version,
+                self.update_timeout_s,
+            )
             self._take_out(name)
             if name in self.handles:
                 ray.kill(self.handles[name], no_restart=False)  # Ray restarts it; the probe re-syncs it
@@ -312,7 +357,11 @@ class GeneratorFleet:
                 continue
             self._take_out(name)
             weights, version = latest()
-            self.restores[name] = (self.handles[name].update_weights.remote(version, weights), version, time.monotonic())
+            self.restores[name] = (
+                self.handles[name].update_weights.remote(version, weights),
+                version,
+                time.monotonic(),
+            )
         return self._finish_restores(latest, block=force)
 
     def _finish_restores(self, latest: Callable[[], tuple[Any, int]], block: bool) -> list[str]:
@@ -324,8 +373,11 @@ class GeneratorFleet:
             if not ready:
                 if time.monotonic() - started > self.update_timeout_s:
                     del self.restores[name]
-                    log.error("generator replica %s did not load the weights to restore within %.0f s: restarted",
-                              name, self.update_timeout_s)
+                    log.error(
+                        "generator replica %s did not load the weights to restore within %.0f s: restarted",
+                        name,
+                        self.update_timeout_s,
+                    )
                     if name in self.handles:
                         ray.kill(self.handles[name], no_restart=False)
                 continue
@@ -339,7 +391,11 @@ class GeneratorFleet:
                 continue  # retired meanwhile
             if version < self.published_version:  # a publish went out while it loaded: catch up first
                 weights, newest = latest()
-                self.restores[name] = (self.handles[name].update_weights.remote(newest, weights), newest, time.monotonic())
+                self.restores[name] = (
+                    self.handles[name].update_weights.remote(newest, weights),
+                    newest,
+                    time.monotonic(),
+                )
                 continue
             self.versions[name] = version
             self.restoring.discard(name)
@@ -353,8 +409,10 @@ class GeneratorFleet:
         """Every replica joins the learner's group: replica i's workers are ranks 1 + i x TP ..;
         returns (world size, the join refs: they block until the learner joins too)."""
         world = 1 + len(self.names) * self.tp
-        refs = [self.handles[n].join_weight_group.remote(host, port, world, backend, 1 + i * self.tp)
-                for i, n in enumerate(self.names)]
+        refs = [
+            self.handles[n].join_weight_group.remote(host, port, world, backend, 1 + i * self.tp)
+            for i, n in enumerate(self.names)
+        ]
         return world, refs
 
     # ------------------------------------------------------------ scaling
@@ -372,8 +430,10 @@ class GeneratorFleet:
             while name not in self.router.replicas and time.monotonic() < deadline:
                 self.check(latest, force=True)  # a probe or load that fails (or is slow) is retried
             if name not in self.router.replicas:
-                raise ValueError(f"generator replica {name} did not load the current weights within "
-                                   f"{self.update_timeout_s:.0f} s; the run goes on with {len(self.router.replicas)}")
+                raise ValueError(
+                    f"generator replica {name} did not load the current weights within "
+                    f"{self.update_timeout_s:.0f} s; the run goes on with {len(self.router.replicas)}"
+                )
         while len(self.handles) > count:
             name = self.names[-1]
             self.router.remove(name)

@@ -17,9 +17,11 @@ one GPU found 4 GPUs free on each node and split the ranks 4 + 4 (issue 26). So 
 Also here: whether an object store can hold the generator's weights (``weights_bytes``), which a
 replica's restore and every object-store publish put in it whole (weights/buckets.py).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from seal.runtime.placement import ActorResources
 
@@ -40,14 +42,20 @@ def _ask(bundle: Mapping[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in bundle.items())
 
 
-def planned_learner_nodes(generator: ActorResources, learner: ActorResources, replicas: int, world_size: int,
-                          ray_nodes: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
+def planned_learner_nodes(
+    generator: ActorResources,
+    learner: ActorResources,
+    replicas: int,
+    world_size: int,
+    ray_nodes: Sequence[Mapping[str, Any]],
+) -> tuple[int, ...]:
     """Learner ranks per node, most first, as `seal plan` places them on these nodes (``ray.nodes()``):
     (8,) is one node holding all 8. Ranks the plan cannot place at all are left out."""
     from seal.runtime.plan_layout import Demand, nodes_from_ray, place
 
-    demands = ([Demand("generator", i, generator.bundle()) for i in range(replicas)]
-               + [Demand("learner", r, learner.bundle()) for r in range(world_size)])
+    demands = [Demand("generator", i, generator.bundle()) for i in range(replicas)] + [
+        Demand("learner", r, learner.bundle()) for r in range(world_size)
+    ]
     layout = place(demands, nodes_from_ray(ray_nodes), check_custom=True)
     counts = sorted((sum(d.role == "learner" for d in n.placed) for n in layout.nodes), reverse=True)
     return tuple(c for c in counts if c)
@@ -68,8 +76,10 @@ def reserve_learner(resources: ActorResources, world_size: int, planned: tuple[i
     if not pg.wait(timeout_s):
         ray.util.remove_placement_group(pg)
         where = "on one node (where seal plan puts them)" if one_node else f"on {len(planned)} nodes"
-        raise LayoutError(f"the cluster cannot place {world_size} learner ranks of {_ask(bundle)} each {where} within {timeout_s:g}s "
-                          "(learner.world_size, cluster.learner; `seal plan` shows the layout)")
+        raise LayoutError(
+            f"the cluster cannot place {world_size} learner ranks of {_ask(bundle)} each {where} within {timeout_s:g}s "
+            "(learner.world_size, cluster.learner; `seal plan` shows the layout)"
+        )
     return pg
 
 
@@ -88,7 +98,9 @@ def reserved_per_node(pg: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def free_nodes(ray_nodes: Sequence[Mapping[str, Any]], reserved: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+def free_nodes(
+    ray_nodes: Sequence[Mapping[str, Any]], reserved: Mapping[str, Mapping[str, float]]
+) -> list[dict[str, Any]]:
     """``ray.nodes()`` entries with the reservation taken out of their resources."""
     out = []
     for n in ray_nodes:
@@ -102,8 +114,12 @@ def node_name(node: Mapping[str, Any]) -> str:
     return f"{node.get('NodeManagerAddress', '?')} ({str(node.get('NodeID', '?'))[:8]})"
 
 
-def check_replicas_fit(generator: ActorResources, replicas: int, ray_nodes: Sequence[Mapping[str, Any]],
-                       reserved: Mapping[str, Mapping[str, float]]) -> None:
+def check_replicas_fit(
+    generator: ActorResources,
+    replicas: int,
+    ray_nodes: Sequence[Mapping[str, Any]],
+    reserved: Mapping[str, Mapping[str, float]],
+) -> None:
     """Every replica has a node beside the learner's reservation (first fit, as the plan places them)."""
     from seal.runtime.plan_layout import Demand, nodes_from_ray, place
 
@@ -113,17 +129,28 @@ def check_replicas_fit(generator: ActorResources, replicas: int, ray_nodes: Sequ
     free = free_nodes(ray_nodes, reserved)
     layout = place([Demand("generator", i, ask) for i in range(replicas)], nodes_from_ray(free), check_custom=True)
     if layout.unplaced:
-        left = "; ".join(f"{node_name(n)}: " + ", ".join(f"{n['Resources'].get(k, 0.0):g} {k}" for k in ask)
-                         for n in free if n.get("Alive", True))
-        raise LayoutError(f"{len(layout.unplaced)} of {replicas} generator replicas of {_ask(ask)} each cannot be placed beside the "
-                          f"learner ranks' reservation (free: {left}); `seal plan` shows the layout")
+        left = "; ".join(
+            f"{node_name(n)}: " + ", ".join(f"{n['Resources'].get(k, 0.0):g} {k}" for k in ask)
+            for n in free
+            if n.get("Alive", True)
+        )
+        raise LayoutError(
+            f"{len(layout.unplaced)} of {replicas} generator replicas of {_ask(ask)} each cannot be placed beside the "
+            f"learner ranks' reservation (free: {left}); `seal plan` shows the layout"
+        )
 
 
 def _ranks(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)) else ", ".join(map(str, ranks))
+    return (
+        f"{ranks[0]}-{ranks[-1]}"
+        if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1))
+        else ", ".join(map(str, ranks))
+    )
 
 
-def check_learner_nodes(planned: tuple[int, ...], rank_nodes: Sequence[str], names: Mapping[str, str] | None = None) -> None:
+def check_learner_nodes(
+    planned: tuple[int, ...], rank_nodes: Sequence[str], names: Mapping[str, str] | None = None
+) -> None:
     """The ranks (``rank_nodes``: node id per rank) are on no more nodes than the plan's layout."""
     if not planned:
         return
@@ -135,9 +162,13 @@ def check_learner_nodes(planned: tuple[int, ...], rank_nodes: Sequence[str], nam
     nodes = sorted(by_node.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     got = " + ".join(str(len(rs)) for _, rs in nodes)
     where = "; ".join(f"{(names or {}).get(n, n[:8])}: ranks {_ranks(rs)}" for n, rs in nodes)
-    want = f"one node ({planned[0]})" if len(planned) == 1 else f"{len(planned)} nodes ({' + '.join(map(str, planned))})"
-    raise LayoutError(f"learner ranks landed {got} over {len(by_node)} nodes ({where}) but seal plan puts them on {want}: "
-                      "ZeRO-3's gathers would cross nodes")
+    want = (
+        f"one node ({planned[0]})" if len(planned) == 1 else f"{len(planned)} nodes ({' + '.join(map(str, planned))})"
+    )
+    raise LayoutError(
+        f"learner ranks landed {got} over {len(by_node)} nodes ({where}) but seal plan puts them on {want}: "
+        "ZeRO-3's gathers would cross nodes"
+    )
 
 
 # ----------------------------------------------------------------------------- the object store
@@ -164,12 +195,16 @@ def check_local_object_store(object_store_gb: float, weights: float, what: str) 
     """A local Ray start's store (``cluster.object_store_gb``, GiB) holds the weights."""
     need = object_store_need(weights)
     if object_store_gb * 2**30 < need:
-        raise ValueError(f"cluster.object_store_gb={object_store_gb:g} cannot hold the generator's weights "
-                         f"({weights / 1e9:.1f} GB: {what}), which a replica's restore and every object-store publish put "
-                         f"there whole: set cluster.object_store_gb={-(-need // 2**30):.0f} or more")
+        raise ValueError(
+            f"cluster.object_store_gb={object_store_gb:g} cannot hold the generator's weights "
+            f"({weights / 1e9:.1f} GB: {what}), which a replica's restore and every object-store publish put "
+            f"there whole: set cluster.object_store_gb={-(-need // 2**30):.0f} or more"
+        )
 
 
-def check_object_stores(ray_nodes: Sequence[Mapping[str, Any]], roles: Mapping[str, str], weights: float, what: str) -> None:
+def check_object_stores(
+    ray_nodes: Sequence[Mapping[str, Any]], roles: Mapping[str, str], weights: float, what: str
+) -> None:
     """Each node in ``roles`` (node id -> its actors) must have an object store that holds the weights."""
     need = object_store_need(weights)
     for n in ray_nodes:
@@ -177,6 +212,8 @@ def check_object_stores(ray_nodes: Sequence[Mapping[str, Any]], roles: Mapping[s
             continue
         have = float((n.get("Resources") or {}).get("object_store_memory", 0.0))
         if have and have < need:
-            raise LayoutError(f"node {node_name(n)} ({roles[n['NodeID']]}) has a {have / 1e9:.1f} GB object store; the "
-                              f"generator's weights ({weights / 1e9:.1f} GB: {what}) pass through it whole on a replica's "
-                              f"restore: start Ray there with `ray start --object-store-memory={int(-(-need // 1e9)) * 10**9}` or more")
+            raise LayoutError(
+                f"node {node_name(n)} ({roles[n['NodeID']]}) has a {have / 1e9:.1f} GB object store; the "
+                f"generator's weights ({weights / 1e9:.1f} GB: {what}) pass through it whole on a replica's "
+                f"restore: start Ray there with `ray start --object-store-memory={int(-(-need // 1e9)) * 10**9}` or more"
+            )

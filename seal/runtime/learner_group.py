@@ -12,17 +12,19 @@ a broadcast started without waiting (the generator loads while the next batch is
 next step or checkpoint never run their collectives at once, and every rank runs the same
 sequence; the driver itself never blocks on the broadcast.
 """
+
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from weights.buckets import WeightManifest
 from learner.group import Rendezvous, merge_results, shard_batch
 from seal.runtime.placement import ActorResources
+from weights.buckets import WeightManifest
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ class LearnerGroupError(RuntimeError):
 @dataclass
 class GroupCall:
     """Calls in flight on every rank (one ref per rank, rank order)."""
+
     refs: list
     what: str
     step: int
@@ -53,16 +56,27 @@ class GroupSettings:
     backend: str = "gloo"
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> "GroupSettings":
+    def from_spec(cls, spec: Mapping[str, Any]) -> GroupSettings:
         lcfg = spec["cfg"]
-        return cls(int(spec.get("world_size", 1)), float(spec.get("timeout_s", 600.0)), float(spec.get("step_timeout_s", 3600.0)),
-                   int(lcfg.get("mini_batch_groups", 1)), "nccl" if lcfg.get("device") == "cuda" else "gloo")
+        return cls(
+            int(spec.get("world_size", 1)),
+            float(spec.get("timeout_s", 600.0)),
+            float(spec.get("step_timeout_s", 3600.0)),
+            int(lcfg.get("mini_batch_groups", 1)),
+            "nccl" if lcfg.get("device") == "cuda" else "gloo",
+        )
 
 
 class LearnerGroup:
-    def __init__(self, make_learner: Callable[[], Any], settings: GroupSettings, resources: ActorResources,
-                 storage: str | Path | None = None, env_vars: Mapping[str, str] | None = None,
-                 placement: Any = None) -> None:
+    def __init__(
+        self,
+        make_learner: Callable[[], Any],
+        settings: GroupSettings,
+        resources: ActorResources,
+        storage: str | Path | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        placement: Any = None,
+    ) -> None:
         """``placement``: a placement group already reserved for the ranks, one bundle per rank, which
         the group then owns (seal/runtime/layout_guard.py reserve_learner: the plan's layout); None: PACK here."""
         import ray
@@ -78,25 +92,50 @@ class LearnerGroup:
         self._tickets = [0] * settings.world_size  # the next ticket per rank (learner/call_order.py)
         self.survivable_failures: list[str] = []  # e.g. a weight round a receiver left (``broadcast_weights``)
         bundle = {k: v for k, v in resources.bundle().items() if v}
-        self.pg = placement if placement is not None else (
-            placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None)
+        self.pg = (
+            placement
+            if placement is not None
+            else (placement_group([bundle] * settings.world_size, strategy="PACK") if bundle else None)
+        )
         try:
             if self.pg is not None and not self.pg.wait(settings.timeout_s):
-                raise LearnerGroupError(f"the cluster cannot place {settings.world_size} learner ranks of {bundle} "
-                                        f"within {settings.timeout_s:g}s (learner.world_size, cluster.learner)")
+                raise LearnerGroupError(
+                    f"the cluster cannot place {settings.world_size} learner ranks of {bundle} "
+                    f"within {settings.timeout_s:g}s (learner.world_size, cluster.learner)"
+                )
             threads = resources.thread_count() or None
             for r in range(settings.world_size):
                 # Threads: an ordered call running, the next one waiting for its turn, and probes (pid, node).
-                opts: dict[str, Any] = dict(max_restarts=0, max_concurrency=4, runtime_env={"env_vars": dict(env_vars or {})},
-                                            **resources.ray_options())
+                opts: dict[str, Any] = dict(
+                    max_restarts=0,
+                    max_concurrency=4,
+                    runtime_env={"env_vars": dict(env_vars or {})},
+                    **resources.ray_options(),
+                )
                 if self.pg is not None:
-                    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)
+                    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=r
+                    )
                 self.actors.append(ray.remote(LearnerRank).options(**opts).remote(threads))
             self.nodes = self._probe_all(lambda a: a.node.remote(), "start")
             host, port = self._get_one(self.actors[0].address.remote(), 0, "start")
             factory = resources.pinned(make_learner)
-            self._all("start", "start", lambda r: (Rendezvous(host, port, r, settings.world_size, settings.backend,
-                                                              settings.timeout_s, settings.step_timeout_s), factory))
+            self._all(
+                "start",
+                "start",
+                lambda r: (
+                    Rendezvous(
+                        host,
+                        port,
+                        r,
+                        settings.world_size,
+                        settings.backend,
+                        settings.timeout_s,
+                        settings.step_timeout_s,
+                    ),
+                    factory,
+                ),
+            )
             if storage is not None:
                 self.check_storage(Path(storage))
         except BaseException:
@@ -120,11 +159,19 @@ class LearnerGroup:
         """An ordered call on one rank: ``method(ticket, *args)``."""
         return getattr(self.actors[rank], method).remote(self._ticket(rank), *args)
 
-    def _start(self, method: str, what: str, args=lambda rank: (), timeout_s: float | None = None,
-               survivable: tuple[type, ...] = ()) -> GroupCall:
+    def _start(
+        self,
+        method: str,
+        what: str,
+        args=lambda rank: (),
+        timeout_s: float | None = None,
+        survivable: tuple[type, ...] = (),
+    ) -> GroupCall:
         """``method`` on every rank, in order (a ticket each); ``args(rank)``: that rank's arguments."""
         refs = [self._submit(r, method, *args(r)) for r in range(len(self.actors))]
-        return GroupCall(refs, what, self.step, time.monotonic() + (timeout_s or self.settings.timeout_s), survivable=survivable)
+        return GroupCall(
+            refs, what, self.step, time.monotonic() + (timeout_s or self.settings.timeout_s), survivable=survivable
+        )
 
     def _collect(self, call: GroupCall, block: bool) -> bool:
         """Results of finished ranks into ``call.results``; True when every rank has answered."""
@@ -137,8 +184,11 @@ class LearnerGroup:
             if not ready:
                 if block or time.monotonic() >= call.deadline:  # a blocking wait that returns empty has timed out
                     ranks = [r for r in range(len(call.refs)) if r not in call.results]
-                    self._fail(f"learner {call.what} at step {call.step} did not finish in time: "
-                               + ", ".join(self._name(r) for r in ranks) + " had not answered")
+                    self._fail(
+                        f"learner {call.what} at step {call.step} did not finish in time: "
+                        + ", ".join(self._name(r) for r in ranks)
+                        + " had not answered"
+                    )
                 return False
             for ref in ready:
                 rank = call.refs.index(ref)
@@ -151,8 +201,10 @@ class LearnerGroup:
                     rank, exc = self._first_death(call, rank, exc)
                     cause = (getattr(exc, "error_msg", None) or str(exc)).strip().splitlines()
                     died = isinstance(exc, ray.exceptions.RayActorError)
-                    self._fail(f"{self._name(rank)} {'died' if died else 'failed'} during {call.what} at step {call.step}: "
-                               f"{cause[-1] if cause else exc.__class__.__name__}")
+                    self._fail(
+                        f"{self._name(rank)} {'died' if died else 'failed'} during {call.what} at step {call.step}: "
+                        f"{cause[-1] if cause else exc.__class__.__name__}"
+                    )
         return True
 
     def _first_death(self, call: GroupCall, rank: int, exc: Exception, grace_s: float = 15.0) -> tuple[int, Exception]:
@@ -213,17 +265,29 @@ class LearnerGroup:
                 self.survivable_failures.append(message)
 
     # ------------------------------------------------------------- training
-    def train(self, trajectories: Sequence, tag_weights, group_weights: Mapping[str, float] | None = None,
-              policy_version: int | None = None, partial: bool = False) -> GroupCall:
+    def train(
+        self,
+        trajectories: Sequence,
+        tag_weights,
+        group_weights: Mapping[str, float] | None = None,
+        policy_version: int | None = None,
+        partial: bool = False,
+    ) -> GroupCall:
         """Start one step on every rank: groups split by ``shard_batch``; ``tag_weights`` may be an object ref."""
         self._check_pending()
         groups = len({t.group_id for t in trajectories})
         if not partial and groups % self.settings.mini_batch_groups:
-            raise ValueError(f"a batch must hold whole mini-batches of {self.settings.mini_batch_groups} groups; got {groups}")
+            raise ValueError(
+                f"a batch must hold whole mini-batches of {self.settings.mini_batch_groups} groups; got {groups}"
+            )
         shards = shard_batch(trajectories, self.settings.world_size, self.settings.mini_batch_groups)
         self.step += 1
-        return self._start("train_shard", "train step", lambda r: (shards[r], tag_weights, group_weights, policy_version),
-                           self.settings.step_timeout_s)
+        return self._start(
+            "train_shard",
+            "train step",
+            lambda r: (shards[r], tag_weights, group_weights, policy_version),
+            self.settings.step_timeout_s,
+        )
 
     def done(self, call: GroupCall) -> bool:
         return self._collect(call, block=False)
@@ -232,7 +296,9 @@ class LearnerGroup:
         self._collect(call, block=True)
         return merge_results([call.results[r] for r in range(len(self.actors))])
 
-    def train_now(self, trajectories: Sequence, tag_weights, group_weights=None, policy_version=None, partial=False) -> dict[str, Any]:
+    def train_now(
+        self, trajectories: Sequence, tag_weights, group_weights=None, policy_version=None, partial=False
+    ) -> dict[str, Any]:
         return self.result(self.train(trajectories, tag_weights, group_weights, policy_version, partial))
 
     # -------------------------------------------------------------- weights
@@ -244,8 +310,10 @@ class LearnerGroup:
         self._collect(call, block=True)
         manifest = call.results[0]
         if not isinstance(manifest, WeightManifest):
-            self._fail(f"{self._name(0)} returned {type(manifest).__name__} from the weight gather at step {self.step}, "
-                       "not a weight manifest")
+            self._fail(
+                f"{self._name(0)} returned {type(manifest).__name__} from the weight gather at step {self.step}, "
+                "not a weight manifest"
+            )
         return manifest
 
     def canary_logprobs(self, token_ids: list[int]) -> list[float]:

@@ -61,11 +61,13 @@ its activation peak and CUDA graphs, and the rest buys KV: concurrent sequences 
 max_model_len = KV budget per GPU / (KV per token per GPU x max_model_len). On CPU the KV
 budget is ``cpu_kv_cache_gb`` GiB per worker (vLLM's kv_cache_memory_bytes; fractions allowed).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 GB = 1e9
 GIB = 2**30
@@ -79,6 +81,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 @dataclass(frozen=True)
 class ModelSpec:
     """The architecture numbers of a decoder-only HF model (Llama / Qwen2 family)."""
+
     name: str
     hidden: int
     layers: int
@@ -91,18 +94,22 @@ class ModelSpec:
     qkv_bias: bool = False
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], name: str = "") -> "ModelSpec":
+    def from_config(cls, config: Mapping[str, Any], name: str = "") -> ModelSpec:
         try:
             hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
             return cls(
                 name=name or str(config.get("_name_or_path") or config.get("model_type", "model")),
-                hidden=hidden, layers=int(config["num_hidden_layers"]), heads=heads,
+                hidden=hidden,
+                layers=int(config["num_hidden_layers"]),
+                heads=heads,
                 kv_heads=int(config.get("num_key_value_heads") or heads),
                 head_dim=int(config.get("head_dim") or hidden // heads),
-                intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                intermediate=int(config["intermediate_size"]),
+                vocab=int(config["vocab_size"]),
                 tied=bool(config.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v biases (its config has no switch); Llama says attention_bias.
-                qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")))
+                qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+            )
         except KeyError as exc:
             raise ValueError(f"{name or 'config.json'}: no {exc.args[0]} (not a decoder-only HF config)") from None
 
@@ -148,7 +155,11 @@ class LearnerSetup:
         return self.zero_stage if self.backend == "deepspeed" else 0
 
     def describe(self) -> str:
-        zero = f"ZeRO-{self.stage} over {self.world_size} rank{'s' * (self.world_size > 1)}" if self.stage else "torch, 1 rank"
+        zero = (
+            f"ZeRO-{self.stage} over {self.world_size} rank{'s' * (self.world_size > 1)}"
+            if self.stage
+            else "torch, 1 rank"
+        )
         off = [k for k, v in (("optimizer", self.offload_optimizer), ("params", self.offload_param)) if v]
         return f"{zero}, {self.dtype}, {self.device}" + (f", offload {'+'.join(off)}" if off else "")
 
@@ -156,6 +167,7 @@ class LearnerSetup:
 @dataclass(frozen=True)
 class Estimate:
     """Bytes by term, on the device (GPU, or host memory for a CPU actor) and on the host."""
+
     device: dict[str, float] = field(default_factory=dict)
     host: dict[str, float] = field(default_factory=dict)
     phase: str = ""  # the step phase whose transient terms are in ``device`` (the peak's)
@@ -191,9 +203,11 @@ def _logits_bytes_per_element(compute_bytes: int, phase: str) -> int:
     policy's kept log-softmax (4) plus the reference's logits, fp32 copy and log-softmax (c + 4 + 4).
     """
     copy = 4 if compute_bytes != 4 else 0
-    return {"policy_forward": compute_bytes,
-            "loss": compute_bytes + copy + 4 + 12,
-            "reference_forward": 4 + compute_bytes + copy + 4}[phase]
+    return {
+        "policy_forward": compute_bytes,
+        "loss": compute_bytes + copy + 4 + 12,
+        "reference_forward": 4 + compute_bytes + copy + 4,
+    }[phase]
 
 
 def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]:
@@ -210,14 +224,24 @@ def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]
         return scored * m.vocab * _logits_bytes_per_element(cb, phase)
 
     phases = {
-        "policy_forward": {"gathered": gathered, "weight_casts": 2 * p if cb == 2 else 0, "activations": activations,
-                           "prefix_mask": mask, "logits": logits("policy_forward")},
+        "policy_forward": {
+            "gathered": gathered,
+            "weight_casts": 2 * p if cb == 2 else 0,
+            "activations": activations,
+            "prefix_mask": mask,
+            "logits": logits("policy_forward"),
+        },
         "loss": {"activations": activations, "prefix_mask": mask, "logits": logits("loss")},
         "publish": {"gathered": max(s.weight_bucket_mb * 2**20, 4 * largest) if stage == 3 else 0},
     }
     if s.reference:
-        phases["reference_forward"] = {"gathered": gathered, "reference_casts": 2 * largest if cb == 2 else 0,
-                                       "activations": activations, "prefix_mask": mask, "logits": logits("reference_forward")}
+        phases["reference_forward"] = {
+            "gathered": gathered,
+            "reference_casts": 2 * largest if cb == 2 else 0,
+            "activations": activations,
+            "prefix_mask": mask,
+            "logits": logits("reference_forward"),
+        }
     kept = {name: {k: float(v) for k, v in terms.items() if v} for name, terms in phases.items()}
     return {name: terms for name, terms in kept.items() if terms}  # publish below ZeRO-3 gathers nothing
 
@@ -248,7 +272,11 @@ def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
         put(term, value, False)
     put("runtime", CUDA_RUNTIME if s.device == "cuda" else CPU_RUNTIME, False)
     if s.device == "cuda":  # publish: rank 0 copies one gathered tensor at a time to the host to write it
-        put("weights_out", max(s.weight_bucket_mb * 2**20, 4 * max(m.embedding_params(), m.hidden * m.intermediate)), True)
+        put(
+            "weights_out",
+            max(s.weight_bucket_mb * 2**20, 4 * max(m.embedding_params(), m.hidden * m.intermediate)),
+            True,
+        )
     else:  # a CPU learner's "device" is host memory: one pool (the snapshot is written from it in place)
         host, device = {}, {**device, **{f"{k} (offloaded)": v for k, v in host.items()}}
     return Estimate(device, host, peak, {k: sum(v.values()) for k, v in phases.items()})
@@ -284,8 +312,9 @@ def generator_memory(m: ModelSpec, g: GeneratorSetup, gpu_bytes: float | None) -
     if g.device != "cuda":
         weights, kv_token = m.params() * wb, m.kv_bytes_per_token(wb, 1)
         budget = g.cpu_kv_cache_gb * GIB
-        return GeneratorEstimate(weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)),
-                                 weights + budget + CPU_RUNTIME, 1)
+        return GeneratorEstimate(
+            weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), weights + budget + CPU_RUNTIME, 1
+        )
     tp = g.tensor_parallel_size
     weights, kv_token = m.params() * wb / tp, m.kv_bytes_per_token(wb, tp)
     if gpu_bytes is None:

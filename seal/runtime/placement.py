@@ -6,14 +6,16 @@ configured actors (they share the cores; threads are pinned per actor). With
 ``address`` ("auto" or host:port) the pipeline joins an existing cluster and
 spreads env actors across its nodes.
 """
+
 from __future__ import annotations
 
 import functools
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 ACTORS = ("env_actor", "generator", "learner", "coordinator")  # the ClusterConfig fields that are ActorResources
@@ -90,7 +92,11 @@ class ActorResources:
 
     def bundle(self) -> dict[str, float]:
         """What one such actor asks of a node, in ray.nodes()' and placement groups' resource names."""
-        return {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus), **{k: float(v) for k, v in self.resources.items()}}
+        return {
+            "CPU": float(self.num_cpus),
+            "GPU": float(self.num_gpus),
+            **{k: float(v) for k, v in self.resources.items()},
+        }
 
     def env_vars(self) -> dict[str, str]:
         threads = self.thread_count()
@@ -108,6 +114,7 @@ class Hardware:
     """The machines a configuration is planned for when no cluster is running (`seal plan`):
     ``nodes`` alike, each with ``gpus_per_node`` GPUs of ``gpu_gb`` GB, ``cpus_per_node``
     logical CPUs and ``memory_gb`` of host memory. What a running cluster reports wins."""
+
     nodes: int = 1
     gpus_per_node: int = 0
     gpu_gb: float = 0.0
@@ -127,8 +134,12 @@ class ClusterConfig:
     spread_env_actors: bool = True  # SPREAD scheduling: env actors on different nodes where there are several
     max_restarts: int = 3  # per env/generator actor; its in-flight groups are re-issued
     object_store_gb: float = 4.0  # local start only (weights pass through it)
-    actor_logs: bool = False  # stream actors' stdout/stderr (vLLM, DeepSpeed) to this terminal; else only in Ray's log dir
-    ray_auth: str = "disabled"  # Ray's RAY_AUTH_MODE for this driver: "token" (multinode) or "disabled" (see ray_auth_env)
+    actor_logs: bool = (
+        False  # stream actors' stdout/stderr (vLLM, DeepSpeed) to this terminal; else only in Ray's log dir
+    )
+    ray_auth: str = (
+        "disabled"  # Ray's RAY_AUTH_MODE for this driver: "token" (multinode) or "disabled" (see ray_auth_env)
+    )
     env_actor: ActorResources = field(default_factory=lambda: ActorResources(num_cpus=0.5, threads=1))
     generator: ActorResources = field(default_factory=ActorResources)
     learner: ActorResources = field(default_factory=ActorResources)
@@ -156,39 +167,54 @@ class ClusterConfig:
         for name in ACTORS:
             missing = getattr(self, name).cpu_set() - allowed
             if missing:
-                raise ValueError(f"cluster.{name}.cpus={getattr(self, name).cpus!r} names CPUs {sorted(missing)} "
-                                 f"this machine does not offer (it has {sorted(allowed)})")
+                raise ValueError(
+                    f"cluster.{name}.cpus={getattr(self, name).cpus!r} names CPUs {sorted(missing)} "
+                    f"this machine does not offer (it has {sorted(allowed)})"
+                )
 
-    def check_local_resources(self, gpus: Callable[[], int | None] | None = None, learner_ranks: int = 1,
-                              replicas: int = 1) -> None:
+    def check_local_resources(
+        self, gpus: Callable[[], int | None] | None = None, learner_ranks: int = 1, replicas: int = 1
+    ) -> None:
         """A local Ray has this machine's GPUs and no custom resources: an actor
         asking for more would wait for them forever instead of failing. Every actor
         counts: ``learner_ranks`` (learner.world_size) and generator ``replicas``."""
         for name in ACTORS:
             custom = [k for k in getattr(self, name).resources if not k.startswith(("node:", "accelerator_type:"))]
             if custom:
-                raise ValueError(f"cluster.{name}.resources asks for {', '.join(custom)}, which a local Ray start does not have "
-                                 "(custom resources come from `ray start --resources` on a cluster: set cluster.address)")
-        counts = {"env_actor": (self.env_actors, "env actors"), "learner": (learner_ranks, "learner ranks"),
-                  "generator": (replicas, "generator replicas")}
+                raise ValueError(
+                    f"cluster.{name}.resources asks for {', '.join(custom)}, which a local Ray start does not have "
+                    "(custom resources come from `ray start --resources` on a cluster: set cluster.address)"
+                )
+        counts = {
+            "env_actor": (self.env_actors, "env actors"),
+            "learner": (learner_ranks, "learner ranks"),
+            "generator": (replicas, "generator replicas"),
+        }
         asks = {name: getattr(self, name).num_gpus * counts.get(name, (1, ""))[0] for name in ACTORS}
         need = round(sum(asks.values()), 6)
         if need <= 0:
             return
         have = (gpus or local_gpu_count)()
         if have is not None and need > have:
+
             def times(n: str) -> str:
                 k, what = counts.get(n, (1, ""))
                 return f" x {k} {what}" if k != 1 else ""
 
-            parts = ", ".join(f"cluster.{n}.num_gpus={getattr(self, n).num_gpus:g}{times(n)}" for n, v in asks.items() if v)
+            parts = ", ".join(
+                f"cluster.{n}.num_gpus={getattr(self, n).num_gpus:g}{times(n)}" for n, v in asks.items() if v
+            )
             raise ValueError(f"the actors ask for {need:g} GPUs ({parts}) but a local Ray start here has {have}")
 
     def local_cpus(self, learner_ranks: int = 1, replicas: int = 1) -> int:
         """Logical CPUs for a local Ray: all configured actors must fit, even on 2 cores (every
         learner rank and replica: an actor that does not fit waits for its CPUs for ever)."""
-        need = (self.env_actors * self.env_actor.num_cpus + replicas * self.generator.num_cpus
-                + learner_ranks * self.learner.num_cpus + self.coordinator.num_cpus)
+        need = (
+            self.env_actors * self.env_actor.num_cpus
+            + replicas * self.generator.num_cpus
+            + learner_ranks * self.learner.num_cpus
+            + self.coordinator.num_cpus
+        )
         return max(os.cpu_count() or 1, int(need + 0.999) + 2)  # room to scale env actors up
 
 
@@ -218,8 +244,10 @@ def check_reachable(cfg: ClusterConfig) -> None:
     here = ray.util.get_node_ip_address()
     others = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} - {here})
     if others:
-        raise ValueError(f"the cluster has nodes at {', '.join(others)} but the replay stream binds to {cfg.bind_host}: "
-                         "use cluster=multinode or cluster.bind_host=0.0.0.0")
+        raise ValueError(
+            f"the cluster has nodes at {', '.join(others)} but the replay stream binds to {cfg.bind_host}: "
+            "use cluster=multinode or cluster.bind_host=0.0.0.0"
+        )
 
 
 def ray_token_source(environ: Mapping[str, str], home: Path) -> str | None:
@@ -247,12 +275,16 @@ def ray_auth_env(cfg: ClusterConfig, environ: Mapping[str, str], home: Path | No
     if cfg.ray_auth == "disabled":
         return {} if current else {"RAY_AUTH_MODE": "disabled"}
     if current is not None and current.lower() != "token":
-        raise ValueError(f"cluster.ray_auth=token but RAY_AUTH_MODE={current} in the environment: "
-                         "unset it, or run with cluster.ray_auth=disabled")
+        raise ValueError(
+            f"cluster.ray_auth=token but RAY_AUTH_MODE={current} in the environment: "
+            "unset it, or run with cluster.ray_auth=disabled"
+        )
     if cfg.address and ray_token_source(environ, home or Path.home()) is None:
-        raise ValueError(f"cluster.ray_auth=token joins the cluster at {cfg.address} with Ray's token authentication, "
-                         "but no token is here: copy the head node's ~/.ray/auth_token (made by `ray get-auth-token --generate`), "
-                         "or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (docs/main-job.md: On a multi-node Ray cluster)")
+        raise ValueError(
+            f"cluster.ray_auth=token joins the cluster at {cfg.address} with Ray's token authentication, "
+            "but no token is here: copy the head node's ~/.ray/auth_token (made by `ray get-auth-token --generate`), "
+            "or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (docs/main-job.md: On a multi-node Ray cluster)"
+        )
     return {"RAY_AUTH_MODE": "token"}
 
 
@@ -289,8 +321,13 @@ def start_ray(cfg: ClusterConfig, learner_ranks: int = 1, replicas: int = 1) -> 
         # started on this machine (`ray start`, a test's cluster).
         cfg.check_local_cpus()
         cfg.check_local_resources(learner_ranks=learner_ranks, replicas=replicas)
-        ray.init(address="local", num_cpus=cfg.local_cpus(learner_ranks, replicas), include_dashboard=False, log_to_driver=cfg.actor_logs,
-                 object_store_memory=int(cfg.object_store_gb * 2**30))
+        ray.init(
+            address="local",
+            num_cpus=cfg.local_cpus(learner_ranks, replicas),
+            include_dashboard=False,
+            log_to_driver=cfg.actor_logs,
+            object_store_memory=int(cfg.object_store_gb * 2**30),
+        )
     return ray.cluster_resources()
 
 
@@ -315,8 +352,9 @@ def actor_nodes(handles: Mapping[str, Any], key: str = "IPAddress") -> dict[str,
     return out
 
 
-def least_used_node(nodes: list[Mapping[str, Any]], ask: Mapping[str, float], used: Mapping[str, int],
-                    prefer: str | None = None) -> str | None:
+def least_used_node(
+    nodes: list[Mapping[str, Any]], ask: Mapping[str, float], used: Mapping[str, int], prefer: str | None = None
+) -> str | None:
     """The node for one more actor of a kind that should spread (generator replicas): among the
     alive nodes of ``ray.nodes()`` whose total resources can hold ``ask``, one that hosts the
     fewest of ``used`` (node id -> actors of that kind already there); on a tie ``prefer`` (the
@@ -328,6 +366,7 @@ def least_used_node(nodes: list[Mapping[str, Any]], ask: Mapping[str, float], us
     A node must hold one more replica beside the ``used`` ones: Ray keeps a (soft) node-affinity
     request waiting on a node that exists but is full, for ever. ``nodes`` may carry what is left
     after a reservation (seal/runtime/layout_guard.py free_nodes: the learner's placement group)."""
+
     def holds(n: Mapping[str, Any], taken: int) -> bool:
         have = n.get("Resources") or {}
         return all(float(have.get(k, 0.0)) - taken * v >= v - 1e-9 for k, v in ask.items() if v > 0)

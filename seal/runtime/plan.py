@@ -7,6 +7,7 @@ target nodes (seal/runtime/plan_layout.py: ``cluster.hardware``, this machine, o
 would. ``seal train`` runs the same check in its preflight (``check_fits``), refusing only a
 plan that clearly cannot fit. Rendering is in seal/commands/plan_report.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,29 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seal.runtime.memory import (GB, Estimate, GeneratorEstimate, GeneratorSetup, LearnerSetup, ModelSpec, generator_memory,
-                         learner_memory, powers_of_two, smallest_fitting, tp_divides)
+from seal.runtime.memory import (
+    GB,
+    Estimate,
+    GeneratorEstimate,
+    GeneratorSetup,
+    LearnerSetup,
+    ModelSpec,
+    generator_memory,
+    learner_memory,
+    powers_of_two,
+    smallest_fitting,
+    tp_divides,
+)
 from seal.runtime.placement import ClusterConfig
-from seal.runtime.plan_layout import Demand, Layout, hardware_nodes, layout_problems, local_machine, nodes_from_ray, place
+from seal.runtime.plan_layout import (
+    Demand,
+    Layout,
+    hardware_nodes,
+    layout_problems,
+    local_machine,
+    nodes_from_ray,
+    place,
+)
 
 SPECS_DIR = "model_specs"  # configs/model_specs/<name>/config.json: architecture numbers only
 BUNDLED_SPECS = {"embedded": "smollm2-135m-instruct", "tiny": "tiny-llama-smollm2-tok"}
@@ -84,7 +104,11 @@ def model_config(cfg, config_root: Path | None = None) -> tuple[dict[str, Any], 
             except ValueError:
                 shown = str(c)
             return json.loads(c.read_text()), shown
-    hint = f" nor in configs/{SPECS_DIR}/{spec}" if spec else f" (model.spec=NAME reads configs/{SPECS_DIR}/NAME/config.json)"
+    hint = (
+        f" nor in configs/{SPECS_DIR}/{spec}"
+        if spec
+        else f" (model.spec=NAME reads configs/{SPECS_DIR}/NAME/config.json)"
+    )
     raise FileNotFoundError(f"model.path={path}: no config.json there{hint}")
 
 
@@ -93,13 +117,22 @@ def learner_setup(cfg) -> LearnerSetup:
 
     lc = cfg.learner.cfg
     return LearnerSetup(
-        backend=str(lc.backend), zero_stage=int(lc.zero_stage), world_size=int(_select(cfg, "learner.world_size", 1)),
-        device=str(lc.device), dtype=resolve_dtype(str(lc.dtype), str(lc.device))[0], optimizer=str(lc.optimizer),
-        offload_optimizer=bool(lc.offload_optimizer), offload_param=bool(lc.offload_param),
-        reference=bool(float(lc.loss.kl_coef)), gradient_checkpointing=bool(lc.gradient_checkpointing),
-        micro_batch_size=int(lc.micro_batch_size), shared_prefix=bool(lc.shared_prefix),
-        seq_len=int(cfg.generator.max_model_len), response_len=int(cfg.sampling.max_new_tokens),
-        weight_bucket_mb=float(lc.weight_bucket_mb))
+        backend=str(lc.backend),
+        zero_stage=int(lc.zero_stage),
+        world_size=int(_select(cfg, "learner.world_size", 1)),
+        device=str(lc.device),
+        dtype=resolve_dtype(str(lc.dtype), str(lc.device))[0],
+        optimizer=str(lc.optimizer),
+        offload_optimizer=bool(lc.offload_optimizer),
+        offload_param=bool(lc.offload_param),
+        reference=bool(float(lc.loss.kl_coef)),
+        gradient_checkpointing=bool(lc.gradient_checkpointing),
+        micro_batch_size=int(lc.micro_batch_size),
+        shared_prefix=bool(lc.shared_prefix),
+        seq_len=int(cfg.generator.max_model_len),
+        response_len=int(cfg.sampling.max_new_tokens),
+        weight_bucket_mb=float(lc.weight_bucket_mb),
+    )
 
 
 def generator_setup(cfg) -> GeneratorSetup:
@@ -107,33 +140,53 @@ def generator_setup(cfg) -> GeneratorSetup:
 
     g = cfg.generator
     device = str(_select(cfg, "generator.device", "cpu"))
-    return GeneratorSetup(device=device, dtype=resolve_dtype(str(_select(cfg, "generator.dtype", "float32")), device)[0],
-                          tensor_parallel_size=int(_select(cfg, "generator.tensor_parallel_size", 1)),
-                          gpu_memory_utilization=float(_select(cfg, "generator.gpu_memory_utilization", 0.85)),
-                          max_model_len=int(g.max_model_len), cpu_kv_cache_gb=float(_select(cfg, "generator.cpu_kv_cache_gb", 2)))
+    return GeneratorSetup(
+        device=device,
+        dtype=resolve_dtype(str(_select(cfg, "generator.dtype", "float32")), device)[0],
+        tensor_parallel_size=int(_select(cfg, "generator.tensor_parallel_size", 1)),
+        gpu_memory_utilization=float(_select(cfg, "generator.gpu_memory_utilization", 0.85)),
+        max_model_len=int(g.max_model_len),
+        cpu_kv_cache_gb=float(_select(cfg, "generator.cpu_kv_cache_gb", 2)),
+    )
 
 
-def demands(cluster: ClusterConfig, replicas: int, world: int, learner: Estimate, learner_cuda: bool,
-            gen: GeneratorEstimate, gen_cuda: bool) -> list[Demand]:
+def demands(
+    cluster: ClusterConfig,
+    replicas: int,
+    world: int,
+    learner: Estimate,
+    learner_cuda: bool,
+    gen: GeneratorEstimate,
+    gen_cuda: bool,
+) -> list[Demand]:
     def ask(res) -> dict[str, float]:
         return {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.resources}
 
     learner_host = learner.host_bytes / GB + (CUDA_PROCESS_HOST_GB if learner_cuda else learner.device_bytes / GB)
     gen_host = CUDA_PROCESS_HOST_GB if gen_cuda else gen.replica_bytes / GB
-    return ([Demand("driver", 0, {}, DRIVER_HOST_GB)]
-            + [Demand("generator", i, ask(cluster.generator), gen_host) for i in range(replicas)]
-            + [Demand("learner", r, ask(cluster.learner), learner_host) for r in range(world)]
-            + [Demand("coordinator", 0, ask(cluster.coordinator), 0.5)]
-            + [Demand("env", i, ask(cluster.env_actor), ENV_ACTOR_HOST_GB) for i in range(cluster.env_actors)])
+    return (
+        [Demand("driver", 0, {}, DRIVER_HOST_GB)]
+        + [Demand("generator", i, ask(cluster.generator), gen_host) for i in range(replicas)]
+        + [Demand("learner", r, ask(cluster.learner), learner_host) for r in range(world)]
+        + [Demand("coordinator", 0, ask(cluster.coordinator), 0.5)]
+        + [Demand("env", i, ask(cluster.env_actor), ENV_ACTOR_HOST_GB) for i in range(cluster.env_actors)]
+    )
 
 
-def target_nodes(cluster: ClusterConfig, query: bool, asks_gpus: bool, learner_ranks: int = 1,
-                 replicas: int = 1) -> tuple[list | None, str, list[str]]:
+def target_nodes(
+    cluster: ClusterConfig, query: bool, asks_gpus: bool, learner_ranks: int = 1, replicas: int = 1
+) -> tuple[list | None, str, list[str]]:
     """(nodes or None when unknown, where they came from, notes). A local start's logical CPUs count
     every learner rank and replica, as ``seal train``'s own start does (seal/runtime/placement.py)."""
     hw = cluster.hardware
-    declared = "" if hw is None else (f"cluster.hardware: {hw.nodes} node{'s' * (hw.nodes > 1)} x ({hw.gpus_per_node} GPUs of "
-                                      f"{hw.gpu_gb:g} GB, {hw.cpus_per_node} CPUs, {hw.memory_gb:g} GB host memory)")
+    declared = (
+        ""
+        if hw is None
+        else (
+            f"cluster.hardware: {hw.nodes} node{'s' * (hw.nodes > 1)} x ({hw.gpus_per_node} GPUs of "
+            f"{hw.gpu_gb:g} GB, {hw.cpus_per_node} CPUs, {hw.memory_gb:g} GB host memory)"
+        )
+    )
     if cluster.address and query:
         from seal.runtime.plan_layout import query_cluster
 
@@ -147,15 +200,22 @@ def target_nodes(cluster: ClusterConfig, query: bool, asks_gpus: bool, learner_r
     if hw is not None:
         return hardware_nodes(hw), declared, []
     if cluster.address:
-        return None, "unknown", [f"cluster.address={cluster.address} and no cluster.hardware: placement checked by `seal plan` only"]
+        return (
+            None,
+            "unknown",
+            [f"cluster.address={cluster.address} and no cluster.hardware: placement checked by `seal plan` only"],
+        )
     gpus = None
     if asks_gpus:
         from seal.runtime.placement import local_gpu_count
 
         gpus = local_gpu_count()
     cpus = cluster.local_cpus(learner_ranks, replicas)
-    return hardware_nodes(local_machine(gpus, cpus)), \
-        f"this machine (a local Ray start: {cpus} logical CPUs for {len(os.sched_getaffinity(0))} cores)", []
+    return (
+        hardware_nodes(local_machine(gpus, cpus)),
+        f"this machine (a local Ray start: {cpus} logical CPUs for {len(os.sched_getaffinity(0))} cores)",
+        [],
+    )
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -167,8 +227,11 @@ def build_plan(cfg, query: bool = True) -> Plan:
     cluster: ClusterConfig = instantiate(cfg.cluster)
     ls, gs = learner_setup(cfg), generator_setup(cfg)
     replicas = int(_select(cfg, "generator.replicas", 1))
-    asks_gpus = ls.device == "cuda" or gs.device == "cuda" or any(
-        getattr(cluster, a).num_gpus for a in ("generator", "learner", "env_actor", "coordinator"))
+    asks_gpus = (
+        ls.device == "cuda"
+        or gs.device == "cuda"
+        or any(getattr(cluster, a).num_gpus for a in ("generator", "learner", "env_actor", "coordinator"))
+    )
     nodes, where, notes = target_nodes(cluster, query, asks_gpus, ls.world_size, replicas)
     gpu_gb = next((n.gpu_gb for n in nodes or [] if n.gpu_gb), None)
     gen_est = generator_memory(m, gs, gpu_gb * GB if gpu_gb else None)
@@ -180,12 +243,19 @@ def build_plan(cfg, query: bool = True) -> Plan:
     _check_learner(plan, cluster)
     _check_generator(plan, cluster, cfg, gpu_gb)
     if nodes is not None:
-        plan.layout = place(demands(cluster, replicas, ls.world_size, lest, ls.device == "cuda", gen_est, gs.device == "cuda"),
-                            nodes, cluster.spread_env_actors, check_custom=where.startswith("the running cluster"))
+        plan.layout = place(
+            demands(cluster, replicas, ls.world_size, lest, ls.device == "cuda", gen_est, gs.device == "cuda"),
+            nodes,
+            cluster.spread_env_actors,
+            check_custom=where.startswith("the running cluster"),
+        )
         plan.problems += layout_problems(plan.layout)
         idle = sum(n.free.get("GPU", 0.0) for n in plan.layout.nodes)
         if idle >= 1 and not plan.layout.unplaced:
-            plan.notes.append(f"{idle:g} GPUs left idle" + (" (generator.replicas, issue 14, would take them)" if gs.device == "cuda" else ""))
+            plan.notes.append(
+                f"{idle:g} GPUs left idle"
+                + (" (generator.replicas, issue 14, would take them)" if gs.device == "cuda" else "")
+            )
     return plan
 
 
@@ -202,13 +272,16 @@ def _check_learner(plan: Plan, cluster: ClusterConfig) -> None:
     need = plan.learner_est.device_bytes / GB
     if need <= plan.learner_capacity_gb:
         return
-    plan.problems.append(f"the learner needs {need:.1f} GB per rank ({ls.describe()}) on {plan.learner_capacity_gb:g} GB")
+    plan.problems.append(
+        f"the learner needs {need:.1f} GB per rank ({ls.describe()}) on {plan.learner_capacity_gb:g} GB"
+    )
     plan.suggestions += learner_alternatives(plan.model, ls, plan.learner_capacity_gb)
 
 
 def learner_alternatives(m: ModelSpec, ls: LearnerSetup, cap_gb: float, limit: int = 3) -> list[str]:
     """Overrides that would make one rank fit in ``cap_gb`` with 5% to spare (the estimate is
     an estimate), each with its figure."""
+
     def gb(s: LearnerSetup) -> float:
         return learner_memory(m, s).device_bytes / GB
 
@@ -216,23 +289,33 @@ def learner_alternatives(m: ModelSpec, ls: LearnerSetup, cap_gb: float, limit: i
 
     out: list[str] = []
     z3 = replace(ls, backend="deepspeed", zero_stage=3)
-    world = smallest_fitting(powers_of_two(max(2, ls.world_size + (ls.stage == 3))), lambda n: gb(replace(z3, world_size=n)) <= cap_gb)
+    world = smallest_fitting(
+        powers_of_two(max(2, ls.world_size + (ls.stage == 3))), lambda n: gb(replace(z3, world_size=n)) <= cap_gb
+    )
     if world is not None:
         head = "" if ls.stage == 3 else "learner=zero3 "
-        out.append(f"{head}learner.world_size={world} ({gb(replace(z3, world_size=world)):.1f} GB per rank on {world} GPUs)")
+        out.append(
+            f"{head}learner.world_size={world} ({gb(replace(z3, world_size=world)):.1f} GB per rank on {world} GPUs)"
+        )
     off = replace(ls, backend="deepspeed", zero_stage=max(ls.stage, 2), offload_optimizer=True)
     head = "" if ls.stage >= 2 else "learner=zero2 "
     if gb(off) <= cap_gb:
-        out.append(f"{head}learner.cfg.offload_optimizer=true ({gb(off):.1f} GB per rank, {learner_memory(m, off).host_bytes / GB:.0f} GB host)")
+        out.append(
+            f"{head}learner.cfg.offload_optimizer=true ({gb(off):.1f} GB per rank, {learner_memory(m, off).host_bytes / GB:.0f} GB host)"
+        )
     else:
         both = replace(off, zero_stage=3, offload_param=True)
         if gb(both) <= cap_gb:
-            out.append(f"{'' if ls.stage == 3 else 'learner=zero3 '}learner.cfg.offload_optimizer=true learner.cfg.offload_param=true "
-                       f"({gb(both):.1f} GB per rank, {learner_memory(m, both).host_bytes / GB:.0f} GB host)")
+            out.append(
+                f"{'' if ls.stage == 3 else 'learner=zero3 '}learner.cfg.offload_optimizer=true learner.cfg.offload_param=true "
+                f"({gb(both):.1f} GB per rank, {learner_memory(m, both).host_bytes / GB:.0f} GB host)"
+            )
     if ls.micro_batch_size > 1 and gb(replace(ls, micro_batch_size=1)) <= cap_gb:
         out.append(f"learner.cfg.micro_batch_size=1 ({gb(replace(ls, micro_batch_size=1)):.1f} GB per rank)")
     if not ls.gradient_checkpointing and gb(replace(ls, gradient_checkpointing=True)) <= cap_gb:
-        out.append(f"learner.cfg.gradient_checkpointing=true ({gb(replace(ls, gradient_checkpointing=True)):.1f} GB per rank)")
+        out.append(
+            f"learner.cfg.gradient_checkpointing=true ({gb(replace(ls, gradient_checkpointing=True)):.1f} GB per rank)"
+        )
     return out[:limit]
 
 
@@ -240,23 +323,33 @@ def _check_generator(plan: Plan, cluster: ClusterConfig, cfg, gpu_gb: float | No
     gs, m, est = plan.generator, plan.model, plan.generator_est
     if gs.device != "cuda":
         if est.sequences < 1:
-            plan.problems.append(f"the generator's KV cache (generator.cpu_kv_cache_gb={gs.cpu_kv_cache_gb:g}) holds no sequence of "
-                                 f"{gs.max_model_len} tokens ({est.kv_per_token * gs.max_model_len / GB:.2f} GB each)")
+            plan.problems.append(
+                f"the generator's KV cache (generator.cpu_kv_cache_gb={gs.cpu_kv_cache_gb:g}) holds no sequence of "
+                f"{gs.max_model_len} tokens ({est.kv_per_token * gs.max_model_len / GB:.2f} GB each)"
+            )
         return
     tp = gs.tensor_parallel_size
     if not tp_divides(m, tp):
-        plan.problems.append(f"generator.tensor_parallel_size={tp} does not split {m.heads} attention / {m.kv_heads} KV heads")
+        plan.problems.append(
+            f"generator.tensor_parallel_size={tp} does not split {m.heads} attention / {m.kv_heads} KV heads"
+        )
     if cluster.generator.num_gpus < tp:
-        plan.problems.append(f"generator.tensor_parallel_size={tp} but cluster.generator.num_gpus={cluster.generator.num_gpus:g}")
+        plan.problems.append(
+            f"generator.tensor_parallel_size={tp} but cluster.generator.num_gpus={cluster.generator.num_gpus:g}"
+        )
     if gpu_gb is None:
         plan.notes.append("GPU memory unknown (set cluster.hardware.gpu_gb): generator KV cache not estimated")
         return
     if est.sequences >= 1:
         if est.sequences < int(cfg.n):
-            plan.notes.append(f"one replica holds {est.sequences} sequences of {gs.max_model_len} tokens, fewer than a group (n={cfg.n})")
+            plan.notes.append(
+                f"one replica holds {est.sequences} sequences of {gs.max_model_len} tokens, fewer than a group (n={cfg.n})"
+            )
         return
-    plan.problems.append(f"the generator's {est.weights_per_gpu / GB:.1f} GB of weights per GPU leave KV for no sequence of "
-                         f"{gs.max_model_len} tokens in {gs.gpu_memory_utilization:g} x {gpu_gb:g} GB")
+    plan.problems.append(
+        f"the generator's {est.weights_per_gpu / GB:.1f} GB of weights per GPU leave KV for no sequence of "
+        f"{gs.max_model_len} tokens in {gs.gpu_memory_utilization:g} x {gpu_gb:g} GB"
+    )
     for t in powers_of_two(tp * 2):
         if tp_divides(m, t) and generator_memory(m, replace(gs, tensor_parallel_size=t), gpu_gb * GB).sequences >= 1:
             plan.suggestions.append(f"generator.tensor_parallel_size={t} cluster.generator.num_gpus={t}")

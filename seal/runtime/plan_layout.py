@@ -1,12 +1,14 @@
 """Where a configuration's actors would land (`seal plan`): first-fit placement of their
 resource asks over nodes, the nodes either declared (``cluster.hardware``), this machine, or
 a running cluster's own (``ray.nodes()``). Pure functions but ``query_cluster``."""
+
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from seal.runtime.placement import Hardware
 
@@ -14,6 +16,7 @@ from seal.runtime.placement import Hardware
 @dataclass(frozen=True)
 class Demand:
     """One actor's ask: Ray resources (CPU, GPU, custom) on one node, and the host memory it uses there."""
+
     role: str  # generator | learner | coordinator | env
     index: int
     resources: Mapping[str, float]
@@ -59,8 +62,14 @@ class Layout:
 
 
 def hardware_nodes(hw: Hardware) -> list[Node]:
-    return [Node(f"node {i}", {"CPU": float(hw.cpus_per_node), "GPU": float(hw.gpus_per_node), "memory": float(hw.memory_gb)},
-                 hw.gpu_gb or None) for i in range(hw.nodes)]
+    return [
+        Node(
+            f"node {i}",
+            {"CPU": float(hw.cpus_per_node), "GPU": float(hw.gpus_per_node), "memory": float(hw.memory_gb)},
+            hw.gpu_gb or None,
+        )
+        for i in range(hw.nodes)
+    ]
 
 
 def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]], gpu_gb: float | None = None) -> list[Node]:
@@ -91,10 +100,12 @@ def place(demands: Sequence[Demand], nodes: list[Node], spread_env: bool = True,
         if d.role == "driver":  # the driver (replay server) runs on the head node, outside Ray's accounting
             candidates = nodes[:1]
         elif d.role == "env" and spread_env and nodes:
-            candidates = nodes[turn % len(nodes):] + nodes[:turn % len(nodes)]
+            candidates = nodes[turn % len(nodes) :] + nodes[: turn % len(nodes)]
             turn += 1
         elif d.role == "learner":  # PACK: the node already holding ranks first, then the one with most GPUs free
-            candidates = sorted(nodes, key=lambda n: (-sum(p.role == "learner" for p in n.placed), -n.free.get("GPU", 0.0)))
+            candidates = sorted(
+                nodes, key=lambda n: (-sum(p.role == "learner" for p in n.placed), -n.free.get("GPU", 0.0))
+            )
         node = next((n for n in candidates if n.takes(d, check_custom)), None)
         if node is None:
             unplaced.append(d)
@@ -111,10 +122,17 @@ def layout_problems(layout: Layout) -> list[str]:
         by_role.setdefault(d.role, []).append(d)
     for role, ds in by_role.items():
         ask = ", ".join(f"{v:g} {k}" for k, v in ds[0].resources.items() if v)
-        free = "; ".join(f"{n.name}: " + ", ".join(f"{n.free.get(k, 0.0):g} {k}" for k in ds[0].resources if ds[0].resources[k])
-                         for n in layout.nodes) or "no nodes"
+        free = (
+            "; ".join(
+                f"{n.name}: " + ", ".join(f"{n.free.get(k, 0.0):g} {k}" for k in ds[0].resources if ds[0].resources[k])
+                for n in layout.nodes
+            )
+            or "no nodes"
+        )
         total = len(ds) + sum(d.role == role for n in layout.nodes for d in n.placed)
-        what = f"{len(ds)} of {total} {role} actors" if total > len(ds) else f"{len(ds)} {role} actor{'s' * (len(ds) > 1)}"
+        what = (
+            f"{len(ds)} of {total} {role} actors" if total > len(ds) else f"{len(ds)} {role} actor{'s' * (len(ds) > 1)}"
+        )
         problems.append(f"{what} of {ask} each cannot be placed (free: {free})")
     for n in layout.nodes:
         used = sum(d.host_gb for d in n.placed)
@@ -148,15 +166,25 @@ def local_machine(gpus: int | None, logical_cpus: int | None = None) -> Hardware
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     except (ValueError, OSError, AttributeError):
         memory = 0.0
-    return Hardware(1, int(gpus or 0), local_gpu_gb() if gpus else 0.0,
-                    logical_cpus or len(os.sched_getaffinity(0)), round(memory, 1))
+    return Hardware(
+        1,
+        int(gpus or 0),
+        local_gpu_gb() if gpus else 0.0,
+        logical_cpus or len(os.sched_getaffinity(0)),
+        round(memory, 1),
+    )
 
 
 def local_gpu_gb() -> float:
     """One local GPU's memory in GB by nvidia-smi (0.0 when it cannot say)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout.split()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.split()
         return round(min(float(x) for x in out) * 2**20 / 1e9, 1) if out else 0.0
     except (OSError, subprocess.SubprocessError, ValueError):
         return 0.0

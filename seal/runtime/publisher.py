@@ -9,6 +9,7 @@ update or restarts gets the latest weights before it serves again (seal/runtime/
 
 ``acked`` is the version every serving replica has: admission counts staleness from it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,14 +23,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # Scored by the learner and by every replica after each update (the weight-sync canary).
-CANARY_TEXT = ("The canary checks that every generator replica loaded the learner's weights: "
-               "call get_weather(city='Paris') and report the temperature in Celsius.")
+CANARY_TEXT = (
+    "The canary checks that every generator replica loaded the learner's weights: "
+    "call get_weather(city='Paris') and report the temperature in Celsius."
+)
 CANARY_TOKENS = 48
 
 
 class WeightPublisher:
-    def __init__(self, fleet: GeneratorFleet, learners: LearnerGroup, version: int, broadcast: bool, backend: str,
-                 canary_model: str | None, canary_max_diff: float) -> None:
+    def __init__(
+        self,
+        fleet: GeneratorFleet,
+        learners: LearnerGroup,
+        version: int,
+        broadcast: bool,
+        backend: str,
+        canary_model: str | None,
+        canary_max_diff: float,
+    ) -> None:
         """``version``: the policy version the run starts at; ``canary_model``: the tokenizer the
         canary prompt is encoded with (None: no canary)."""
         self.fleet, self.learners = fleet, learners
@@ -63,8 +74,10 @@ class WeightPublisher:
                 ready, _ = ray.wait([ref], timeout=self.fleet.update_timeout_s)
                 if not ready:
                     name = self.fleet.pending[ref][0]
-                    raise TimeoutError(f"generator replica {name}: loading the resumed weights (v{self.version}) took "
-                                       f"over {self.fleet.update_timeout_s:.0f} s (generator.update_timeout_s)")
+                    raise TimeoutError(
+                        f"generator replica {name}: loading the resumed weights (v{self.version}) took "
+                        f"over {self.fleet.update_timeout_s:.0f} s (generator.update_timeout_s)"
+                    )
                 self.fleet.published(ref)
         self.fleet.versions = {name: self.version for name in self.fleet.versions}
         if self.broadcast:
@@ -94,8 +107,11 @@ class WeightPublisher:
             self.learners.broadcast_weights()  # its failure surfaces at the learner group's next call
         else:
             if self.broadcast:
-                log.warning("weight group incomplete (%s being restored): v%d goes through the object store",
-                            ", ".join(sorted(fleet.restoring)), version)
+                log.warning(
+                    "weight group incomplete (%s being restored): v%d goes through the object store",
+                    ", ".join(sorted(fleet.restoring)),
+                    version,
+                )
             # Let the previous version's buckets go before the new ones are put (replicas still
             # loading them hold refs of their own): the store holds one version where it can.
             self.manifest = None

@@ -11,6 +11,7 @@ long groups gets fewer new ones.
 
 Pure bookkeeping, no Ray: the driver calls it at dispatch and when a group ends.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,7 +45,9 @@ class ReplicaRouter:
             return self._where[group_id][0]
         if not self.replicas:
             raise RuntimeError("no generator replica is serving (all were taken out of the router)")
-        name = min(self.replicas, key=lambda r: (self.load[r].outstanding_tokens, self.load[r].routed, self.replicas.index(r)))
+        name = min(
+            self.replicas, key=lambda r: (self.load[r].outstanding_tokens, self.load[r].routed, self.replicas.index(r))
+        )
         load = self.load[name]
         load.outstanding_tokens += int(tokens)
         load.groups += 1

@@ -7,13 +7,15 @@ path is recorded in RUN_DIR/run.json, so `resume=RUN_DIR` finds it again. At sta
 node writes a probe there and the driver reads it back: a node that writes to a disk of its
 own (a node-local /tmp, a missing mount) stops the start with one line naming it.
 """
+
 from __future__ import annotations
 
 import json
 import socket
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 PROBE_DIR = ".seal-probe"
 
@@ -37,8 +39,10 @@ def run_storage(run_dir: Path, configured: str | None) -> Path:
     want = Path(configured).expanduser().absolute() / run_dir.name if configured else run_dir
     recorded = recorded_storage(run_dir)
     if recorded is not None and configured and recorded != want:
-        raise StorageError(f"{run_dir} keeps its state in {recorded} (run.json), not {want}: "
-                           "resume it without trainer.storage, or with the storage it started with")
+        raise StorageError(
+            f"{run_dir} keeps its state in {recorded} (run.json), not {want}: "
+            "resume it without trainer.storage, or with the storage it started with"
+        )
     return recorded if recorded is not None else want
 
 
@@ -84,23 +88,33 @@ def check_nodes_see(storage: Path, nodes: Mapping[str, str], timeout_s: float = 
     storage.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex[:8]
     probe = ray.remote(num_cpus=0, max_retries=0)(_write_probe)
-    refs = {node: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(str(storage), token)
-            for node in nodes}
+    refs = {
+        node: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+            str(storage), token
+        )
+        for node in nodes
+    }
     try:
         for node, ref in refs.items():
             try:
                 got: dict[str, Any] = ray.get(ref, timeout=timeout_s)
             except ray.exceptions.GetTimeoutError:
-                raise StorageError(f"node {node[:12]} ({nodes[node]}) did not write its storage probe under {storage} "
-                                   f"within {timeout_s:g}s") from None
+                raise StorageError(
+                    f"node {node[:12]} ({nodes[node]}) did not write its storage probe under {storage} "
+                    f"within {timeout_s:g}s"
+                ) from None
             except ray.exceptions.RayTaskError as exc:
-                raise StorageError(f"node {node[:12]} ({nodes[node]}) cannot write to the run's storage {storage}: "
-                                   f"{str(exc.cause).strip().splitlines()[-1]}") from None
+                raise StorageError(
+                    f"node {node[:12]} ({nodes[node]}) cannot write to the run's storage {storage}: "
+                    f"{str(exc.cause).strip().splitlines()[-1]}"
+                ) from None
             seen = Path(got["path"])
             if not seen.is_file() or seen.read_text().split()[-1:] != [token]:
-                raise StorageError(f"node {got['ip']} ({got['host']}; {nodes[node]}) wrote its probe to {seen} but the driver "
-                                   f"cannot read it: the run's storage {storage} (trainer.storage) must be a path every node "
-                                   "sees, a shared filesystem")
+                raise StorageError(
+                    f"node {got['ip']} ({got['host']}; {nodes[node]}) wrote its probe to {seen} but the driver "
+                    f"cannot read it: the run's storage {storage} (trainer.storage) must be a path every node "
+                    "sees, a shared filesystem"
+                )
             seen.unlink()
     finally:
         try:

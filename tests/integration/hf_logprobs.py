@@ -1,8 +1,10 @@
 """Per-token log-probabilities of a sequence under a Hugging Face causal LM: the plain-forward reference
 the tests hold vLLM's and the learner's logprobs against."""
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def sequence_logprobs(model: Any, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:

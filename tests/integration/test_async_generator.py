@@ -3,6 +3,7 @@
 One replica and one blocking engine for the module; the replica's coroutines
 run on one event loop thread, as they do inside a Ray async actor.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,9 @@ def replica(tiny_path):
 
 @pytest.fixture(scope="module")
 def tiny_weights(tiny_path):
-    from safetensors.torch import load_file
     import glob
+
+    from safetensors.torch import load_file
 
     sd = {}
     for f in sorted(glob.glob(f"{tiny_path}/*.safetensors")):
@@ -177,8 +179,8 @@ def _one_round_over_a_new_group(gen, loop, weights) -> tuple[int, int]:
     round over it: (the version loaded, what the replica reported receiving)."""
     import socket
 
-    from weights.group import weight_metadata
     from learner.weight_broadcast import WeightBroadcaster
+    from weights.group import weight_metadata
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -188,7 +190,9 @@ def _one_round_over_a_new_group(gen, loop, weights) -> tuple[int, int]:
     try:
         assert joined.result(120) == [1]
         version = loop.run(_call(gen.policy_version)) + 1
-        received = loop.submit(gen.update_weights_from_group(version, [m.to_wire() for m in weight_metadata(weights.items())]))
+        received = loop.submit(
+            gen.update_weights_from_group(version, [m.to_wire() for m in weight_metadata(weights.items())])
+        )
         sender.broadcast(weights)
         count = received.result(120)
     finally:
@@ -234,17 +238,26 @@ class _Blocking:
 
 
 def test_a_group_plays_its_episodes_independently(replica, tiny_path):
-    from rollout.chat import ChatTokenizer
-    from weights.model_assets import load_tokenizer
-    from rollout.play import GroupStats, run_group
     from env_pool.toy.env import ToyToolEnv
+    from rollout.chat import ChatTokenizer
+    from rollout.play import GroupStats, run_group
+    from weights.model_assets import load_tokenizer
 
     gen, loop = replica
     tok = load_tokenizer(tiny_path)
     client = _Blocking(gen, loop, tok)
     stats = GroupStats()
-    group = run_group(lambda: ToyToolEnv(), client, ChatTokenizer(tok), "toy_0", 4, SamplingConfig(max_new_tokens=32),
-                      seed=3, stats=stats, lockstep=False)
+    group = run_group(
+        lambda: ToyToolEnv(),
+        client,
+        ChatTokenizer(tok),
+        "toy_0",
+        4,
+        SamplingConfig(max_new_tokens=32),
+        seed=3,
+        stats=stats,
+        lockstep=False,
+    )
     assert len(group) == 4 and len({t.group_id for t in group}) == 1
     for t in group:
         t.validate()
@@ -268,7 +281,9 @@ def _hf_next_logprob(tiny_path, weights, prompt, token) -> float:
     return float(torch.log_softmax(logits, -1)[token])
 
 
-def test_keep_update_with_requests_in_flight_never_serves_prefixes_cached_under_old_weights(replica, tiny_weights, tiny_path):
+def test_keep_update_with_requests_in_flight_never_serves_prefixes_cached_under_old_weights(
+    replica, tiny_weights, tiny_path
+):
     """vLLM refuses the prefix-cache reset while the kept request holds blocks; a request issued
     after the update must still compute its prefix under the new weights (cache_salt per version)."""
     gen, loop = replica
@@ -303,7 +318,9 @@ def test_a_pause_update_drains_no_longer_than_its_bound(replica, tiny_weights):
     stats0 = gen.stats()
     bound, gen._drain_timeout_s = getattr(gen, "_drain_timeout_s", None), 1.0  # the default: half the update timeout
     try:
-        running = loop.submit(gen.generate([_req("long-drain", 1500)], SamplingConfig(temperature=1.0, max_new_tokens=1500)))
+        running = loop.submit(
+            gen.generate([_req("long-drain", 1500)], SamplingConfig(temperature=1.0, max_new_tokens=1500))
+        )
         time.sleep(1.0)
         loop.run(gen.update_weights(before + 1, _perturbed(tiny_weights, 1.0 + 0.01 * (before + 1)), mode="pause"))
         out = running.result(300)[0]

@@ -6,6 +6,7 @@ it in the documented shape (the keys the issue names), writes the JSON and
 the plot, and keeps stdout to one JSON object with --json. Each runs as a user
 would, `seal bench PART --json --repeats 1 ...`, from outside the checkout.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 
 # One env actor: a pipeline start pays for each, and one group per step needs no more.
 TINY = ["model=tiny", "learner=torch", "sampling.max_new_tokens=16", "cluster.env_actors=1"]
@@ -31,8 +31,26 @@ FOREIGN_CLUSTER = {"RAY_ADDRESS": "127.0.0.1:9"}
 
 def bench(tmp_path: Path, part: str, *args: str, timeout: int = 900) -> dict:
     out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "seal.commands.cli", "bench", part, "--json", "--repeats", "1", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env={**os.environ, **FOREIGN_CLUSTER})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "seal.commands.cli",
+            "bench",
+            part,
+            "--json",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+        env={**os.environ, **FOREIGN_CLUSTER},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, f"stdout must hold exactly one JSON object, got: {proc.stdout[:2000]}"
@@ -68,8 +86,20 @@ def test_env_scaling_reports_rates_per_actor_count(tmp_path):
 
 
 def test_precision_puts_fp32_and_bf16_side_by_side(tmp_path):
-    r = bench(tmp_path, "precision", "--model", "tiny", "--sequences", "2", "--prompt-tokens", "32", "--new-tokens", "4",
-              "--shapes", "toy")
+    r = bench(
+        tmp_path,
+        "precision",
+        "--model",
+        "tiny",
+        "--sequences",
+        "2",
+        "--prompt-tokens",
+        "32",
+        "--new-tokens",
+        "4",
+        "--shapes",
+        "toy",
+    )
     assert set(r["per_dtype"]) == {"float32", "bfloat16"}
     for dtype, per in r["per_dtype"].items():
         assert per["generator_dtype"] == per["learner_dtype"] == dtype
@@ -91,7 +121,15 @@ def test_weights_publish_against_memcpy(tmp_path):
 @pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_sync_async_reports_step_times_overlap_and_staleness(tmp_path):
     r = bench(tmp_path, "sync-async", "--steps", "1", *TINY)
-    for key in ("t_step_sync", "t_step_async", "t_generate", "t_learn", "overlap_efficiency", "speedup", "ideal_speedup"):
+    for key in (
+        "t_step_sync",
+        "t_step_async",
+        "t_generate",
+        "t_learn",
+        "overlap_efficiency",
+        "speedup",
+        "ideal_speedup",
+    ):
         assert positive(r[key]), key
     assert 1.0 <= r["ideal_speedup"] <= 2.0
     assert r["overlap_efficiency"] == pytest.approx(max(r["t_generate"], r["t_learn"]) / r["t_step_async"], rel=1e-6)
@@ -107,14 +145,22 @@ def test_rollout_learn_times_each_stage_alone_and_in_the_pipeline(tmp_path):
     # publish (staleness bound 1), so it is generated inside the measured window.
     r = bench(tmp_path, "rollout-learn", "--steps", "2", *TINY)
     for side in ("alone", "pipeline"):
-        for key in ("gen_tokens_per_s", "trajectories_per_s", "env_steps_per_s", "learner_samples_per_s", "learner_tokens_per_s"):
+        for key in (
+            "gen_tokens_per_s",
+            "trajectories_per_s",
+            "env_steps_per_s",
+            "learner_samples_per_s",
+            "learner_tokens_per_s",
+        ):
             assert positive(r[side][key]["median"]), (side, key)
     assert positive(r["t_generate_batch"]) and positive(r["t_learn_batch"])
     assert 0 <= r["env_fraction"]["median"] < 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None,
-                    reason="TRL is an extra for this benchmark only: .venv/bin/pip install -r requirements/bench.txt")
+@pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None,
+    reason="TRL is an extra for this benchmark only: .venv/bin/pip install -r requirements/bench.txt",
+)
 def test_trl_side_by_side_on_the_same_work(tmp_path):
     r = bench(tmp_path, "trl", "--steps", "1", *TINY, "n=2")
     assert positive(r["ours_samples_per_s"]) and positive(r["trl_samples_per_s"])
@@ -125,18 +171,46 @@ def test_trl_side_by_side_on_the_same_work(tmp_path):
 
 def test_bad_part_and_options_are_one_line_errors(tmp_path):
     for args in (["nope"], ["sync-async", "--warmup", "0"], ["env", "--repeats", "0"]):
-        proc = subprocess.run([sys.executable, "-m", "seal.commands.cli", "bench", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "seal.commands.cli", "bench", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 2 and proc.stderr.startswith("seal: error:"), (args, proc.stderr)
 
 
 def test_learner_packing_compares_packed_and_unpacked_steps(tmp_path):
     out = tmp_path / "packing.json"
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "learner_packing.py"
-    proc = subprocess.run([sys.executable, str(script), "--model", "tiny", "--prompt", "64", "--continuation", "24", "--rounds", "1",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            "tiny",
+            "--prompt",
+            "64",
+            "--continuation",
+            "24",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
-    assert positive(r["unpacked"]["step_s_median"]) and positive(r["packed"]["step_s_median"]) and positive(r["speedup_median"])
+    assert (
+        positive(r["unpacked"]["step_s_median"])
+        and positive(r["packed"]["step_s_median"])
+        and positive(r["speedup_median"])
+    )
     assert r["unpacked"]["forward_tokens"] == 2 * (64 + 24) and r["packed"]["forward_tokens"] == 64 + 2 * 24
     assert r["max_relative_loss_gap"] < 1e-4  # the same update, packed or not
 
@@ -144,17 +218,41 @@ def test_learner_packing_compares_packed_and_unpacked_steps(tmp_path):
 @pytest.mark.slow
 def test_learner_scale_reports_one_and_two_ranks(tmp_path):
     r = bench(tmp_path, "learner-scale", "--shapes", "toy")
-    assert r["world_size"] == [1, 2] and len(r["samples_per_s"]) == len(r["comm_share"]) == len(r["peak_gb_per_rank"]) == 2
+    assert (
+        r["world_size"] == [1, 2] and len(r["samples_per_s"]) == len(r["comm_share"]) == len(r["peak_gb_per_rank"]) == 2
+    )
     assert all(map(positive, r["samples_per_s"] + r["peak_gb_per_rank"]))
     assert 0 <= r["comm_share"][0] <= r["comm_share"][1] < 1 and len(r["peak_gb_by_rank"]["2"]) == 2
 
 
 @pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_generator_compares_blocking_and_continuous_batching(tmp_path):
-    r = bench(tmp_path, "generator", "--model", "tiny", "--concurrency", "1,2", "--turns", "2", "--episodes", "2",
-              "--min-new", "4", "--max-new", "24", "--env-ms", "0")
+    r = bench(
+        tmp_path,
+        "generator",
+        "--model",
+        "tiny",
+        "--concurrency",
+        "1,2",
+        "--turns",
+        "2",
+        "--episodes",
+        "2",
+        "--min-new",
+        "4",
+        "--max-new",
+        "24",
+        "--env-ms",
+        "0",
+    )
     assert r["concurrency"] == [1, 2]
-    for key in ("blocking_tokens_per_s", "continuous_tokens_per_s", "speedup", "blocking_wait_per_call_s", "continuous_wait_per_call_s"):
+    for key in (
+        "blocking_tokens_per_s",
+        "continuous_tokens_per_s",
+        "speedup",
+        "blocking_wait_per_call_s",
+        "continuous_wait_per_call_s",
+    ):
         assert len(r[key]) == 2 and all(map(positive, r[key])), key
     assert set(r["update_s"]) == {"pause", "keep", "abort"} and all(map(positive, r["update_s"].values()))
     assert set(r["replicas_tokens_per_s"]) == {"1", "2"} and r["update_bytes"] > 0

@@ -1,12 +1,11 @@
 """The episode API on real BFCL tasks: turn structure, limits, outcomes, safety."""
+
 from __future__ import annotations
 
 import copy
 import gc
-import os
 import random
 import tracemalloc
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -109,8 +108,18 @@ PAYLOADS = [
 
 
 @settings(max_examples=60, deadline=None)
-@given(payload=st.sampled_from(PAYLOADS), wrap=st.sampled_from(["[{x}]", "{x}", "[ls(a={x})]", "[echo(content='', file_name={x})]",
-                                                                  '<tool_call>{{"name": "ls", "arguments": {{"a": {x}}}}}</tool_call>']))
+@given(
+    payload=st.sampled_from(PAYLOADS),
+    wrap=st.sampled_from(
+        [
+            "[{x}]",
+            "{x}",
+            "[ls(a={x})]",
+            "[echo(content='', file_name={x})]",
+            '<tool_call>{{"name": "ls", "arguments": {{"a": {x}}}}}</tool_call>',
+        ]
+    ),
+)
 def test_code_in_model_output_never_runs(tmp_path_factory, payload, wrap):
     marker = tmp_path_factory.mktemp("pwn") / "created"
     text = wrap.format(x=payload.format(p=marker))
@@ -120,7 +129,9 @@ def test_code_in_model_output_never_runs(tmp_path_factory, payload, wrap):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("task_id", ["multi_turn_long_context_150", "multi_turn_long_context_50"])  # TravelAPI, VehicleControlAPI
+@pytest.mark.parametrize(
+    "task_id", ["multi_turn_long_context_150", "multi_turn_long_context_50"]
+)  # TravelAPI, VehicleControlAPI
 def test_long_context_state_does_not_leak_between_episodes(task_id):
     task = get_task(task_id)
     a = InstanceSet(task.initial_config, list(task.involved_classes), True)
@@ -142,7 +153,9 @@ def test_long_context_state_does_not_leak_between_episodes(task_id):
                 vandalise(value)
     b = InstanceSet(task.initial_config, list(task.involved_classes), True)
     for name, inst in b.instances.items():
-        assert {k: v for k, v in vars(inst).items() if not k.startswith("_")} == {k: v for k, v in pristine[name].items() if not k.startswith("_")}
+        assert {k: v for k, v in vars(inst).items() if not k.startswith("_")} == {
+            k: v for k, v in pristine[name].items() if not k.startswith("_")
+        }
 
 
 def test_long_context_episodes_are_order_independent():

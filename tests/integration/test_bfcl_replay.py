@@ -1,4 +1,5 @@
 """Ground truth through our env, verifier and diagnosis: all 800 tasks pass."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -39,7 +40,7 @@ def test_split_is_the_published_400_400():
 
 def test_miss_func_withholds_then_reveals_the_function():
     task = get_task("multi_turn_miss_func_0")
-    (turn, docs), = task.withheld.items()
+    ((turn, docs),) = task.withheld.items()
     names0 = {d["name"] for d in task.tools_at_turn(0)}
     assert docs[0]["name"] not in names0
     assert docs[0]["name"] in {d["name"] for d in task.tools_at_turn(turn)}

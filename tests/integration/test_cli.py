@@ -1,4 +1,5 @@
 """The `seal` command as a user runs it (real subprocesses)."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,10 @@ from env_pool.bfcl.replay import ground_truth_turns
 from env_pool.bfcl.tasks import get_task
 
 
-
 def seal(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, input=stdin, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, input=stdin, timeout=300
+    )
 
 
 def test_help_imports_nothing_heavy():
@@ -42,8 +44,14 @@ def test_score_reports_each_line_and_keeps_going_after_bad_ones(tmp_path):
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 1 and "3 malformed line(s)" in proc.stderr and "differ" not in proc.stderr
     assert [r["line"] for r in rows] == [1, 2, 3, 4, 5, 7]
-    assert rows[0]["reward"] == 1 and rows[0]["error"] is None and set(rows[0]["tags"]) <= {"pass", "correct_abstention"}
-    assert rows[1]["reward"] == 0 and rows[1]["tags"][1] == "empty_turn_model_response" and rows[1]["labels"][1] == "missing_tool_call"
+    assert (
+        rows[0]["reward"] == 1 and rows[0]["error"] is None and set(rows[0]["tags"]) <= {"pass", "correct_abstention"}
+    )
+    assert (
+        rows[1]["reward"] == 0
+        and rows[1]["tags"][1] == "empty_turn_model_response"
+        and rows[1]["labels"][1] == "missing_tool_call"
+    )
     assert rows[1]["error_type"] == "multi_turn:empty_turn_model_response" and 0 < rows[1]["progress"] < 1
     assert "not valid JSON" in rows[2]["error"]
     assert "unknown BFCL task id" in rows[3]["error"] and rows[3]["task_id"] == "multi_turn_base_9999"
@@ -55,7 +63,9 @@ def test_score_reports_each_line_and_keeps_going_after_bad_ones(tmp_path):
 
 def test_score_text_mode_reads_stdin():
     turns = ground_truth_turns(get_task("multi_turn_base_0"), "python")
-    proc = seal("env", "score", "-", "--format", "python", stdin=json.dumps({"task_id": "multi_turn_base_0", "turns": turns}))
+    proc = seal(
+        "env", "score", "-", "--format", "python", stdin=json.dumps({"task_id": "multi_turn_base_0", "turns": turns})
+    )
     assert proc.returncode == 0 and "reward=1" in proc.stdout and "tags:" in proc.stdout
 
 
@@ -77,7 +87,15 @@ def test_user_errors_are_one_line(args, fragment):
 
 def test_show_lets_a_person_diff_raw_and_training():
     raw = seal("env", "show", "multi_turn_miss_func_0").stdout
-    train = seal("env", "show", "multi_turn_miss_func_0", "--interface", "lite,feedback,guidelines", "--guidelines", "state_aware").stdout
+    train = seal(
+        "env",
+        "show",
+        "multi_turn_miss_func_0",
+        "--interface",
+        "lite,feedback,guidelines",
+        "--guidelines",
+        "state_aware",
+    ).stdout
     assert "[required]" not in raw and "[required]" in train and "Guidelines:" in train
     assert "=== user (turn 3) ===" in raw and "I have updated some more functions" in raw
 
@@ -86,5 +104,7 @@ def test_replay_gt_json_shape():
     proc = seal("env", "replay-gt", "--split", "test", "--json")
     out = json.loads(proc.stdout)
     assert proc.returncode == 0 and out["tasks"] == out["reward_1"] == 400
-    assert out["by_category"] == {c: {"tasks": 100, "reward_1": 100} for c in ("base", "miss_func", "miss_param", "long_context")}
+    assert out["by_category"] == {
+        c: {"tasks": 100, "reward_1": 100} for c in ("base", "miss_func", "miss_param", "long_context")
+    }
     assert set(out["tags"]) == {"pass", "correct_abstention"}

@@ -1,4 +1,5 @@
 """Every tag of both vocabularies, each from a crafted trajectory (real bfcl-eval)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,10 @@ TASK = get_task("multi_turn_miss_func_0")  # fs + twitter; turn 2 expects no cal
 
 
 def diagnose(turn: int, steps: list[ParsedStep], task=TASK, instance_mismatch: str = "release"):
-    turns = [[ParsedStep(calls=tuple(ground_truth_calls(task, t)))] if task.ground_truth[t] else [] for t in range(task.num_turns)]
+    turns = [
+        [ParsedStep(calls=tuple(ground_truth_calls(task, t)))] if task.ground_truth[t] else []
+        for t in range(task.num_turns)
+    ]
     turns[turn] = steps
     d = judge(task, turns, instance_mismatch)
     return d.tags[turn], d.labels[turn], d
@@ -35,17 +39,41 @@ CD_TEMP = ("cd", {"folder": "temp"})
 @pytest.mark.parametrize(
     "turn, steps, tag, label",
     [
-        (0, calls(CD_DOC, ("mkdir", {"dir_name": "temp"}), ("mv", {"source": "final_report.pdf", "destination": "temp"})), T.PASS, T.PASS),
+        (
+            0,
+            calls(
+                CD_DOC, ("mkdir", {"dir_name": "temp"}), ("mv", {"source": "final_report.pdf", "destination": "temp"})
+            ),
+            T.PASS,
+            T.PASS,
+        ),
         (2, [], T.CORRECT_ABSTENTION, T.PASS),
         (2, calls(("ls", {})), T.SPURIOUS_TOOL_CALL, T.INVALID_TOOL_CALL),
         (0, [], T.EMPTY_TURN, T.MISSING_TOOL_CALL),
         (0, [ParsedStep(error="not valid JSON")], T.EMPTY_TURN, T.INVALID_TOOL_CALL),
-        (0, calls(("post_tweet", {"content": "report moved"})), T.STATE_MISMATCH, T.STATE_MISMATCH),  # other class: see below
-        (0, calls(CD_DOC, ("mkdir", {"dir_name": "tmp2"}), ("mv", {"source": "final_report.pdf", "destination": "tmp2"})), T.STATE_MISMATCH, T.ARGUMENT_MISMATCH),
+        (
+            0,
+            calls(("post_tweet", {"content": "report moved"})),
+            T.STATE_MISMATCH,
+            T.STATE_MISMATCH,
+        ),  # other class: see below
+        (
+            0,
+            calls(
+                CD_DOC, ("mkdir", {"dir_name": "tmp2"}), ("mv", {"source": "final_report.pdf", "destination": "tmp2"})
+            ),
+            T.STATE_MISMATCH,
+            T.ARGUMENT_MISMATCH,
+        ),
         (0, calls(CD_DOC, ("mkdir", {"dir_name": "temp"})), T.STATE_MISMATCH, T.STATE_MISMATCH),
         (0, calls(CD_DOC, ("mkdir", {})), T.STATE_MISMATCH, T.ARGUMENT_MISMATCH),
         (0, calls(CD_DOC, ("sort", {"file_name": "final_report.pdf"})), T.STATE_MISMATCH, T.INVALID_TOOL_CALL),
-        (1, calls(CD_TEMP, ("grep", {"file_name": "final_report.pdf", "pattern": "revenue"})), T.RESPONSE_MISMATCH, T.ARGUMENT_MISMATCH),
+        (
+            1,
+            calls(CD_TEMP, ("grep", {"file_name": "final_report.pdf", "pattern": "revenue"})),
+            T.RESPONSE_MISMATCH,
+            T.ARGUMENT_MISMATCH,
+        ),
         (1, calls(CD_TEMP, ("cat", {"file_name": "nope.txt"})), T.RESPONSE_MISMATCH, T.RECOVERY_FAILURE),
         (1, calls(CD_TEMP, ("cat", {"file_name": "final_report.pdf"})), T.RESPONSE_MISMATCH, T.RESPONSE_MISMATCH),
     ],
@@ -57,8 +85,10 @@ def test_crafted_turns_get_their_tag_and_label(turn, steps, tag, label):
 
 
 # Turns that act on another API class than the ground truth (twitter, not the file system).
-OTHER_CLASS = [(0, calls(("post_tweet", {"content": "report moved"})), T.STATE_MISMATCH, T.ERR_STATE),
-               (1, calls(CD_TEMP, ("get_tweet", {"tweet_id": 1})), T.RESPONSE_MISMATCH, T.ERR_RESPONSE)]
+OTHER_CLASS = [
+    (0, calls(("post_tweet", {"content": "report moved"})), T.STATE_MISMATCH, T.ERR_STATE),
+    (1, calls(CD_TEMP, ("get_tweet", {"tweet_id": 1})), T.RESPONSE_MISMATCH, T.ERR_RESPONSE),
+]
 
 
 @pytest.mark.parametrize("turn, steps, release_tag, error_type", OTHER_CLASS)
@@ -85,7 +115,10 @@ def test_unknown_instance_mismatch_rule_is_a_clear_error():
 
 def test_ground_truth_that_fails_to_execute_is_gt_error_and_excluded_from_progress():
     broken = dataclasses.replace(TASK, ground_truth=(("cd(no_such_argument=1)",),) + TASK.ground_truth[1:])
-    turns = [[]] + [[ParsedStep(calls=tuple(ground_truth_calls(TASK, t)))] if TASK.ground_truth[t] else [] for t in range(1, TASK.num_turns)]
+    turns = [[]] + [
+        [ParsedStep(calls=tuple(ground_truth_calls(TASK, t)))] if TASK.ground_truth[t] else []
+        for t in range(1, TASK.num_turns)
+    ]
     d = judge(broken, turns)
     assert d.tags[0] == T.GT_ERROR
     assert T.GT_ERROR in T.EXCLUDED_TAGS

@@ -2,6 +2,7 @@
 pipeline, real vLLM (tiny model), the toy env. Evaluation must leave every
 training artifact (checkpoint, snapshots with their capability state and
 interface, metrics) byte for byte as it found them."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,33 +12,56 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 OWN = ("evaluation", "report")  # the only folders evaluation may write
 
 
 def seal(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def training_state(run: Path) -> dict[str, str]:
-    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run.rglob("*")) if p.is_file() and p.relative_to(run).parts[0] not in OWN}
+    return {
+        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.relative_to(run).parts[0] not in OWN
+    }
 
 
 def test_train_evaluate_report(tmp_path):
     run = tmp_path / "run"
     t0 = time.perf_counter()
     # trainer.filter_groups=none: the tiny model's groups all have equal rewards, and this test counts updates.
-    proc = seal("train", "env=toy", "model=tiny", "learner=torch", "n=4", "trainer.steps=2", "trainer.snapshot_every=1",
-                "trainer.filter_groups=none", "trainer.oversample=0",
-                "sampling.max_new_tokens=32", "evaluation.final=false", f"run_dir={run}")
+    proc = seal(
+        "train",
+        "env=toy",
+        "model=tiny",
+        "learner=torch",
+        "n=4",
+        "trainer.steps=2",
+        "trainer.snapshot_every=1",
+        "trainer.filter_groups=none",
+        "trainer.oversample=0",
+        "sampling.max_new_tokens=32",
+        "evaluation.final=false",
+        f"run_dir={run}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     t_train = time.perf_counter() - t0
     before = training_state(run)
     assert any(k.endswith("capability.json") for k in before) and any(k.startswith("checkpoints/") for k in before)
 
-    evaluate = ("evaluate", str(run), "--limit", "4", "--snapshots", "A_0,A_2", "--json", "evaluation.max_new_tokens=32")
+    evaluate = (
+        "evaluate",
+        str(run),
+        "--limit",
+        "4",
+        "--snapshots",
+        "A_0,A_2",
+        "--json",
+        "evaluation.max_new_tokens=32",
+    )
     t0 = time.perf_counter()
     proc = seal(*evaluate)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -74,7 +98,16 @@ def test_train_evaluate_report(tmp_path):
     proc = seal("report", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = run / "report"
-    for name in ("report.md", "summary.json", "results.csv", "validation.png", "replay.png", "tags.png", "interface.png", "cost.png"):
+    for name in (
+        "report.md",
+        "summary.json",
+        "results.csv",
+        "validation.png",
+        "replay.png",
+        "tags.png",
+        "interface.png",
+        "cost.png",
+    ):
         assert (report / name).is_file() and (report / name).stat().st_size > 0, name
     text = (report / "report.md").read_text()
     assert "## Best validation vs final" in text and "| batch_size | 4 |" in text

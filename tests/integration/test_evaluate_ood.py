@@ -4,6 +4,7 @@ evaluator, bfcl-eval's memory data, backend and checker. The run directory
 is a bare one (config + the A_0 snapshot of the base model): no training
 is needed to check that the harness results reach the summary and the report.
 The model is untrained, so only plumbing and labels are checked."""
+
 from __future__ import annotations
 
 import csv
@@ -12,24 +13,33 @@ import subprocess
 import sys
 import time
 
-import pytest
 from omegaconf import OmegaConf
 
 from seal.config import compose
 
 
-
 def seal(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def bare_run(run_dir):
     """A run directory with only the A_0 snapshot (the base model)."""
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(compose(["env=toy", "model=tiny", "generator.cpu_kv_cache_gb=1"])))
+    (run_dir / "config.yaml").write_text(
+        OmegaConf.to_yaml(compose(["env=toy", "model=tiny", "generator.cpu_kv_cache_gb=1"]))
+    )
     (run_dir / "snapshots").mkdir()
-    record = {"name": "A_0", "step": 0, "policy_version": 0, "interface_version": 0, "weights": "tiny",
-              "wall_s": 0.0, "update_tokens": 0}
+    record = {
+        "name": "A_0",
+        "step": 0,
+        "policy_version": 0,
+        "interface_version": 0,
+        "weights": "tiny",
+        "wall_s": 0.0,
+        "update_tokens": 0,
+    }
     (run_dir / "snapshots" / "index.jsonl").write_text(json.dumps(record) + "\n")
     return run_dir
 
@@ -39,8 +49,16 @@ def test_ood_harness_views_through_seal_evaluate(tmp_path):
 
     run = bare_run(tmp_path / "run")
     assert (snapshot_root(run) / INDEX).is_file()
-    args = ("evaluate", str(run), "--views", "tau2_retail,bfcl_memory_kv,bfcl_web_search", "--limit", "1", "--json",
-            "evaluation.max_new_tokens=16")
+    args = (
+        "evaluate",
+        str(run),
+        "--views",
+        "tau2_retail,bfcl_memory_kv,bfcl_web_search",
+        "--limit",
+        "1",
+        "--json",
+        "evaluation.max_new_tokens=16",
+    )
     t0 = time.perf_counter()
     proc = seal(*args)
     wall = time.perf_counter() - t0

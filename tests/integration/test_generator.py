@@ -1,14 +1,15 @@
 """Generator and rollouts on real vLLM CPU with the tiny model (one engine per session)."""
+
 from __future__ import annotations
 
 import pytest
 
-from rollout.chat import ChatTokenizer
-from rollout.generator import GenerationRequest, SamplingConfig
-from rollout.play import GroupStats, run_group
 from env_pool.bfcl.env import BfclEnv
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from env_pool.toy.env import ToyToolEnv
+from rollout.chat import ChatTokenizer
+from rollout.generator import GenerationRequest, SamplingConfig
+from rollout.play import GroupStats, run_group
 
 TRAIN = InterfaceState(version=3, schema_lite=True, error_feedback=True, guidelines=True, active_guidelines=("format",))
 
@@ -37,7 +38,17 @@ def chat(generator):
 @pytest.fixture(scope="session")
 def bfcl_group(generator, chat):
     stats = GroupStats()
-    group = run_group(lambda: BfclEnv(), generator, chat, "multi_turn_miss_func_0", 4, SamplingConfig(max_new_tokens=24), TRAIN, seed=7, stats=stats)
+    group = run_group(
+        lambda: BfclEnv(),
+        generator,
+        chat,
+        "multi_turn_miss_func_0",
+        4,
+        SamplingConfig(max_new_tokens=24),
+        TRAIN,
+        seed=7,
+        stats=stats,
+    )
     return group, stats
 
 
@@ -50,7 +61,7 @@ def test_trajectory_invariants(bfcl_group, chat):
         assert all(lp <= 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m)
         # Everything the env said (tool results, user turns) is masked: decoding
         # only the unmasked tokens gives exactly the assistant steps.
-        generated = [chat.tokenizer.decode(traj.token_ids[s.start:s.end]) for s in traj.segments]
+        generated = [chat.tokenizer.decode(traj.token_ids[s.start : s.end]) for s in traj.segments]
         for text in generated:
             assert "<|im_start|>user" not in text and "<|im_start|>tool" not in text
         assert len(traj.tags) == len(traj.labels) == 5 and traj.interface_version == 3
@@ -113,7 +124,15 @@ def test_rollout_segments_carry_the_version_that_generated_them(generator, chat)
 def test_evaluation_prompt_is_the_raw_prompt(generator, chat):
     env = BfclEnv()
     raw = chat.prompt_ids(env.reset("multi_turn_base_3", RAW_INTERFACE))
-    (traj,) = run_group(lambda: BfclEnv(), generator, chat, "multi_turn_base_3", 1, SamplingConfig(temperature=0.0, max_new_tokens=4), RAW_INTERFACE)
+    (traj,) = run_group(
+        lambda: BfclEnv(),
+        generator,
+        chat,
+        "multi_turn_base_3",
+        1,
+        SamplingConfig(temperature=0.0, max_new_tokens=4),
+        RAW_INTERFACE,
+    )
     assert traj.token_ids[: traj.prompt_length] == raw and traj.interface_version == 0
     trained = chat.prompt_ids(env.reset("multi_turn_base_3", TRAIN))
     assert trained != raw
@@ -124,4 +143,6 @@ def test_context_overflow_is_an_outcome_not_a_crash(generator, chat, monkeypatch
     monkeypatch.setattr(generator, "max_model_len", 2048)
     group = run_group(lambda: BfclEnv(), generator, chat, "multi_turn_base_0", 2, SamplingConfig(max_new_tokens=8))
     assert [t.outcome for t in group] == ["context_overflow", "context_overflow"]
-    assert all(t.reward == 0 and t.error_type == "multi_turn:force_terminated" and t.num_generated_tokens == 0 for t in group)
+    assert all(
+        t.reward == 0 and t.error_type == "multi_turn:force_terminated" and t.num_generated_tokens == 0 for t in group
+    )

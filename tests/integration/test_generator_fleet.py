@@ -1,5 +1,6 @@
 """Generator replicas behind the router, end to end on CPU: real Ray, real vLLM
 (async engine, tiny model), real toy env and learner; one Ray session for the module."""
+
 from __future__ import annotations
 
 import os
@@ -10,9 +11,8 @@ import time
 import pytest
 
 from seal.config import compose
-from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
 from seal.run.run_dir import create_run_dir
-
+from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,9 +24,19 @@ def ray_session():
 def make_pipeline(run_dir, *overrides):
     from seal.run.driver import Pipeline
 
-    args = ["env=toy", "model=tiny", "learner=torch", "generator=vllm_async_cpu", "generator.cpu_kv_cache_gb=1",
-            "sampling.max_new_tokens=48", "n=4", "trainer.filter_groups=none", "trainer.oversample=0",
-            "cluster.env_actors=2", *overrides]
+    args = [
+        "env=toy",
+        "model=tiny",
+        "learner=torch",
+        "generator=vllm_async_cpu",
+        "generator.cpu_kv_cache_gb=1",
+        "sampling.max_new_tokens=48",
+        "n=4",
+        "trainer.filter_groups=none",
+        "trainer.oversample=0",
+        "cluster.env_actors=2",
+        *overrides,
+    ]
     cfg = compose(args)
     return Pipeline(cfg, create_run_dir(str(run_dir), cfg, args))
 
@@ -38,8 +48,13 @@ def assert_exactly_once(pipeline, groups):
 
 
 def test_two_replicas_share_the_groups_and_each_group_stays_on_one(tmp_path):
-    p = make_pipeline(tmp_path / "run", "generator.replicas=2", "trainer.groups_per_step=2", "generator.update_mode=keep",
-                      "learner.cfg.weight_bucket_mb=0.1")  # weights in several buckets (the tiny model: 5)
+    p = make_pipeline(
+        tmp_path / "run",
+        "generator.replicas=2",
+        "trainer.groups_per_step=2",
+        "generator.update_mode=keep",
+        "learner.cfg.weight_bucket_mb=0.1",
+    )  # weights in several buckets (the tiny model: 5)
     seen: dict[str, set] = {}
     route = p.actors.generators.router.route
 
@@ -147,7 +162,9 @@ def test_scale_replicas_1_to_2_to_1_during_training(tmp_path):
 
 @pytest.mark.slow  # a replica restart (about a minute on two cores)
 def test_a_replica_that_never_answers_an_update_is_named_and_replaced(tmp_path, caplog):
-    p = make_pipeline(tmp_path / "run", "generator.replicas=2", "generator.update_timeout_s=40", "trainer.groups_per_step=1")
+    p = make_pipeline(
+        tmp_path / "run", "generator.replicas=2", "generator.update_timeout_s=40", "trainer.groups_per_step=1"
+    )
     pids = _replica_pids(p)
     victim = sorted(pids)[1]
     fleet = p.actors.generators

@@ -1,4 +1,5 @@
 """The CUDA generator path (vLLM CUDA build): runs wherever CUDA and vLLM are installed."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,10 +9,10 @@ pytestmark = pytest.mark.gpu
 
 def test_cuda_generator_generates_and_swaps_weights():
     pytest.importorskip("vllm")
+    from actors.generation.vllm_engine import VllmGenerator
     from rollout.chat import ChatTokenizer
     from rollout.generator import GenerationRequest, SamplingConfig
     from weights.model_assets import prepare_tiny_model
-    from actors.generation.vllm_engine import VllmGenerator
 
     path = str(prepare_tiny_model())
     gen = VllmGenerator(path, device="cuda", dtype="float32", max_model_len=4096, gpu_memory_utilization=0.3)
@@ -41,16 +42,23 @@ def test_async_replica_takes_weights_through_vllms_nccl_engine(tp):
     from transformers import AutoModelForCausalLM
 
     from actors.generation.async_vllm_engine import AsyncVllmGenerator
-    from weights.model_assets import prepare_tiny_model
-    from weights.group import weight_metadata
     from learner.weight_broadcast import WeightBroadcaster
+    from weights.group import weight_metadata
+    from weights.model_assets import prepare_tiny_model
 
     path = str(prepare_tiny_model())
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(300)  # noqa: E731
-    gen = AsyncVllmGenerator(path, device="cuda", dtype="float32", max_model_len=2048, tensor_parallel_size=tp,
-                             gpu_memory_utilization=0.3, weight_sync="broadcast")
+    gen = AsyncVllmGenerator(
+        path,
+        device="cuda",
+        dtype="float32",
+        max_model_len=2048,
+        tensor_parallel_size=tp,
+        gpu_memory_utilization=0.3,
+        weight_sync="broadcast",
+    )
     run(gen.max_model_len())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,7 +70,8 @@ def test_async_replica_takes_weights_through_vllms_nccl_engine(tp):
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
     new = {k: v * 1.02 for k, v in model.state_dict().items()}
     received = asyncio.run_coroutine_threadsafe(
-        gen.update_weights_from_group(1, [m.to_wire() for m in weight_metadata(new.items())]), loop)
+        gen.update_weights_from_group(1, [m.to_wire() for m in weight_metadata(new.items())]), loop
+    )
     sender.broadcast(new)
     received.result(300)
     prompt = [1, 17, 4021, 88, 913, 2049, 31, 7]

@@ -8,6 +8,7 @@ WeightManifest (the object-store path, ``weight_sync: reload``) must load and ac
 like an HF forward of the same weights. In a subprocess: vLLM reads the setting
 when it is imported, and the other tests run it in-process.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,10 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
-
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import glob, json, sys
     import ray, torch
     from safetensors.torch import load_file
@@ -67,7 +65,7 @@ SCRIPT = textwrap.dedent('''
         gen.close()
         ray.shutdown()
     print("RESULT " + json.dumps(result), flush=True)
-''')
+""")
 
 
 def test_reload_updates_cross_vllms_process_boundary():
@@ -76,7 +74,9 @@ def test_reload_updates_cross_vllms_process_boundary():
     # (say 'all', which vLLM's multiprocess engine cannot parse): the child gets the generator's own.
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONPATH": str(root)})
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=800)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=800
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     import json

@@ -3,19 +3,22 @@
 Skips on a processor without native bf16 (no amx_bf16/avx512_bf16 flag): there
 ``dtype: auto`` is fp32 and emulated bf16 would only be slow.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 from tests.integration.test_learner_engine import GROUPS, N, make_batch, tiny_path  # noqa: F401 (fixture)
+from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 
 pytestmark = [
-    pytest.mark.skipif(not set(BF16_CPU_FLAGS) & read_cpu_flags(),
-                       reason=f"this CPU has none of {', '.join(BF16_CPU_FLAGS)}: dtype auto is fp32 here"),
+    pytest.mark.skipif(
+        not set(BF16_CPU_FLAGS) & read_cpu_flags(),
+        reason=f"this CPU has none of {', '.join(BF16_CPU_FLAGS)}: dtype auto is fp32 here",
+    ),
 ]
 
 # Measured on AMD EPYC (avx512_bf16), tiny model, one SGD step: 1 - cosine of the bf16 and fp32
@@ -29,8 +32,18 @@ MAX_GAIN_DRIFT = 0.2
 
 
 def step_update(tiny_path, batch, dtype, backend="torch"):
-    cfg = LearnerConfig(backend=backend, zero_stage=2, optimizer="sgd", lr=1.0, weight_decay=0.0, grad_clip=1e9, dtype=dtype,
-                        mini_batch_groups=GROUPS, micro_batch_size=2, loss=LossConfig(kl_coef=0.1))
+    cfg = LearnerConfig(
+        backend=backend,
+        zero_stage=2,
+        optimizer="sgd",
+        lr=1.0,
+        weight_decay=0.0,
+        grad_clip=1e9,
+        dtype=dtype,
+        mini_batch_groups=GROUPS,
+        micro_batch_size=2,
+        loss=LossConfig(kl_coef=0.1),
+    )
     lrn = Learner(tiny_path, cfg, group_size=N)
     assert lrn.dtype == dtype
     before = {k: v.clone() for k, v in lrn.model.named_parameters()}
@@ -65,7 +78,7 @@ def surrogate_gain(tiny_path, batch, update):
         offset = 0
         for p in model.parameters():
             n = p.numel()
-            p.add_(1e-2 * update[offset: offset + n].view_as(p))
+            p.add_(1e-2 * update[offset : offset + n].view_as(p))
             offset += n
     return objective() - base
 

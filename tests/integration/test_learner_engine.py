@@ -1,4 +1,5 @@
 """The learner engine on CPU: ZeRO-2/3 match plain torch; checkpoints resume exactly."""
+
 from __future__ import annotations
 
 import os
@@ -47,22 +48,49 @@ def make_batch(seed: int, tiny_path: str, shared_prompt: bool = False) -> list[T
             logprobs = [lp + rng.uniform(-0.05, 0.05) if m else 0.0 for lp, m in zip(lps, mask)]
             s1 = Segment(len(prompt), len(prompt) + len(gen1), 0)
             s2 = Segment(len(ids) - len(gen2), len(ids), 0)
-            out.append(Trajectory(
-                task_id=f"t{g}", category="base", env="toy", group_id=f"s{seed}g{g}", rollout_index=i, interface_version=0,
-                token_ids=ids, loss_mask=mask, logprobs=logprobs, prompt_length=len(prompt), segments=[s1, s2],
-                reward=float((i + g) % 2), success=bool((i + g) % 2), progress=0.5,
-                tags=[T.PASS if (i + g) % 2 else T.STATE_MISMATCH, T.EMPTY_TURN], labels=[T.PASS, T.MISSING_TOOL_CALL],
-                error_type=None, outcome="completed", num_tool_calls=1, num_steps=2,
-            ))
+            out.append(
+                Trajectory(
+                    task_id=f"t{g}",
+                    category="base",
+                    env="toy",
+                    group_id=f"s{seed}g{g}",
+                    rollout_index=i,
+                    interface_version=0,
+                    token_ids=ids,
+                    loss_mask=mask,
+                    logprobs=logprobs,
+                    prompt_length=len(prompt),
+                    segments=[s1, s2],
+                    reward=float((i + g) % 2),
+                    success=bool((i + g) % 2),
+                    progress=0.5,
+                    tags=[T.PASS if (i + g) % 2 else T.STATE_MISMATCH, T.EMPTY_TURN],
+                    labels=[T.PASS, T.MISSING_TOOL_CALL],
+                    error_type=None,
+                    outcome="completed",
+                    num_tool_calls=1,
+                    num_steps=2,
+                )
+            )
     return out
 
 
 def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False, shared_prefix=False, optimizer="adamw"):
     # Equivalence tests use plain SGD at lr 1: the update is then the clipped gradient itself.
     lr = 1.0 if optimizer == "sgd" else 1e-3
-    cfg = LearnerConfig(backend=backend, zero_stage=stage, lr=lr, optimizer=optimizer, weight_decay=0.0, mini_batch_groups=GROUPS,
-                        micro_batch_size=micro, loss=LossConfig(kl_coef=0.1), gradient_checkpointing=checkpointing,
-                        shared_prefix=shared_prefix, dtype="float32")  # pinned: the tolerances below are fp32's
+    cfg = LearnerConfig(
+        backend=backend,
+        zero_stage=stage,
+        lr=lr,
+        optimizer=optimizer,
+        weight_decay=0.0,
+        mini_batch_groups=GROUPS,
+        micro_batch_size=micro,
+        loss=LossConfig(kl_coef=0.1),
+        gradient_checkpointing=checkpointing,
+        shared_prefix=shared_prefix,
+        dtype="float32",
+    )  # pinned: the tolerances below are fp32's
     return Learner(tiny_path, cfg, group_size=N)
 
 
@@ -105,9 +133,11 @@ def assert_same_update(before: dict, after_a: dict, after_b: dict, what: str) ->
 def test_zero2_and_zero3_match_a_plain_torch_step(tiny_path):
     batch = make_batch(0, tiny_path)
     results = {}
-    for name, lrn in [("torch", learner(tiny_path, "torch", optimizer="sgd")),
-                      ("zero2", learner(tiny_path, "deepspeed", 2, optimizer="sgd")),
-                      ("zero3", learner(tiny_path, "deepspeed", 3, optimizer="sgd"))]:
+    for name, lrn in [
+        ("torch", learner(tiny_path, "torch", optimizer="sgd")),
+        ("zero2", learner(tiny_path, "deepspeed", 2, optimizer="sgd")),
+        ("zero3", learner(tiny_path, "deepspeed", 3, optimizer="sgd")),
+    ]:
         before = weights(lrn)
         results[name] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), weights(lrn))
     ref_metrics, ref_w = results["torch"]
@@ -198,8 +228,10 @@ def test_sgd_update_is_the_clipped_gradient(tiny_path):
     lrn = learner(tiny_path, "torch", optimizer="sgd")
     before = weights(lrn)
     grads = {}
-    hooks = [p.register_post_accumulate_grad_hook(lambda p, n=n: grads.__setitem__(n, p.grad.detach().clone()))
-             for n, p in lrn.model.named_parameters()]
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda p, n=n: grads.__setitem__(n, p.grad.detach().clone()))
+        for n, p in lrn.model.named_parameters()
+    ]
     metrics = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)
     for h in hooks:
         h.remove()
@@ -298,10 +330,16 @@ def test_the_one_process_group_leaves_no_rendezvous_port_to_children(tiny_path):
     import subprocess
     import sys
 
-    code = ("import os; from learner.engine import Learner, LearnerConfig; "
-            f"Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
-            "import torch.distributed as d; print(d.is_initialized(), 'MASTER_PORT' in os.environ)")
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    code = (
+        "import os; from learner.engine import Learner, LearnerConfig; "
+        f"Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
+        "import torch.distributed as d; print(d.is_initialized(), 'MASTER_PORT' in os.environ)"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=True)
     assert out.stdout.split()[-2:] == ["True", "False"], out.stdout[-500:] + out.stderr[-2000:]
 
@@ -318,10 +356,16 @@ def test_a_stale_torch_extension_lock_does_not_stop_a_learner(tiny_path, tmp_pat
     lock = ext / ShareMemCommBuilder.NAME / "lock"  # TORCH_EXTENSIONS_DIR holds the build dirs directly
     lock.parent.mkdir(parents=True)
     lock.touch()
-    code = ("from learner.engine import Learner, LearnerConfig; "
-            f"lrn = Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
-            "import deepspeed.comm.comm as c; print('shm op', c.cdb.shm_comm_op)")
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    code = (
+        "from learner.engine import Learner, LearnerConfig; "
+        f"lrn = Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
+        "import deepspeed.comm.comm as c; print('shm op', c.cdb.shm_comm_op)"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     env["TORCH_EXTENSIONS_DIR"] = str(ext)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=True)
     assert out.stdout.split()[-3:] == ["shm", "op", "None"], out.stdout[-500:] + out.stderr[-2000:]

@@ -1,4 +1,5 @@
 """The learner on CUDA (NCCL): runs wherever CUDA (and DeepSpeed) are installed."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,23 +9,29 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])
 def test_cuda_step_matches_cpu(backend, stage):
-    import torch
 
     if backend == "deepspeed":
         pytest.importorskip("deepspeed")
     from test_learner_engine import make_batch, update_gap
 
-    from weights.model_assets import prepare_tiny_model
     from env_pool.tags import RELEASED_BASE_WEIGHTS
     from learner.engine import Learner, LearnerConfig
+    from weights.model_assets import prepare_tiny_model
 
     path = str(prepare_tiny_model())
     batch = make_batch(0, path)
     results = {}
     for device in ("cpu", "cuda"):
         # Plain SGD at lr 1: the update is the clipped gradient (Adam would magnify rounding on near-zero ones).
-        cfg = LearnerConfig(backend=backend if device == "cuda" else "torch", zero_stage=stage, device=device, lr=1.0,
-                            optimizer="sgd", mini_batch_groups=2, micro_batch_size=1)
+        cfg = LearnerConfig(
+            backend=backend if device == "cuda" else "torch",
+            zero_stage=stage,
+            device=device,
+            lr=1.0,
+            optimizer="sgd",
+            mini_batch_groups=2,
+            micro_batch_size=1,
+        )
         lrn = Learner(path, cfg, group_size=2)
         before = lrn.full_state_dict()
         results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.full_state_dict())

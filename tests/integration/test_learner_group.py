@@ -1,6 +1,7 @@
 """The learner group on CPU: real Ray actors, real DeepSpeed ZeRO over gloo, the tiny model.
 Two ranks equal one on the same batch; ZeRO-3 partitions policy and reference; weights, checkpoints
 and a killed rank. One Ray session for the module."""
+
 from __future__ import annotations
 
 import contextlib
@@ -48,9 +49,17 @@ BUCKET_MB = 0.1  # the tiny model's layers (0.28 MB fp32) in several buckets, it
 
 
 def config(stage: int, kl_coef: float = 0.1, bucket_mb: float = BUCKET_MB) -> LearnerConfig:
-    return LearnerConfig(backend="deepspeed", zero_stage=stage, lr=1.0, optimizer="sgd", weight_decay=0.0,
-                         mini_batch_groups=GROUPS, micro_batch_size=1, loss=LossConfig(kl_coef=kl_coef),
-                         weight_bucket_mb=bucket_mb)
+    return LearnerConfig(
+        backend="deepspeed",
+        zero_stage=stage,
+        lr=1.0,
+        optimizer="sgd",
+        weight_decay=0.0,
+        mini_batch_groups=GROUPS,
+        micro_batch_size=1,
+        loss=LossConfig(kl_coef=kl_coef),
+        weight_bucket_mb=bucket_mb,
+    )
 
 
 def group(tiny_path, cfg: LearnerConfig, world_size: int = 2, storage=None) -> LearnerGroup:
@@ -63,15 +72,16 @@ def manifest_weights(manifest) -> dict[str, torch.Tensor]:
     """The union of a manifest's buckets (each checked against the bucket size), as writable tensors."""
     import ray
 
-    from weights.precision import from_wire_arrays
     from weights.buckets import WeightManifest
+    from weights.precision import from_wire_arrays
 
     assert isinstance(manifest, WeightManifest)
     limit = manifest.bucket_mb * 2**20
     out: dict[str, torch.Tensor] = {}
     for ref, nbytes in zip(manifest.buckets, manifest.bucket_nbytes):
-        bucket = from_wire_arrays({k: np.array(v) if isinstance(v, np.ndarray) else v
-                                   for k, v in ray.get(ref, timeout=TIMEOUT_S).items()})
+        bucket = from_wire_arrays(
+            {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in ray.get(ref, timeout=TIMEOUT_S).items()}
+        )
         assert sum(t.numel() * t.element_size() for t in bucket.values()) == nbytes
         assert nbytes <= limit or len(bucket) == 1, (nbytes, list(bucket))  # over the size: a tensor alone
         assert not set(bucket) & set(out), "a tensor in two buckets"
@@ -172,7 +182,9 @@ def test_broadcast_from_two_ranks_sends_the_gathered_weights_bucket_by_bucket(ze
     assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
 
 
-def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_every_rank(tiny_path, batch, zero3_group, tmp_path):
+def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_every_rank(
+    tiny_path, batch, zero3_group, tmp_path
+):
     """The pipeline starts the broadcast and goes on; the next checkpoint and step are issued while
     it still runs (here: the receiver is slow). Each rank must finish the broadcast's ZeRO-3 gathers
     before the checkpoint's and the step's collectives start: the receiver gets exactly the weights
@@ -185,6 +197,7 @@ def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_
     got: dict[str, torch.Tensor] = {}
     second: dict[str, torch.Tensor] = {}
     with generator_end(zero3_group) as (receiver, meta):
+
         def receive() -> None:
             time.sleep(3.0)  # a slow replica: the driver's next calls are issued meanwhile
             for into in (got, second):  # two rounds: before the step and after it
@@ -321,7 +334,10 @@ def test_a_start_past_the_timeout_names_the_rank_and_step_not_a_bare_key_error()
     surfaced as ``KeyError: 0`` from the missing result)."""
     settings = GroupSettings(1, timeout_s=3.0, step_timeout_s=3.0, mini_batch_groups=1, backend="gloo")
     t0 = time.monotonic()
-    with pytest.raises(LearnerGroupError, match=r"learner start at step 0 did not finish in time: learner rank 0 on node \S+ .* had not answered"):
+    with pytest.raises(
+        LearnerGroupError,
+        match=r"learner start at step 0 did not finish in time: learner rank 0 on node \S+ .* had not answered",
+    ):
         # A learner factory that outlives the timeout (a stuck model load, a rendezvous that never forms).
         LearnerGroup(functools.partial(time.sleep, 600), settings, ActorResources(num_cpus=1, threads=1))
     assert time.monotonic() - t0 < 60

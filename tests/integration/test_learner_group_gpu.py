@@ -1,5 +1,6 @@
 """The learner group on CUDA: NCCL between ranks, DeepSpeed bf16 with fp32 master weights.
 GPU-marked: skipped without CUDA, DeepSpeed and Ray; the 2-rank NCCL test needs two GPUs."""
+
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,9 @@ N, TIMEOUT_S = 2, 300.0
 def _need(gpus: int):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.device_count() < gpus:
-        pytest.skip(f"needs {gpus} CUDA device(s), found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+        pytest.skip(
+            f"needs {gpus} CUDA device(s), found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+        )
     pytest.importorskip("deepspeed")
     pytest.importorskip("ray")
 
@@ -36,11 +39,23 @@ def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
     from seal.runtime.learner_group import GroupSettings, LearnerGroup
     from seal.runtime.placement import ActorResources
 
-    cfg = LearnerConfig(backend="deepspeed", zero_stage=stage, device="cuda", dtype=dtype, lr=1.0, optimizer="sgd",
-                        weight_decay=0.0, mini_batch_groups=2, micro_batch_size=1)
+    cfg = LearnerConfig(
+        backend="deepspeed",
+        zero_stage=stage,
+        device="cuda",
+        dtype=dtype,
+        lr=1.0,
+        optimizer="sgd",
+        weight_decay=0.0,
+        mini_batch_groups=2,
+        micro_batch_size=1,
+    )
     make = functools.partial(Learner, path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S)
-    return LearnerGroup(make, GroupSettings(world_size, TIMEOUT_S, TIMEOUT_S, cfg.mini_batch_groups, "nccl"),
-                        ActorResources(num_cpus=1, num_gpus=1, threads=1))
+    return LearnerGroup(
+        make,
+        GroupSettings(world_size, TIMEOUT_S, TIMEOUT_S, cfg.mini_batch_groups, "nccl"),
+        ActorResources(num_cpus=1, num_gpus=1, threads=1),
+    )
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -48,9 +63,9 @@ def test_two_nccl_ranks_make_the_one_rank_update(stage, gpu_ray):
     _need(2)
     from test_learner_engine import make_batch
 
-    from weights.model_assets import prepare_tiny_model
     from env_pool.tags import RELEASED_BASE_WEIGHTS
     from tests.integration.test_learner_group import manifest_weights
+    from weights.model_assets import prepare_tiny_model
 
     path = str(prepare_tiny_model())
     batch = make_batch(0, path) + make_batch(1, path)[:N]
@@ -71,8 +86,8 @@ def test_bf16_rank_keeps_fp32_master_weights_and_sends_bf16(gpu_ray):
     _need(1)
     from test_learner_engine import make_batch
 
-    from weights.model_assets import prepare_tiny_model
     from env_pool.tags import RELEASED_BASE_WEIGHTS
+    from weights.model_assets import prepare_tiny_model
 
     path = str(prepare_tiny_model())
     g = _group(path, 2, 1, dtype="bfloat16")

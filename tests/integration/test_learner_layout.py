@@ -6,6 +6,7 @@ in place of the engines (placement needs no model). The replicas' node choice is
 The old order (replicas first, then a PACK group for the ranks) splits the 8 ranks 4 + 4, and the
 guard names it; the new order (the plan's layout reserved first, STRICT_PACK) keeps them on one node
 and the replicas on the other."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,14 @@ import time
 import pytest
 
 from seal.config import compose, instantiate
-from seal.runtime.layout_guard import (LayoutError, check_learner_nodes, check_replicas_fit, planned_learner_nodes, reserve_learner,
-                               reserved_per_node)
+from seal.runtime.layout_guard import (
+    LayoutError,
+    check_learner_nodes,
+    check_replicas_fit,
+    planned_learner_nodes,
+    reserve_learner,
+    reserved_per_node,
+)
 
 TIMEOUT_S = 120
 
@@ -27,8 +34,11 @@ def cluster():
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # 40 logical CPUs a node: the recipe's 8 ranks x 4 + 2 replicas x 4 fit on one; the processes are light.
-    c = Cluster(initialize_head=True, connect=True,
-                head_node_args={"num_cpus": 40, "num_gpus": 8, "include_dashboard": False, "object_store_memory": 2**30})
+    c = Cluster(
+        initialize_head=True,
+        connect=True,
+        head_node_args={"num_cpus": 40, "num_gpus": 8, "include_dashboard": False, "object_store_memory": 2**30},
+    )
     c.add_node(num_cpus=40, num_gpus=8, object_store_memory=2**30)
     c.wait_for_nodes()
     # ray.nodes() can lag the registration on a loaded machine: a node missing there is one the fleet's
@@ -82,8 +92,13 @@ def _ranks_in(pg, resources, world_size: int) -> list:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     probe = _probe_class()
-    return [probe.options(**resources.ray_options(), scheduling_strategy=PlacementGroupSchedulingStrategy(
-        pg, placement_group_bundle_index=r)).remote() for r in range(world_size)]
+    return [
+        probe.options(
+            **resources.ray_options(),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
+        ).remote()
+        for r in range(world_size)
+    ]
 
 
 def _nodes(handles) -> list[str]:
@@ -119,8 +134,11 @@ def test_replicas_first_split_the_ranks_and_the_guard_names_it(cluster, recipe):
     try:
         landed = _nodes(ranks)
         assert sorted(landed.count(n) for n in set(landed)) == [4, 4]
-        with pytest.raises(LayoutError, match=r"^learner ranks landed 4 \+ 4 over 2 nodes .* but seal plan puts them "
-                                              r"on one node \(8\): ZeRO-3's gathers would cross nodes$"):
+        with pytest.raises(
+            LayoutError,
+            match=r"^learner ranks landed 4 \+ 4 over 2 nodes .* but seal plan puts them "
+            r"on one node \(8\): ZeRO-3's gathers would cross nodes$",
+        ):
             check_learner_nodes(planned, landed)
     finally:
         _release(gens + ranks, pg)
@@ -156,8 +174,11 @@ def test_a_layout_the_cluster_cannot_give_is_refused(cluster, recipe):
 
     res, _, replicas = recipe
     assert planned_learner_nodes(res.generator, res.learner, 0, 9, ray.nodes()) == (8, 1)
-    with pytest.raises(LayoutError, match=r"cannot place 9 learner ranks of 4 CPU, 1 GPU each on one node "
-                                          r"\(where seal plan puts them\) within 5s"):
+    with pytest.raises(
+        LayoutError,
+        match=r"cannot place 9 learner ranks of 4 CPU, 1 GPU each on one node "
+        r"\(where seal plan puts them\) within 5s",
+    ):
         reserve_learner(res.learner, 9, (9,), timeout_s=5)
 
 

@@ -1,17 +1,16 @@
 """The learner's off-policy options on CPU: recomputed old logprobs, partial mini-batches,
 the mismatch and importance-weight metrics, aggregation through the engine."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
 from test_learner_engine import GROUPS, N, assert_same_update, make_batch, weights
 
 from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
-
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +23,19 @@ def tiny_path():
 def make_learner(tiny_path, backend="torch", stage=2, groups_per_mini=GROUPS, **cfg):
     cfg.setdefault("loss", LossConfig(kl_coef=0.1))
     cfg.setdefault("dtype", "float32")  # equivalence checks: fp32 on every processor
-    return Learner(tiny_path, LearnerConfig(backend=backend, zero_stage=stage, lr=1e-3, weight_decay=0.0,
-                                            mini_batch_groups=groups_per_mini, micro_batch_size=1, **cfg), group_size=N)
+    return Learner(
+        tiny_path,
+        LearnerConfig(
+            backend=backend,
+            zero_stage=stage,
+            lr=1e-3,
+            weight_decay=0.0,
+            mini_batch_groups=groups_per_mini,
+            micro_batch_size=1,
+            **cfg,
+        ),
+        group_size=N,
+    )
 
 
 def test_recomputed_old_logprobs_are_the_weights_before_the_first_step(tiny_path):
@@ -60,7 +70,9 @@ def test_recompute_reports_mismatch_and_importance_weights(tiny_path):
     assert 0.95 < out["is_weight_mean"] < 1.05 and out["is_truncated_frac"] == 0.0 and 0.99 < out["ess"] <= 1.0
     assert all(math.isfinite(out[k]) for k in ("entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual"))
     # Generated at another version: no same-weights mismatch to report.
-    other = make_learner(tiny_path, old_logprobs="recompute").train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=3)
+    other = make_learner(tiny_path, old_logprobs="recompute").train_batch(
+        batch, RELEASED_BASE_WEIGHTS, policy_version=3
+    )
     assert other["mismatch_kl"] is None and other["offpolicy_kl"] == pytest.approx(out["offpolicy_kl"], rel=1e-5)
 
 
@@ -92,8 +104,17 @@ def test_a_partial_last_mini_batch_takes_its_own_step(tiny_path, backend, stage)
 def test_sequence_aggregation_is_split_invariant_in_the_engine(tiny_path, loss_agg):
     batch = make_batch(4, tiny_path)
     one = make_learner(tiny_path, optimizer="sgd", loss_agg=loss_agg)
-    cfg = LearnerConfig(backend="torch", lr=1e-3, weight_decay=0.0, optimizer="sgd", mini_batch_groups=GROUPS,
-                        micro_batch_size=2, loss_agg=loss_agg, loss=LossConfig(kl_coef=0.1), dtype="float32")
+    cfg = LearnerConfig(
+        backend="torch",
+        lr=1e-3,
+        weight_decay=0.0,
+        optimizer="sgd",
+        mini_batch_groups=GROUPS,
+        micro_batch_size=2,
+        loss_agg=loss_agg,
+        loss=LossConfig(kl_coef=0.1),
+        dtype="float32",
+    )
     two = Learner(tiny_path, cfg, group_size=N)
     before = weights(one)
     ma, mb = one.train_batch(batch, RELEASED_BASE_WEIGHTS), two.train_batch(batch, RELEASED_BASE_WEIGHTS)

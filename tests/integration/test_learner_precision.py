@@ -1,5 +1,6 @@
 """The learner's precision and RNG state: the KL reference computes in the policy's dtype inside
 DeepSpeed's autocast check; checkpoints carry every CUDA device's RNG state."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,6 @@ import torch
 from learner.ds_config import deepspeed_config, reference_config, torch_autocast_section
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
-
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,14 @@ def test_the_reference_forward_runs_in_bf16_where_deepspeed_checks_cuda_autocast
     autocast off inside the reference engine's forward (on GPU), so the KL reference ran in fp32."""
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    cfg = LearnerConfig(backend="deepspeed", zero_stage=3, dtype="bfloat16", mini_batch_groups=1, micro_batch_size=1,
-                        loss=LossConfig(kl_coef=0.1))
+    cfg = LearnerConfig(
+        backend="deepspeed",
+        zero_stage=3,
+        dtype="bfloat16",
+        mini_batch_groups=1,
+        micro_batch_size=1,
+        loss=LossConfig(kl_coef=0.1),
+    )
     lrn = Learner(tiny_path, cfg, group_size=1)
     assert isinstance(lrn.ref, DeepSpeedEngine) and isinstance(lrn.engine, DeepSpeedEngine)
     # The engines' own switches, as their forward reads them.
@@ -68,8 +74,9 @@ def test_checkpoint_rng_carries_cuda_streams_only_where_cuda_is(tiny_path, tmp_p
     here (no CUDA stream draws on CPU) instead of failing the resume."""
     from learner.checkpoints import cuda_rng_state, set_cuda_rng_state
 
-    cfg = LearnerConfig(backend="torch", optimizer="sgd", mini_batch_groups=1, micro_batch_size=1,
-                        loss=LossConfig(kl_coef=0.0))
+    cfg = LearnerConfig(
+        backend="torch", optimizer="sgd", mini_batch_groups=1, micro_batch_size=1, loss=LossConfig(kl_coef=0.0)
+    )
     lrn = Learner(tiny_path, cfg, group_size=1)
     lrn.save_checkpoint(tmp_path / "ckpt")
     saved = torch.load(tmp_path / "ckpt" / "rng.pt", weights_only=False)
@@ -87,8 +94,14 @@ def test_checkpoint_rng_carries_cuda_streams_only_where_cuda_is(tiny_path, tmp_p
 def test_cuda_rng_streams_resume_exactly(tiny_path, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    cfg = LearnerConfig(backend="torch", device="cuda", optimizer="sgd", mini_batch_groups=1, micro_batch_size=1,
-                        loss=LossConfig(kl_coef=0.0))
+    cfg = LearnerConfig(
+        backend="torch",
+        device="cuda",
+        optimizer="sgd",
+        mini_batch_groups=1,
+        micro_batch_size=1,
+        loss=LossConfig(kl_coef=0.0),
+    )
     lrn = Learner(tiny_path, cfg, group_size=1)
     torch.cuda.manual_seed_all(7)
     lrn.save_checkpoint(tmp_path / "ckpt")

@@ -9,6 +9,7 @@ config default): bf16 on a CPU with AMX/AVX512-BF16, where the weights go to
 vLLM in bf16 and the step's mismatch metrics measure the vLLM-bf16 vs
 learner gap; fp32 elsewhere.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -27,15 +28,14 @@ def test_the_default_command_learns():
     judged as its closing note judges it: A_0 and the final snapshot frozen, on the same test tasks,
     the benchmark's raw interface, greedy (evaluation/frozen.py). docs/main-job-results.md has the
     three-seed measurement this margin comes from."""
+    import ctypes
+    import gc
     import json
     import os
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
-
-    import ctypes
-    import gc
 
     # Ray's memory monitor counts the whole machine, this pytest process included: hand back what
     # earlier in-process tests freed (glibc keeps freed heap), so the run has its ~14 GB.
@@ -45,8 +45,13 @@ def test_the_default_command_learns():
     except (OSError, AttributeError):
         pass  # not glibc: nothing to hand back this way
     run = Path(tempfile.mkdtemp(prefix="seal-learn-")) / "run"
-    proc = subprocess.run([sys.executable, "-m", "seal.commands.cli", "train", f"run_dir={run}"], capture_output=True, text=True,
-                          timeout=3600, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-m", "seal.commands.cli", "train", f"run_dir={run}"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = json.loads((run / "evaluation" / "final.json").read_text())
     rows = {r["name"]: r for r in final["rows"]}
@@ -74,42 +79,62 @@ def test_the_default_command_learns():
 
 
 def test_mean_reward_rises_on_the_toy_env():
-    from rollout.chat import ChatTokenizer
-    from rollout.generator import SamplingConfig
-    from weights.model_assets import prepare_embedded_model
-    from rollout.play import run_group
     from actors.generation.vllm_engine import VllmGenerator
-    from env_pool.toy.env import ToyToolEnv
     from env_pool.tags import RELEASED_BASE_WEIGHTS
+    from env_pool.toy.env import ToyToolEnv
     from learner.engine import Learner, LearnerConfig
     from learner.loss import LossConfig
+    from rollout.chat import ChatTokenizer
+    from rollout.generator import SamplingConfig
+    from rollout.play import run_group
+    from weights.model_assets import prepare_embedded_model
 
     path = str(prepare_embedded_model())
     gen = VllmGenerator(path, max_model_len=4096, cpu_kv_cache_gb=1, dtype="auto")
     chat = ChatTokenizer(gen.tokenizer)
     groups, n, steps = 2, 8, 8
-    lrn = Learner(path, LearnerConfig(backend="torch", lr=3e-5, mini_batch_groups=groups, micro_batch_size=4,
-                                      loss=LossConfig(kl_coef=0.001), dtype="auto"), group_size=n)
+    lrn = Learner(
+        path,
+        LearnerConfig(
+            backend="torch",
+            lr=3e-5,
+            mini_batch_groups=groups,
+            micro_batch_size=4,
+            loss=LossConfig(kl_coef=0.001),
+            dtype="auto",
+        ),
+        group_size=n,
+    )
     env = ToyToolEnv()
     train, held_out = env.task_ids("train"), env.task_ids("test")[:16]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=32)
 
     def held_out_reward() -> float:
-        rewards = [t.reward for i, task in enumerate(held_out) for t in run_group(ToyToolEnv, gen, chat, task, 4, sampling, seed=10_000 + i)]
+        rewards = [
+            t.reward
+            for i, task in enumerate(held_out)
+            for t in run_group(ToyToolEnv, gen, chat, task, 4, sampling, seed=10_000 + i)
+        ]
         return sum(rewards) / len(rewards)
 
     mismatch = []  # mean |log mu - log pi_old| per step: vLLM vs the learner at the same weights
     before = held_out_reward()
     assert before > 0.05, "the task must be learnable: base success clearly above zero"
     for step in range(steps):
-        batch = [t for g in range(groups) for t in run_group(ToyToolEnv, gen, chat, train[step * groups + g], n, sampling, seed=step * 100 + g)]
+        batch = [
+            t
+            for g in range(groups)
+            for t in run_group(ToyToolEnv, gen, chat, train[step * groups + g], n, sampling, seed=step * 100 + g)
+        ]
         out = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=step)
         mismatch.append(out["mismatch_abs_logprob_diff"])
         gen.update_weights(step + 1, lrn.generator_weights(gen.dtype))
     after = held_out_reward()
     gen.close()
-    print(f"generator {gen.dtype}, learner {lrn.dtype}: held-out reward {before:.3f} -> {after:.3f}; "
-          f"mismatch |d logp| per step {[round(m, 4) for m in mismatch]}")
+    print(
+        f"generator {gen.dtype}, learner {lrn.dtype}: held-out reward {before:.3f} -> {after:.3f}; "
+        f"mismatch |d logp| per step {[round(m, 4) for m in mismatch]}"
+    )
     # Mean |log mu - log pi_old| measured on the embedded model: fp32 ~1e-5, bf16 vLLM vs the bf16 learner
     # ~0.05 (seal bench precision); a broken weight load (old or wrongly cast weights) is ~1.
     assert all(m is not None and m < 0.25 for m in mismatch), mismatch

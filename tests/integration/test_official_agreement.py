@@ -1,4 +1,5 @@
 """Our verdict equals bfcl-eval's multi_turn_checker on corrupted trajectories."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,16 @@ from env_pool.bfcl.runtime import call_signatures
 from env_pool.bfcl.tasks import get_task, split_ids
 from env_pool.tool_calls import ParsedStep, ToolCall, parse_step
 
-KINDS = ("wrong_argument", "dropped_call", "extra_call", "reordered_calls", "call_in_abstention_turn", "empty_turn", "truncated", "untouched")
+KINDS = (
+    "wrong_argument",
+    "dropped_call",
+    "extra_call",
+    "reordered_calls",
+    "call_in_abstention_turn",
+    "empty_turn",
+    "truncated",
+    "untouched",
+)
 
 
 def _changed(value):
@@ -31,7 +41,10 @@ def _changed(value):
 
 
 def corrupt(task, rng: random.Random, kind: str):
-    turns = [[ParsedStep(calls=tuple(ground_truth_calls(task, t)))] if task.ground_truth[t] else [] for t in range(task.num_turns)]
+    turns = [
+        [ParsedStep(calls=tuple(ground_truth_calls(task, t)))] if task.ground_truth[t] else []
+        for t in range(task.num_turns)
+    ]
     t = rng.choice([u for u in range(task.num_turns) if turns[u]])
     calls = list(turns[t][0].calls)
     if kind == "wrong_argument":
@@ -80,8 +93,13 @@ def test_verdict_and_error_type_agree_with_official_checker():
     seen, disagreements = _agreement(1600, seed=0)
     assert not disagreements, disagreements[:5]
     # The corruptions exercise every outcome the official checker reports.
-    assert {None, "multi_turn:empty_turn_model_response", "multi_turn:instance_state_mismatch",
-            "multi_turn:execution_response_mismatch", "multi_turn:force_terminated"} <= set(seen)
+    assert {
+        None,
+        "multi_turn:empty_turn_model_response",
+        "multi_turn:instance_state_mismatch",
+        "multi_turn:execution_response_mismatch",
+        "multi_turn:force_terminated",
+    } <= set(seen)
     assert seen[None] > 100 and sum(seen.values()) - seen[None] > 800
 
 
@@ -109,10 +127,19 @@ def test_strings_reach_bfcl_executor_unaltered():
 
     task = get_task("multi_turn_base_0")
     content = "run ls(a=True) then cd(folder='x') \\( done"
-    calls = [ToolCall("touch", {"file_name": "notes.txt"}), ToolCall("echo", {"content": content, "file_name": "notes.txt"}), ToolCall("cat", {"file_name": "notes.txt"})]
+    calls = [
+        ToolCall("touch", {"file_name": "notes.txt"}),
+        ToolCall("echo", {"content": content, "file_name": "notes.txt"}),
+        ToolCall("cat", {"file_name": "notes.txt"}),
+    ]
     try:
         results, _ = multi_turn_utils.execute_multi_turn_func_call(
-            [call_string(c) for c in calls], task.initial_config, list(task.involved_classes), "seal_escape_test", task.id)
+            [call_string(c) for c in calls],
+            task.initial_config,
+            list(task.involved_classes),
+            "seal_escape_test",
+            task.id,
+        )
     finally:
         for key in [k for k in vars(multi_turn_utils) if k.startswith("seal_escape_test")]:
             del vars(multi_turn_utils)[key]
@@ -132,7 +159,15 @@ def test_ground_truth_in_its_own_python_style_scores_valid_on_every_task(tmp_pat
         for task_id in split_ids("all"):
             truth = get_task(task_id).ground_truth
             positional += sum(bool(ast.parse(c, mode="eval").body.args) for turn in truth for c in turn)
-            fh.write(json.dumps({"task_id": task_id, "turns": [(["[" + ", ".join(t) + "]"] if t else []) + ["Done."] for t in truth]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "task_id": task_id,
+                        "turns": [(["[" + ", ".join(t) + "]"] if t else []) + ["Done."] for t in truth],
+                    }
+                )
+                + "\n"
+            )
     assert positional > 0
     assert main(["env", "score", str(path), "--format", "python", "--json", "--official"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -160,8 +195,14 @@ def test_positional_arguments_bind_as_bfcl_executor_binds_them():
     for name, call in (("seal_bind_positional", positional), ("seal_bind_keyword", call_string(step.calls[0]))):
         try:
             results, instances = multi_turn_utils.execute_multi_turn_func_call(
-                setup + [call], task.initial_config, list(task.involved_classes), name, task.id)
-            outcomes.append((json.loads(results[-1])["insurance_status"], instances["TravelAPI"].credit_card_list["id15583"]["balance"]))
+                setup + [call], task.initial_config, list(task.involved_classes), name, task.id
+            )
+            outcomes.append(
+                (
+                    json.loads(results[-1])["insurance_status"],
+                    instances["TravelAPI"].credit_card_list["id15583"]["balance"],
+                )
+            )
         finally:
             for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
                 del vars(multi_turn_utils)[key]

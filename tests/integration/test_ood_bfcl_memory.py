@@ -3,13 +3,13 @@ checker, no model: scripted reference agents write the prerequisite
 conversations into memory through the backend tools (snapshots go through
 bfcl-eval's own files), read memory back for a question, and answer.
 Gold answers score 1, wrong or missing answers 0."""
+
 from __future__ import annotations
 
 import pytest
 
 from env_pool.ood import bfcl_memory as M
 from env_pool.tool_calls import ToolCall, render_calls
-
 
 # The first question of each scenario (notetaker's second: its first asks
 # about a later conversation); their sources lie early in the prerequisite
@@ -80,8 +80,14 @@ def test_wrong_or_dropped_answer_scores_zero(noted_run, suffix):
     assert dropped_episode.forced_quit  # it never stopped calling: bfcl's step limit ended it
     assert not dropped.valid and dropped.error_type == "agentic:no_last_message"
     # an answer hidden in a call's arguments is not a final message
-    in_call = render_calls([ToolCall("memory_retrieve" if backend == "rec_sum" else "core_memory_list_keys",
-                                     {"note": question.answers[0]})], "json")
+    in_call = render_calls(
+        [
+            ToolCall(
+                "memory_retrieve" if backend == "rec_sum" else "core_memory_list_keys", {"note": question.answers[0]}
+            )
+        ],
+        "json",
+    )
     assert not M.score_steps(question, [in_call], backend).valid
     # the checker reads the last non-call step: a gold answer followed by a wrong one fails
     gold = "{'answer': %r}" % question.answers[0]
@@ -112,8 +118,10 @@ def test_chain_order_and_tool_safety(tmp_path):
     # only the backend's tools are dispatched; no name reaches an evaluator
     assert "not a memory tool" in session.execute(ToolCall("__import__", {"name": "os"}))
     assert "not a memory tool" in session.execute(ToolCall("_flush_memory_to_local_file", {}))
-    assert session.execute(ToolCall("core_memory_add", {"key": "first_name", "value": "Michael"})) == \
-        '{"status": "Key-value pair added."}'
+    assert (
+        session.execute(ToolCall("core_memory_add", {"key": "first_name", "value": "Michael"}))
+        == '{"status": "Key-value pair added."}'
+    )
     assert "error" in session.execute(ToolCall("core_memory_add", {"key": "Bad Key", "value": "x"}))
     assert session.execute(ToolCall("core_memory_add", {"wrong": 1})).startswith("Error during execution: ")
     session.finish()
@@ -140,10 +148,10 @@ def test_our_generator_plays_a_scenario_and_is_scored(tmp_path):
     """The real path with our vLLM generator (the tiny random model) as the
     agent: the healthcare chain and one question. Untrained, so only the
     plumbing is checked: named outcomes, a verdict, no crash."""
-    from rollout.generator import SamplingConfig
-    from weights.model_assets import prepare_tiny_model
     from actors.generation.vllm_engine import VllmGenerator
     from evaluation.ood_backend import GeneratorChat, tool_agent
+    from rollout.generator import SamplingConfig
+    from weights.model_assets import prepare_tiny_model
 
     generator = VllmGenerator(str(prepare_tiny_model()), max_model_len=8192, cpu_kv_cache_gb=1)
     try:
@@ -175,6 +183,9 @@ def test_whole_backend_gold_and_wrong_answers():
         result = M.run_backend(backend, gold)
         assert len(result.scores) == 155 and result.accuracy == 1.0 and result.label == M.LABEL
         assert len(result.prereq_episodes) == 37
-        wrong = M.run_backend(backend, lambda e: M.memory_reader(backend, "I do not know") if e in answers else writer,
-                              question_ids=[q.id for q in data.questions[:10]])
+        wrong = M.run_backend(
+            backend,
+            lambda e: M.memory_reader(backend, "I do not know") if e in answers else writer,
+            question_ids=[q.id for q in data.questions[:10]],
+        )
         assert len(wrong.scores) == 10 and wrong.accuracy == 0.0

@@ -10,6 +10,7 @@ Scoring a retail or airline trajectory costs 1 to 5 s on two busy cores
 the default run replays every telecom task and a fixed sample of the others;
 the slow test replays every base task (about 8 minutes each on a loaded
 machine; measured: all 278 base tasks score 1.0)."""
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,7 @@ def drop_last_write(domain: str, task_id: str) -> list[T.Action] | None:
     (or a transfer to a human) can rightly pass."""
     actions = T.gold_actions(domain, task_id)
     writes = [i for i, a in enumerate(actions) if T.action_kind(domain, a) == "write"]
-    return actions[: writes[-1]] + actions[writes[-1] + 1:] if writes else None
+    return actions[: writes[-1]] + actions[writes[-1] + 1 :] if writes else None
 
 
 @pytest.mark.parametrize("domain,every", [("retail", 29), ("airline", 11), ("telecom", 29)])
@@ -85,9 +86,19 @@ def test_missing_information_and_wrong_arguments_score_zero():
         score = T.score_actions("retail", task_id, T.gold_actions("retail", task_id), final_message=None)
         assert score.reward == 0.0 and score.breakdown.get("COMMUNICATE") == 0.0, (task_id, score)
     # a write with a changed argument leaves another database than the gold one
-    task_id = next(t for t in T.task_ids("airline") if any(a.name == "book_reservation" for a in T.gold_actions("airline", t)))
-    actions = [T.Action(a.name, {**a.arguments, "cabin": "business" if a.arguments.get("cabin") != "business" else "economy"}, a.requestor)
-               if a.name == "book_reservation" else a for a in T.gold_actions("airline", task_id)]
+    task_id = next(
+        t for t in T.task_ids("airline") if any(a.name == "book_reservation" for a in T.gold_actions("airline", t))
+    )
+    actions = [
+        T.Action(
+            a.name,
+            {**a.arguments, "cabin": "business" if a.arguments.get("cabin") != "business" else "economy"},
+            a.requestor,
+        )
+        if a.name == "book_reservation"
+        else a
+        for a in T.gold_actions("airline", task_id)
+    ]
     score = T.score_actions("airline", task_id, actions, T.gold_message("airline", task_id))
     assert score.reward == 0.0 and score.breakdown.get("DB") == 0.0
 
@@ -95,8 +106,11 @@ def test_missing_information_and_wrong_arguments_score_zero():
 def test_tasks_with_initial_state_replay_through_the_harness():
     # tau2's mock domain has tasks that start from a message history,
     # initialization data or initialization actions.
-    for task_id in ("update_task_with_message_history", "update_task_with_initialization_data",
-                    "update_task_with_initialization_actions"):
+    for task_id in (
+        "update_task_with_message_history",
+        "update_task_with_initialization_data",
+        "update_task_with_initialization_actions",
+    ):
         assert T.gold_replay("mock", task_id).reward == 1.0
         assert T.score_actions("mock", task_id, []).reward == 0.0
 
@@ -145,8 +159,11 @@ def serve(pair: ScriptedPair) -> ChatServer:
 @pytest.mark.parametrize("domain,task_id", [("retail", "0"), ("airline", "1"), ("telecom", None)])
 def test_orchestrated_episode_through_the_local_endpoint(domain, task_id):
     if task_id is None:  # a telecom task where both the agent and the user act
-        task_id = next(t for t in T.task_ids("telecom")
-                       if {a.requestor for a in T.gold_actions("telecom", t)} == {"assistant", "user"})
+        task_id = next(
+            t
+            for t in T.task_ids("telecom")
+            if {a.requestor for a in T.gold_actions("telecom", t)} == {"assistant", "user"}
+        )
     pair = ScriptedPair(domain, task_id)
     with serve(pair) as server:
         result = T.run_episode(domain, task_id, "scripted-agent", "scripted-user", server.base_url)
@@ -209,20 +226,28 @@ def test_our_generator_serves_agent_and_user_simulator():
     endpoint as both tau2 participants, on tau2's small mock domain (its
     prompts fit the context). The model is untrained, so only the plumbing is
     checked: requests from both sides, a named ending, no process error."""
-    from rollout.generator import SamplingConfig
-    from weights.model_assets import prepare_tiny_model
     from actors.generation.vllm_engine import VllmGenerator
     from evaluation.ood_backend import GeneratorChat
+    from rollout.generator import SamplingConfig
+    from weights.model_assets import prepare_tiny_model
 
     generator = VllmGenerator(str(prepare_tiny_model()), max_model_len=8192, cpu_kv_cache_gb=1)
     try:
         chat = GeneratorChat(generator, SamplingConfig(temperature=0.0, max_new_tokens=16))
         with ChatServer({"tiny-agent": chat, "tiny-user": chat}) as server:
-            result = T.run_episode("mock", "create_task_1", "tiny-agent", "tiny-user", server.base_url,
-                                   max_steps=6, max_tokens=16)
+            result = T.run_episode(
+                "mock", "create_task_1", "tiny-agent", "tiny-user", server.base_url, max_steps=6, max_tokens=16
+            )
     finally:
         generator.close()
     assert result.process_error is None, result.process_error
-    assert result.termination in {"max_steps", "user_stop", "agent_stop", "too_many_errors", "agent_error", "user_error"}
+    assert result.termination in {
+        "max_steps",
+        "user_stop",
+        "agent_stop",
+        "too_many_errors",
+        "agent_error",
+        "user_error",
+    }
     assert server.stats.completions["tiny-user"] >= 1 and server.stats.errors == 0
     assert result.simulator_model == "tiny-user" and result.reward in (0.0, 1.0)

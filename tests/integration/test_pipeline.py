@@ -1,6 +1,7 @@
 """The actor-learner pipeline end to end on CPU: real Ray, real ZeroMQ, real
 toy env, real vLLM (tiny model) and a real learner; one Ray session for the
 module. Fault tests kill actor processes with SIGKILL mid-group."""
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,49 @@ from pathlib import Path
 import pytest
 
 from seal.config import compose
-from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
-from seal.runtime.control import send_control
 from seal.run.run_dir import create_run_dir
+from seal.runtime.control import send_control
+from tests.conftest import assert_manifest_loads_like_one_mapping, local_ray
 
 # Off-policy and episode figures every trained step reports as finite numbers.
-FINITE_KEYS = ("is_weight_mean", "is_truncated_frac", "ess", "clip_frac", "entropy", "response_len_mean",
-               "tool_calls_per_episode", "parse_failures_per_episode", "offpolicy_kl")
-ROW_KEYS = {"step", "policy_version", "reward_mean", "staleness_mean", "staleness_max", "mean_scale", "tag_weights",
-            "tag_fractions", "interface_version", "active_guidelines", "gen_tokens_per_s", "learner_samples_per_s",
-            "dropped", "reissued", "rejected", "wait_s", "idle_ratio", "publish_s", "env_actors", "mode",
-            "filtered_groups", "skipped", "token_staleness_mean", "tokens_per_s_per_device", *FINITE_KEYS}
+FINITE_KEYS = (
+    "is_weight_mean",
+    "is_truncated_frac",
+    "ess",
+    "clip_frac",
+    "entropy",
+    "response_len_mean",
+    "tool_calls_per_episode",
+    "parse_failures_per_episode",
+    "offpolicy_kl",
+)
+ROW_KEYS = {
+    "step",
+    "policy_version",
+    "reward_mean",
+    "staleness_mean",
+    "staleness_max",
+    "mean_scale",
+    "tag_weights",
+    "tag_fractions",
+    "interface_version",
+    "active_guidelines",
+    "gen_tokens_per_s",
+    "learner_samples_per_s",
+    "dropped",
+    "reissued",
+    "rejected",
+    "wait_s",
+    "idle_ratio",
+    "publish_s",
+    "env_actors",
+    "mode",
+    "filtered_groups",
+    "skipped",
+    "token_staleness_mean",
+    "tokens_per_s_per_device",
+    *FINITE_KEYS,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,7 +70,16 @@ def make_pipeline(run_dir, *overrides, resume=None):
     from seal.run.driver import Pipeline
 
     # No group filter by default here: these tests count every group through the learner.
-    args = ["env=toy", "model=tiny", "learner=torch", "sampling.max_new_tokens=64", "n=4", "trainer.filter_groups=none", "trainer.oversample=0", *overrides]
+    args = [
+        "env=toy",
+        "model=tiny",
+        "learner=torch",
+        "sampling.max_new_tokens=64",
+        "n=4",
+        "trainer.filter_groups=none",
+        "trainer.oversample=0",
+        *overrides,
+    ]
     cfg = compose(args)
     return Pipeline(cfg, create_run_dir(str(run_dir), cfg, args), resume=resume)
 
@@ -99,7 +141,11 @@ def _threads_affinity(pid: int) -> set[str]:
     out = set()
     for status in Path(f"/proc/{pid}/task").glob("*/status"):
         try:
-            out |= {line.split(":", 1)[1].strip() for line in status.read_text().splitlines() if line.startswith("Cpus_allowed_list")}
+            out |= {
+                line.split(":", 1)[1].strip()
+                for line in status.read_text().splitlines()
+                if line.startswith("Cpus_allowed_list")
+            }
         except (FileNotFoundError, ProcessLookupError):  # the thread ended
             pass
     return out
@@ -112,14 +158,22 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     gen_cpu, learn_cpu = cores[0], cores[min(1, len(cores) - 1)]
     # Also weights through the object store in 0.1 MB buckets (the tiny model: 5).
-    p = make_pipeline(tmp_path, "trainer.mode=sync", "trainer.groups_per_step=2", "cluster.env_actors=2",
-                      f"cluster.generator.cpus={gen_cpu}", f"cluster.learner.cpus={learn_cpu}",
-                      "learner.cfg.weight_bucket_mb=0.1")
+    p = make_pipeline(
+        tmp_path,
+        "trainer.mode=sync",
+        "trainer.groups_per_step=2",
+        "cluster.env_actors=2",
+        f"cluster.generator.cpus={gen_cpu}",
+        f"cluster.learner.cpus={learn_cpu}",
+        "learner.cfg.weight_bucket_mb=0.1",
+    )
     try:
         rows = p.run(2)
         # After generating and learning: every thread, the OpenMP pools included, on its stage's core.
-        pinned = {"generator": _threads_affinity(ray.get(p.actors.generator.pid.remote())),
-                  "learner": _threads_affinity(ray.get(p.actors.learner.pid.remote()))}
+        pinned = {
+            "generator": _threads_affinity(ray.get(p.actors.generator.pid.remote())),
+            "learner": _threads_affinity(ray.get(p.actors.learner.pid.remote())),
+        }
         manifest = p.publisher.manifest  # what the last step published (kept for replicas restoring later)
         assert len(manifest.buckets) >= 3 and manifest.dtype == p.publisher.dtype
         assert_manifest_loads_like_one_mapping(p.actors.generator, manifest, p.state.version + 1)  # the blocking server
@@ -127,7 +181,9 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
         p.close()
     assert pinned == {"generator": {str(gen_cpu)}, "learner": {str(learn_cpu)}}
     assert all(ROW_KEYS <= set(r) and r["mode"] == "sync" and r["staleness_max"] == 0 for r in rows)
-    assert all(r["groups_generated"] == 2 for r in rows), [(r["step"], r["groups_generated"]) for r in rows]  # exactly one batch generated per step
+    assert all(r["groups_generated"] == 2 for r in rows), [
+        (r["step"], r["groups_generated"]) for r in rows
+    ]  # exactly one batch generated per step
     assert_exactly_once(p, 4)
 
 
@@ -154,8 +210,13 @@ def _kill_when_busy(p, target: str, killed: list):
 
 @pytest.mark.parametrize("target", ["env", "generator"])
 def test_killed_actor_restarts_and_no_group_is_lost_or_doubled(tmp_path, target):
-    p = make_pipeline(tmp_path, "trainer.mode=async", "trainer.groups_per_step=2", "cluster.env_actors=2",
-                      "sampling.max_new_tokens=128")
+    p = make_pipeline(
+        tmp_path,
+        "trainer.mode=async",
+        "trainer.groups_per_step=2",
+        "cluster.env_actors=2",
+        "sampling.max_new_tokens=128",
+    )
     killed: list = []
     killer = threading.Thread(target=_kill_when_busy, args=(p, target, killed), daemon=True)
     killer.start()
@@ -212,8 +273,14 @@ def test_zero_variance_groups_are_filtered_and_unfilled_steps_skipped(tmp_path):
     """The tiny random model never earns the toy reward: every group has equal rewards, so
     none reaches the learner; after fill_patience batches of them the step is skipped (no update,
     no new version), and every slot handed out is accounted for exactly once."""
-    p = make_pipeline(tmp_path, "trainer.mode=async", "n=2", "trainer.filter_groups=zero_variance",
-                      "trainer.fill_patience=2", "trainer.unfilled=skip")
+    p = make_pipeline(
+        tmp_path,
+        "trainer.mode=async",
+        "n=2",
+        "trainer.filter_groups=zero_variance",
+        "trainer.fill_patience=2",
+        "trainer.unfilled=skip",
+    )
     rows = run(p, 2)
     assert [r["skipped"] for r in rows] == [True, True] and [r["policy_version"] for r in rows] == [0, 0]
     assert all(r["trained_groups"] == 0 and r["filtered_groups"] >= 2 and r["loss"] is None for r in rows)
@@ -232,8 +299,16 @@ def test_filtered_groups_are_refilled_and_only_variance_is_trained_on(tmp_path):
     """The embedded model earns the toy reward on about a third of samples: groups of 2 are
     often all-fail (filtered) and sometimes mixed (trained). Every batch still fills, no
     trained group has zero variance, and every slot is consumed, filtered or in flight."""
-    p = make_pipeline(tmp_path, "model=embedded", "n=2", "trainer.groups_per_step=2", "trainer.mode=async",
-                      "trainer.filter_groups=zero_variance", "trainer.fill_patience=32", "sampling.max_new_tokens=48")
+    p = make_pipeline(
+        tmp_path,
+        "model=embedded",
+        "n=2",
+        "trainer.groups_per_step=2",
+        "trainer.mode=async",
+        "trainer.filter_groups=zero_variance",
+        "trainer.fill_patience=32",
+        "sampling.max_new_tokens=48",
+    )
     rows = run(p, 2)
     assert [r["skipped"] for r in rows] == [False, False] and [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["trained_groups"] == 2 and r["zero_variance_groups"] == 0 for r in rows)

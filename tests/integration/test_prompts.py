@@ -1,4 +1,5 @@
 """What the policy sees: the raw prompt is bfcl-eval's; training only adds, never leaks."""
+
 from __future__ import annotations
 
 import copy
@@ -13,7 +14,9 @@ from env_pool.bfcl.tasks import get_task, split_ids
 from env_pool.interface.guidelines import TEXT
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 
-FULL = InterfaceState(version=4, schema_lite=True, error_feedback=True, guidelines=True, active_guidelines=tuple(TEXT)[:3])
+FULL = InterfaceState(
+    version=4, schema_lite=True, error_feedback=True, guidelines=True, active_guidelines=tuple(TEXT)[:3]
+)
 
 
 def test_raw_python_prompt_is_byte_identical_to_bfcl_eval():
@@ -28,7 +31,9 @@ def test_raw_python_prompt_is_byte_identical_to_bfcl_eval():
     checked = 0
     for category in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"):
         for entry in load_dataset_entry(category):
-            theirs = system_prompt_pre_processing_chat_model(copy.deepcopy(entry["question"][0]), entry["function"], entry["id"])
+            theirs = system_prompt_pre_processing_chat_model(
+                copy.deepcopy(entry["question"][0]), entry["function"], entry["id"]
+            )
             assert env.reset(entry["id"]) == theirs, entry["id"]
             for turn, docs in entry.get("missed_function", {}).items():
                 assert env.user_messages(int(turn)) == [{"role": "user", "content": MORE.format(functions=docs)}]
@@ -71,7 +76,9 @@ def test_training_interface_never_reveals_the_ground_truth(fmt):
         added = _added_text(raw, trained)
         # Same tools -> same additions, whatever the task's answer is.
         by_toolset[tuple(d["name"] for d in task.tools_at_turn(0))].add(added)
-        gt_values = {v for t in range(task.num_turns) for c in ground_truth_calls(task, t) for v in _values(c.arguments)}
+        gt_values = {
+            v for t in range(task.num_turns) for c in ground_truth_calls(task, t) for v in _values(c.arguments)
+        }
         leaked = [v for v in gt_values if v in added and v not in raw and not re.fullmatch(r"[\w ]{1,12}", v)]
         assert not leaked, (task_id, leaked)
         for t in task.withheld:
@@ -81,6 +88,10 @@ def test_training_interface_never_reveals_the_ground_truth(fmt):
             reveal_trained = env.user_messages(t)[0]["content"]
             annotatable = any(d["parameters"].get("required") for d in task.withheld[t])
             assert ("[required]" in reveal_trained) == annotatable and (reveal_raw != reveal_trained) == annotatable
-            leaked = [v for v in gt_values if v in reveal_trained and v not in reveal_raw and not re.fullmatch(r"[\w ]{1,12}", v)]
+            leaked = [
+                v
+                for v in gt_values
+                if v in reveal_trained and v not in reveal_raw and not re.fullmatch(r"[\w ]{1,12}", v)
+            ]
             assert not leaked, (task_id, t, leaked)
     assert all(len(additions) == 1 for additions in by_toolset.values())

@@ -1,6 +1,7 @@
 """Snapshots (``publish``): written tensor by tensor as save_pretrained lays them out, loadable by
 transformers; from a 2-rank ZeRO-3 group, gathered a bucket at a time on every rank with host copies
 on rank 0 only (issue 26, finding 8), and equal to what one rank writes."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,14 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def test_the_writer_writes_what_the_safetensors_library_writes(tmp_path):
-    tensors = {"a.weight": torch.randn(3, 5), "b.half": torch.randn(7).bfloat16(), "c.scalar": torch.tensor(2.5),
-               "d.mask": torch.tensor([True, False, True]), "e.empty": torch.zeros(0, 4), "f.t": torch.randn(4, 6).t()}
+    tensors = {
+        "a.weight": torch.randn(3, 5),
+        "b.half": torch.randn(7).bfloat16(),
+        "c.scalar": torch.tensor(2.5),
+        "d.mask": torch.tensor([True, False, True]),
+        "e.empty": torch.zeros(0, 4),
+        "f.t": torch.randn(4, 6).t(),
+    }
     specs = [TensorSpec.of(k, v.shape, v.dtype) for k, v in tensors.items()]
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -47,7 +54,9 @@ def test_the_writer_writes_what_the_safetensors_library_writes(tmp_path):
     for k, v in tensors.items():
         writer.write(k, v)
     writer.close()
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "lib.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "lib.safetensors"), metadata={"format": "pt"}
+    )
     got, want = read_safetensors(mine), read_safetensors(tmp_path)
     assert [p.name for p in mine.iterdir()] == ["model.safetensors"]
     assert got.keys() == want.keys() == tensors.keys()
@@ -74,8 +83,15 @@ def test_the_writer_writes_what_the_safetensors_library_writes(tmp_path):
 
 
 def learner_cfg(stage: int, backend: str = "deepspeed") -> LearnerConfig:
-    return LearnerConfig(backend=backend, zero_stage=stage, optimizer="sgd", mini_batch_groups=1, micro_batch_size=1,
-                         loss=LossConfig(kl_coef=0.0), weight_bucket_mb=BUCKET_MB)
+    return LearnerConfig(
+        backend=backend,
+        zero_stage=stage,
+        optimizer="sgd",
+        mini_batch_groups=1,
+        micro_batch_size=1,
+        loss=LossConfig(kl_coef=0.0),
+        weight_bucket_mb=BUCKET_MB,
+    )
 
 
 def assert_same_snapshot(got: Path, want: Path) -> None:
@@ -126,8 +142,9 @@ def test_two_zero3_ranks_publish_the_one_rank_snapshot_with_host_copies_on_rank_
         try:
             got, _ = g.publish(str(tmp_path / "two"), 1)
             # Each rank's own account of what it took (learner/weights_out.py WeightsOutStats).
-            stats = ray.get([a.__ray_call__.remote(lambda rank: rank.learner.last_weights_out) for a in g.actors],
-                            timeout=TIMEOUT_S)
+            stats = ray.get(
+                [a.__ray_call__.remote(lambda rank: rank.learner.last_weights_out) for a in g.actors], timeout=TIMEOUT_S
+            )
         finally:
             g.close()
     assert_same_snapshot(Path(got), want)

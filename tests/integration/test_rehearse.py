@@ -1,20 +1,32 @@
 """`seal rehearse recipe=qwen3b_1x4`: the smallest GPU recipe's topology on this CPU machine (one node
 of 4 logical GPUs: 2 learner ranks under ZeRO-3, one vLLM replica of TP 2 on the CPU backend, the
 learner's weight group over gloo, async, a checkpoint each step, a snapshot), 2 steps, tiny model."""
+
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
 
-import pytest
-
-
 
 def test_rehearsal_of_the_smallest_gpu_recipe(tmp_path: Path, seal_bin):
     run_dir = tmp_path / "rehearse"
-    done = subprocess.run([*seal_bin, "rehearse", "--json", "--steps", "2", "--timeout", "780", "recipe=qwen3b_1x4",
-                           f"run_dir={run_dir}"], capture_output=True, text=True, timeout=840)
+    done = subprocess.run(
+        [
+            *seal_bin,
+            "rehearse",
+            "--json",
+            "--steps",
+            "2",
+            "--timeout",
+            "780",
+            "recipe=qwen3b_1x4",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["ok"] and report["failures"] == []

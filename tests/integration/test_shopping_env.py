@@ -1,4 +1,5 @@
 """The shopping env end to end with a real model: `seal rollout` and `seal eval` on vLLM CPU, the tiny model."""
+
 from __future__ import annotations
 
 import json
@@ -6,20 +7,34 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from env_pool import tags as T
 from env_pool.shopping.tasks import CATEGORIES, get_task
 
 
-
 def seal(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seal.commands.cli", *args], capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "seal.commands.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
 
 
 def test_rollout_and_eval_play_whole_tagged_episodes(tmp_path):
     out = tmp_path / "r.jsonl"
-    proc = seal("rollout", "--tasks", "3", "--n", "2", "--out", str(out), "env=shopping", "model=tiny", "sampling.max_new_tokens=16")
+    proc = seal(
+        "rollout",
+        "--tasks",
+        "3",
+        "--n",
+        "2",
+        "--out",
+        str(out),
+        "env=shopping",
+        "model=tiny",
+        "sampling.max_new_tokens=16",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6 and {r["task_id"] for r in rows} == {"shop_0", "shop_1", "shop_2"}

@@ -6,6 +6,7 @@ would run it there; what it reports is read from its run dir.
 The quick checks and one full run are in the default suite; the storage probe, losing the
 worker host mid-run, the resume after it and `ray job submit` take minutes each and are `slow`.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,11 +41,30 @@ def hosts():
 
 
 def train_args(hosts: TwoHosts, run_dir: Path, *overrides: str) -> list[str]:
-    return [SEAL, "train", "cluster=multinode", f"cluster.address={hosts.address}", "env=toy", "model=tiny",
-            "generator=vllm_async_cpu", "generator.cpu_kv_cache_gb=1", "sampling.max_new_tokens=32", "n=2",
-            "trainer.groups_per_step=2", "trainer.filter_groups=none", "trainer.oversample=0", "learner.timeout_s=120",
-            "cluster.env_actor.num_cpus=0.5", "cluster.generator.num_cpus=1", "cluster.generator.num_gpus=0",
-            "cluster.learner.num_cpus=1", "cluster.learner.num_gpus=0", "evaluation.final=false", f"run_dir={run_dir}", *overrides]
+    return [
+        SEAL,
+        "train",
+        "cluster=multinode",
+        f"cluster.address={hosts.address}",
+        "env=toy",
+        "model=tiny",
+        "generator=vllm_async_cpu",
+        "generator.cpu_kv_cache_gb=1",
+        "sampling.max_new_tokens=32",
+        "n=2",
+        "trainer.groups_per_step=2",
+        "trainer.filter_groups=none",
+        "trainer.oversample=0",
+        "learner.timeout_s=120",
+        "cluster.env_actor.num_cpus=0.5",
+        "cluster.generator.num_cpus=1",
+        "cluster.generator.num_gpus=0",
+        "cluster.learner.num_cpus=1",
+        "cluster.learner.num_gpus=0",
+        "evaluation.final=false",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -89,14 +109,24 @@ def test_training_spans_both_hosts_over_their_addresses(hosts, tmp_path):
     worker host arrive from its address; an intruder on the worker host with keys of its own
     gets nothing through the replay or the control socket; exactly-once accounting."""
     run_dir = tmp_path / "run"
-    args = train_args(hosts, run_dir, "learner=zero3", "learner.world_size=2", "generator.replicas=2",
-                      "trainer.steps=2", "cluster.env_actors=4", "+cluster.learner.resources={learner_slot:1}")
+    args = train_args(
+        hosts,
+        run_dir,
+        "learner=zero3",
+        "learner.world_size=2",
+        "generator.replicas=2",
+        "trainer.steps=2",
+        "cluster.env_actors=4",
+        "+cluster.learner.resources={learner_slot:1}",
+    )
     proc = hosts.popen_on(hosts.head, args, tmp_path / "train.log", cwd=tmp_path)
     try:
         wait_for(run_dir / "control.json", proc, 600)
         intruder = tmp_path / "intruder.py"
         intruder.write_text(INTRUDER)
-        got = hosts.run_on(hosts.worker, [sys.executable, str(intruder), str(run_dir / "control.json"), hosts.head.ip], timeout_s=60)
+        got = hosts.run_on(
+            hosts.worker, [sys.executable, str(intruder), str(run_dir / "control.json"), hosts.head.ip], timeout_s=60
+        )
         assert got.returncode == 0, got.stderr[-2000:]
         assert json.loads(got.stdout.strip().splitlines()[-1]) == {"control_answered": False}
         assert proc.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-4000:]
@@ -118,8 +148,12 @@ def test_training_spans_both_hosts_over_their_addresses(hosts, tmp_path):
 
 
 def test_a_loopback_bind_is_refused_on_a_two_host_cluster(hosts, tmp_path):
-    got = hosts.run_on(hosts.head, train_args(hosts, tmp_path / "run", "cluster.bind_host=127.0.0.1", "trainer.steps=1"),
-                       timeout_s=300, cwd=tmp_path)
+    got = hosts.run_on(
+        hosts.head,
+        train_args(hosts, tmp_path / "run", "cluster.bind_host=127.0.0.1", "trainer.steps=1"),
+        timeout_s=300,
+        cwd=tmp_path,
+    )
     assert got.returncode == 2, got.stdout[-2000:] + got.stderr[-2000:]
     assert f"nodes at {hosts.worker.ip} but the replay stream binds to 127.0.0.1" in got.stderr
 
@@ -134,21 +168,46 @@ def test_a_raylet_without_the_clusters_token_cannot_join(hosts):
 def test_storage_only_the_worker_sees_stops_the_start_naming_the_worker(hosts, tmp_path):
     """trainer.storage on a path that is a private tmpfs on the worker host: its learner rank's
     probe lands where the driver cannot read it, and the start stops with one line."""
-    args = train_args(hosts, tmp_path / "run", "learner=torch", "trainer.steps=1", f"trainer.storage={hosts.private_dir}",
-                      "+cluster.learner.resources={host_worker:1}", "+cluster.generator.resources={host_head:1}")
+    args = train_args(
+        hosts,
+        tmp_path / "run",
+        "learner=torch",
+        "trainer.steps=1",
+        f"trainer.storage={hosts.private_dir}",
+        "+cluster.learner.resources={host_worker:1}",
+        "+cluster.generator.resources={host_head:1}",
+    )
     got = hosts.run_on(hosts.head, args, timeout_s=600, cwd=tmp_path)
     assert got.returncode == 2, got.stdout[-2000:] + got.stderr[-2000:]
     line = [x for x in got.stderr.splitlines() if x.startswith("seal: error:")]
-    assert line and f"node {hosts.worker.ip}" in line[0] and "cannot read it" in line[0] and str(hosts.private_dir) in line[0], got.stderr[-3000:]
+    assert (
+        line
+        and f"node {hosts.worker.ip}" in line[0]
+        and "cannot read it" in line[0]
+        and str(hosts.private_dir) in line[0]
+    ), got.stderr[-3000:]
 
 
 @pytest.mark.slow
 def test_the_same_job_through_ray_job_submit(hosts, tmp_path):
     run_dir = tmp_path / "run"
-    train = " ".join(train_args(hosts, run_dir, "learner=torch", "trainer.steps=1", "cluster.address=auto",
-                                "cluster.env_actors=2"))
-    got = hosts.run_on(hosts.head, [str(Path(sys.executable).parent / "ray"), "job", "submit", f"--address={hosts.dashboard}",
-                                    "--", "bash", "-c", f"cd {tmp_path} && {train}"], timeout_s=900)
+    train = " ".join(
+        train_args(hosts, run_dir, "learner=torch", "trainer.steps=1", "cluster.address=auto", "cluster.env_actors=2")
+    )
+    got = hosts.run_on(
+        hosts.head,
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "job",
+            "submit",
+            f"--address={hosts.dashboard}",
+            "--",
+            "bash",
+            "-c",
+            f"cd {tmp_path} && {train}",
+        ],
+        timeout_s=900,
+    )
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-2000:]
     assert [r["step"] for r in metrics(run_dir)] == [1]
 
@@ -159,9 +218,18 @@ def test_losing_the_worker_host_mid_run_the_run_goes_on_with_the_head(hosts, tmp
     worker host is killed after the first step: its actors are lost, the head's finish the run
     with exact accounting."""
     run_dir = tmp_path / "run"
-    args = train_args(hosts, run_dir, "learner=torch", "generator.replicas=2", "trainer.steps=4", "trainer.mode=sync",
-                      "cluster.env_actors=2", "+cluster.learner.resources={host_head:1}", "+cluster.generator.resources={generator_slot:1}",
-                      "generator.update_timeout_s=60")
+    args = train_args(
+        hosts,
+        run_dir,
+        "learner=torch",
+        "generator.replicas=2",
+        "trainer.steps=4",
+        "trainer.mode=sync",
+        "cluster.env_actors=2",
+        "+cluster.learner.resources={host_head:1}",
+        "+cluster.generator.resources={generator_slot:1}",
+        "generator.update_timeout_s=60",
+    )
     proc = hosts.popen_on(hosts.head, args, tmp_path / "train.log", cwd=tmp_path)
     try:
         wait_for(run_dir / "metrics.jsonl", proc, 900, rows=1)
@@ -183,10 +251,18 @@ def test_losing_the_worker_host_mid_run_the_run_goes_on_with_the_head(hosts, tmp
 @pytest.mark.slow
 def test_a_learner_rank_lost_with_its_host_stops_the_run_named_and_it_resumes(hosts, tmp_path):
     run_dir = tmp_path / "run"
-    base = ["learner=zero2", "learner.world_size=2", "+cluster.learner.resources={learner_slot:1}",
-            "+cluster.generator.resources={host_head:1}", "cluster.env_actors=2", "trainer.mode=sync",
-            "trainer.checkpoint_every=1"]  # the default (5) would leave nothing to resume from at step 2
-    proc = hosts.popen_on(hosts.head, train_args(hosts, run_dir, *base, "trainer.steps=6"), tmp_path / "train.log", cwd=tmp_path)
+    base = [
+        "learner=zero2",
+        "learner.world_size=2",
+        "+cluster.learner.resources={learner_slot:1}",
+        "+cluster.generator.resources={host_head:1}",
+        "cluster.env_actors=2",
+        "trainer.mode=sync",
+        "trainer.checkpoint_every=1",
+    ]  # the default (5) would leave nothing to resume from at step 2
+    proc = hosts.popen_on(
+        hosts.head, train_args(hosts, run_dir, *base, "trainer.steps=6"), tmp_path / "train.log", cwd=tmp_path
+    )
     try:
         wait_for(run_dir / "metrics.jsonl", proc, 900, rows=2)  # step 2's row: step 1's checkpoint is complete
         killed_at = time.monotonic()
@@ -203,8 +279,12 @@ def test_a_learner_rank_lost_with_its_host_stops_the_run_named_and_it_resumes(ho
     # (learner.json is written after every rank's files).
     saved = json.loads((run_dir / "checkpoints" / "latest" / "learner.json").read_text())["step"]
     assert 1 <= saved <= len(metrics(run_dir)), saved
-    got = hosts.run_on(hosts.head, train_args(hosts, run_dir, *base, "trainer.steps=1", f"resume={run_dir}"),
-                       timeout_s=900, cwd=tmp_path)
+    got = hosts.run_on(
+        hosts.head,
+        train_args(hosts, run_dir, *base, "trainer.steps=1", f"resume={run_dir}"),
+        timeout_s=900,
+        cwd=tmp_path,
+    )
     assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-3000:]
     assert metrics(run_dir)[-1]["step"] == saved + 1  # it goes on from the checkpoint, one step
     assert os.environ.get("RAY_ADDRESS") is None  # the test process itself never joined the cluster

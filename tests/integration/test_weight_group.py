@@ -6,6 +6,7 @@ with a WeightGroupError naming the members, within the per-operation bound, not
 the group's timeout; the group then refuses rounds until re-formed. NCCL runs the
 same checks through a CUDA event and NCCL's async error (GPU only).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -33,8 +34,16 @@ def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: i
 
     from weights.group import WeightGroup
 
-    group = WeightGroup(HOST, port, rank, world, "gloo", timeout_s=GROUP_TIMEOUT_S, op_timeout_s=GROUP_TIMEOUT_S,
-                        label=f"test receiver {rank} ({fate})")
+    group = WeightGroup(
+        HOST,
+        port,
+        rank,
+        world,
+        "gloo",
+        timeout_s=GROUP_TIMEOUT_S,
+        op_timeout_s=GROUP_TIMEOUT_S,
+        label=f"test receiver {rank} ({fate})",
+    )
     group.begin_round()
     for i in range(tensors):
         if i == after and fate == "exit":
@@ -48,8 +57,10 @@ def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: i
 
 def start_receivers(port: int, fates: list[str], tensors: int, after: int) -> list:
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=receiver, args=(port, r + 1, len(fates) + 1, tensors, fate, after), daemon=True)
-             for r, fate in enumerate(fates)]
+    procs = [
+        ctx.Process(target=receiver, args=(port, r + 1, len(fates) + 1, tensors, fate, after), daemon=True)
+        for r, fate in enumerate(fates)
+    ]
     for p in procs:
         p.start()
     return procs
@@ -66,13 +77,14 @@ def walk(n: int, seen: list[int]):
 
 @pytest.mark.parametrize("fate", ["exit", "stall"])
 def test_a_receiver_gone_mid_round_fails_the_round_naming_the_members(fate):
-    from weights.group import WeightGroupError
     from learner.weight_broadcast import WeightBroadcaster
+    from weights.group import WeightGroupError
 
     port, tensors = free_port(), 40
     procs = start_receivers(port, ["ok", fate], tensors, after=5)
-    sender = WeightBroadcaster(HOST, port, world_size=3, backend="gloo", timeout_s=GROUP_TIMEOUT_S,
-                               op_timeout_s=OP_TIMEOUT_S)
+    sender = WeightBroadcaster(
+        HOST, port, world_size=3, backend="gloo", timeout_s=GROUP_TIMEOUT_S, op_timeout_s=OP_TIMEOUT_S
+    )
     seen: list[int] = []
     try:
         with pytest.raises(WeightGroupError) as err:

@@ -3,6 +3,7 @@
 What arrives by broadcast must act exactly like the same weights loaded
 through the existing reload path, and match an HF forward of them.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -28,8 +29,12 @@ def learner_side(model_dir: str, port: int, backend: str, device: str, zero_stag
         from learner.engine import Learner, LearnerConfig
         from learner.weight_broadcast import WeightBroadcaster
 
-        cfg = LearnerConfig(backend="deepspeed" if zero_stage else "torch", zero_stage=zero_stage,
-                            mini_batch_groups=1, micro_batch_size=1)
+        cfg = LearnerConfig(
+            backend="deepspeed" if zero_stage else "torch",
+            zero_stage=zero_stage,
+            mini_batch_groups=1,
+            micro_batch_size=1,
+        )
         learner = Learner(model_dir, cfg, group_size=1)
         out.put(("metadata", learner.weight_metadata()))
         broadcaster = WeightBroadcaster(HOST, port, world_size=2, backend=backend, device=device, timeout_s=120)
@@ -45,7 +50,9 @@ def expect(q, kind: str, proc, timeout: float = 120.0):
     try:
         got, payload = q.get(timeout=timeout)
     except queue_mod.Empty:
-        raise AssertionError(f"learner process sent nothing in {timeout}s (alive={proc.is_alive()}, exit={proc.exitcode})")
+        raise AssertionError(
+            f"learner process sent nothing in {timeout}s (alive={proc.is_alive()}, exit={proc.exitcode})"
+        )
     assert got == kind, f"learner process: {got}: {payload}"
     return payload
 
@@ -53,7 +60,9 @@ def expect(q, kind: str, proc, timeout: float = 120.0):
 def start_learner(model_dir, backend="gloo", device="cpu", zero_stage=3, rounds=2):
     ctx = mp.get_context("spawn")  # no fork of a process that holds a vLLM engine
     q, port = ctx.Queue(), free_port()
-    proc = ctx.Process(target=learner_side, args=(str(model_dir), port, backend, device, zero_stage, rounds, q), daemon=True)
+    proc = ctx.Process(
+        target=learner_side, args=(str(model_dir), port, backend, device, zero_stage, rounds, q), daemon=True
+    )
     proc.start()
     return proc, q, port
 
@@ -75,8 +84,12 @@ def write_perturbed(tiny_path: str, out_dir) -> str:
 def greedy(generator):
     from rollout.chat import ChatTokenizer
 
-    prompt = ChatTokenizer(generator.tokenizer).prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}])
-    out = generator.generate([GenerationRequest("w", prompt, 12)], SamplingConfig(temperature=0.0, max_new_tokens=12))[0]
+    prompt = ChatTokenizer(generator.tokenizer).prompt_ids(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}]
+    )
+    out = generator.generate([GenerationRequest("w", prompt, 12)], SamplingConfig(temperature=0.0, max_new_tokens=12))[
+        0
+    ]
     return prompt, out
 
 
@@ -101,8 +114,8 @@ def test_broadcast_equals_the_reload_path_and_an_hf_forward(generator, tiny_path
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from weights.group import WeightMeta
     from tests.integration.hf_logprobs import sequence_logprobs
+    from weights.group import WeightMeta
 
     new_dir = write_perturbed(tiny_path, tmp_path)
     _, before = greedy(generator)
@@ -128,7 +141,7 @@ def test_broadcast_equals_the_reload_path_and_an_hf_forward(generator, tiny_path
         assert via_broadcast.token_ids != before.token_ids  # the weights did change
 
         hf = AutoModelForCausalLM.from_pretrained(new_dir, dtype=torch.float32).eval()
-        ours = sequence_logprobs(hf, list(prompt) + via_broadcast.token_ids)[len(prompt):]
+        ours = sequence_logprobs(hf, list(prompt) + via_broadcast.token_ids)[len(prompt) :]
         assert max(abs(a - b) for a, b in zip(ours, via_broadcast.logprobs)) < 1e-4
 
         generator.update_weights(v0 + 2, new_dir)  # the same weights by the existing path
@@ -161,8 +174,8 @@ def test_a_round_the_loader_rejects_leaves_the_group_in_step(generator, tiny_pat
     import torch
     from safetensors.torch import load_file
 
-    from weights.group import weight_metadata
     from learner.weight_broadcast import WeightBroadcaster
+    from weights.group import weight_metadata
 
     port, box = free_port(), {}
     opener = threading.Thread(target=lambda: box.update(b=WeightBroadcaster(HOST, port, 2, "gloo", timeout_s=20)))

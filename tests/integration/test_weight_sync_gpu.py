@@ -5,6 +5,7 @@ two: vLLM's worker on cuda:0, the learner's sending end on cuda:1 (the
 learner itself stays on CPU; the broadcaster copies each tensor over).
 The learner-side process and helpers are those of the CPU test.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,13 +20,14 @@ def test_nccl_broadcast_equals_the_reload_path(tmp_path):
         pytest.skip("NCCL needs the learner and vLLM on different GPUs")
     from test_weight_sync import HOST, expect, greedy, start_learner, write_perturbed
 
-    from weights.model_assets import resolve_model
     from actors.generation.vllm_engine import VllmGenerator
+    from weights.model_assets import resolve_model
 
     tiny = str(resolve_model("tiny"))
     new_dir = write_perturbed(tiny, tmp_path)
-    gen = VllmGenerator(tiny, device="cuda", dtype="float32", max_model_len=4096, gpu_memory_utilization=0.3,
-                        weight_sync="broadcast")
+    gen = VllmGenerator(
+        tiny, device="cuda", dtype="float32", max_model_len=4096, gpu_memory_utilization=0.3, weight_sync="broadcast"
+    )
     proc, q, port = start_learner(new_dir, backend="nccl", device="cuda:1", zero_stage=0, rounds=1)
     try:
         _, before = greedy(gen)

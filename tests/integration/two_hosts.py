@@ -11,6 +11,7 @@ The worker host runs in a mount namespace of its own (``ip netns exec`` makes on
 private tmpfs at ``private_dir``: a path that exists on both hosts but that only the
 worker sees the contents of, as a node-local disk would be.
 """
+
 from __future__ import annotations
 
 import os
@@ -79,8 +80,12 @@ class TwoHosts:
 
     def __post_init__(self) -> None:
         tag = f"{os.getpid() % 100000}"
-        self.head = Host(f"seal-h{tag}", f"{self.subnet}.1", {"host_head": 1, "learner_slot": 1, "generator_slot": 1}, 4)
-        self.worker = Host(f"seal-w{tag}", f"{self.subnet}.2", {"host_worker": 1, "learner_slot": 1, "generator_slot": 1}, 4)
+        self.head = Host(
+            f"seal-h{tag}", f"{self.subnet}.1", {"host_head": 1, "learner_slot": 1, "generator_slot": 1}, 4
+        )
+        self.worker = Host(
+            f"seal-w{tag}", f"{self.subnet}.2", {"host_worker": 1, "learner_slot": 1, "generator_slot": 1}, 4
+        )
         self.token = secrets.token_hex(32)
         self.temp_dir = self.root / "ray"
         self.private_dir = self.root / "worker-only"
@@ -110,29 +115,59 @@ class TwoHosts:
         # Nothing of this process's Ray or collectives: a gloo/NCCL interface picked here (an
         # earlier test in this process) names an interface the namespaces do not have.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GLOO_", "NCCL_"))}
-        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token or self.token, PATH=f"{self.venv_bin}:{env.get('PATH', '')}",
-                   RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+        env.update(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=token or self.token,
+            PATH=f"{self.venv_bin}:{env.get('PATH', '')}",
+            RAY_USAGE_STATS_ENABLED="0",
+            PYTHONUNBUFFERED="1",
+        )
         return env
 
-    def run_on(self, host: Host, command: list[str], token: str | None = None, timeout_s: float = 600,
-               **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", host.name, *command], env=self.env(token), capture_output=True,
-                              text=True, timeout=timeout_s, **kwargs)
+    def run_on(
+        self, host: Host, command: list[str], token: str | None = None, timeout_s: float = 600, **kwargs
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["ip", "netns", "exec", host.name, *command],
+            env=self.env(token),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            **kwargs,
+        )
 
     def popen_on(self, host: Host, command: list[str], log: Path, **kwargs) -> subprocess.Popen:
         out = open(log, "w")
-        return subprocess.Popen(["ip", "netns", "exec", host.name, *command], env=self.env(), stdout=out,
-                                stderr=subprocess.STDOUT, text=True, **kwargs)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", host.name, *command],
+            env=self.env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------ Ray
     def _ray_start(self, host: Host, head: bool, token: str | None = None) -> subprocess.CompletedProcess:
         import json
 
-        args = ["ray", "start", f"--node-ip-address={host.ip}", f"--num-cpus={host.num_cpus}",
-                f"--resources={json.dumps(host.resources)}", "--object-store-memory=800000000", "--disable-usage-stats"]
+        args = [
+            "ray",
+            "start",
+            f"--node-ip-address={host.ip}",
+            f"--num-cpus={host.num_cpus}",
+            f"--resources={json.dumps(host.resources)}",
+            "--object-store-memory=800000000",
+            "--disable-usage-stats",
+        ]
         if head:
-            args += ["--head", f"--port={RAY_PORT}", f"--dashboard-host={host.ip}", f"--dashboard-port={DASHBOARD_PORT}",
-                     f"--temp-dir={self.temp_dir}"]
+            args += [
+                "--head",
+                f"--port={RAY_PORT}",
+                f"--dashboard-host={host.ip}",
+                f"--dashboard-port={DASHBOARD_PORT}",
+                f"--temp-dir={self.temp_dir}",
+            ]
             return self.run_on(host, args, token, timeout_s=120)
         args += [f"--address={self.address}"]
         # The worker's private disk: mounted in the mount namespace `ip netns exec` gives the
@@ -147,7 +182,9 @@ class TwoHosts:
         for host, head in ((self.head, True), (self.worker, False)):
             done = self._ray_start(host, head)
             if done.returncode != 0:
-                raise RuntimeError(f"ray start on {host.name} ({host.ip}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+                raise RuntimeError(
+                    f"ray start on {host.name} ({host.ip}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+                )
         self.wait_nodes(2)
 
     def start_worker(self) -> None:
@@ -164,8 +201,10 @@ class TwoHosts:
         return self._ray_start(Host(self.worker.name, self.worker.ip, {"intruder": 1}, 1), head=False, token=token)
 
     def alive_nodes(self) -> list[str]:
-        code = ("import ray, json; ray.init(address=%r, log_to_driver=False, logging_level='error'); "
-                "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))") % self.address
+        code = (
+            "import ray, json; ray.init(address=%r, log_to_driver=False, logging_level='error'); "
+            "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))"
+        ) % self.address
         done = self.run_on(self.head, [str(self.venv_bin / "python"), "-c", code], timeout_s=120)
         if done.returncode != 0:
             raise RuntimeError(f"cannot read the cluster's nodes: {done.stderr[-1500:]}")

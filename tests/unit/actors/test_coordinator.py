@@ -1,15 +1,18 @@
 """The coordinator: capability state -> interface evolution and tag weights."""
+
 from __future__ import annotations
 
-from env_pool import tags as T
-from env_pool.interface.state import InterfaceState
 from actors.coordinator.policy import Coordinator
 from actors.coordinator.tag_weights import TagWeights
+from env_pool import tags as T
+from env_pool.interface.state import InterfaceState
 from replay.messages import Segment, TagSummary, Trajectory
 
 
 def summary(tags, reward=0.0, labels=None):
-    return TagSummary("multi_turn_base_1", "base", tags, labels or [T.MISSING_TOOL_CALL] * len(tags), reward, bool(reward), 0.0, 0)
+    return TagSummary(
+        "multi_turn_base_1", "base", tags, labels or [T.MISSING_TOOL_CALL] * len(tags), reward, bool(reward), 0.0, 0
+    )
 
 
 def test_closed_loop_evolves_interface_and_weights():
@@ -54,9 +57,29 @@ def test_state_round_trips():
 
 
 def test_a_trajectory_that_generated_nothing_counts_from_its_start_version():
-    t = Trajectory(task_id="x", category="base", env="bfcl", group_id="g", rollout_index=0, interface_version=0, token_ids=[1, 2],
-                   loss_mask=[0, 0], logprobs=[0.0, 0.0], prompt_length=2, segments=[], reward=0.0, success=False, progress=0.0,
-                   tags=[], labels=[], error_type=None, outcome="context_overflow", num_tool_calls=0, num_steps=0, start_version=5)
+    t = Trajectory(
+        task_id="x",
+        category="base",
+        env="bfcl",
+        group_id="g",
+        rollout_index=0,
+        interface_version=0,
+        token_ids=[1, 2],
+        loss_mask=[0, 0],
+        logprobs=[0.0, 0.0],
+        prompt_length=2,
+        segments=[],
+        reward=0.0,
+        success=False,
+        progress=0.0,
+        tags=[],
+        labels=[],
+        error_type=None,
+        outcome="context_overflow",
+        num_tool_calls=0,
+        num_steps=0,
+        start_version=5,
+    )
     assert t.policy_version == 5
     t.segments.append(Segment(1, 2, 4))
     assert t.policy_version == 4
@@ -71,7 +94,9 @@ def _from_config(*overrides: str) -> Coordinator:
 
     cfg = compose(list(overrides))
     spec = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
-    return make_coordinator(spec(cfg.interface), spec(cfg.tag_weights), True, False, "released", spec(cfg.guideline_policy))
+    return make_coordinator(
+        spec(cfg.interface), spec(cfg.tag_weights), True, False, "released", spec(cfg.guideline_policy)
+    )
 
 
 def test_guideline_thresholds_come_from_the_config():

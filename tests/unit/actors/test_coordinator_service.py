@@ -1,10 +1,11 @@
 """The coordinator service without Ray: tags in, weights and interface out."""
+
 from __future__ import annotations
 
 from actors.coordinator.policy import Coordinator
 from actors.coordinator.service import CoordinatorService
-from env_pool.interface.state import InterfaceState
 from actors.coordinator.tag_weights import TagWeights
+from env_pool.interface.state import InterfaceState
 from replay.messages import TagSummary
 
 
@@ -13,7 +14,10 @@ def make() -> Coordinator:
 
 
 def summaries(k: int) -> list[TagSummary]:
-    return [TagSummary(f"t{i}", "base", ["empty_turn_model_response"], ["missing_tool_call"], 0.0, False, 0.0, 0) for i in range(k)]
+    return [
+        TagSummary(f"t{i}", "base", ["empty_turn_model_response"], ["missing_tool_call"], 0.0, False, 0.0, 0)
+        for i in range(k)
+    ]
 
 
 def test_round_trip_of_tags_weights_and_interface():

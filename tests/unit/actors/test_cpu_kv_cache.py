@@ -1,5 +1,6 @@
 """The CPU engines' KV cache size goes to vLLM as bytes (kv_cache_memory_bytes), so a fraction of a
 GiB works: VLLM_CPU_KVCACHE_SPACE takes whole GiB, and 8 TP workers of a rehearsal held 8 GiB at 1."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """One generator setup for both vLLM engines (actors/generation/engine_settings.py): what vLLM
 engine keywords and process environment each engine gets on CPU and CUDA, and the bad values
 refused before a model is looked up or vLLM imported. Nothing here starts an engine."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +12,22 @@ import sys
 
 import pytest
 
-from actors.generation.engine_settings import (GLOO_TRANSFER_BACKEND, SET_BY_SETUP, WORKER_EXTENSION, EngineSettings,
-                                               engine_setup)
+from actors.generation.engine_settings import (
+    GLOO_TRANSFER_BACKEND,
+    SET_BY_SETUP,
+    WORKER_EXTENSION,
+    EngineSettings,
+    engine_setup,
+)
 
-ENV_VARS = ("VLLM_LOGGING_LEVEL", "HF_HUB_OFFLINE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND",
-            "VLLM_CPU_NUM_OF_RESERVED_CPU", SET_BY_SETUP)
+ENV_VARS = (
+    "VLLM_LOGGING_LEVEL",
+    "HF_HUB_OFFLINE",
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU",
+    SET_BY_SETUP,
+)
 
 
 @pytest.fixture
@@ -35,28 +47,56 @@ def clean_env(monkeypatch):
 def test_blocking_on_cpu_runs_in_process_with_a_bounded_cache_and_whole_prefills(model_dir):
     setup = engine_setup(EngineSettings(model_dir, max_model_len=2048, cpu_kv_cache_gb=0.5, cpu_threads_bind=0))
     assert setup.kwargs == {
-        "model": model_dir, "dtype": "float32", "max_model_len": 2048, "enable_prefix_caching": True,
-        "enforce_eager": True, "seed": 0, "tensor_parallel_size": 1, "worker_extension_cls": WORKER_EXTENSION,
-        "enable_chunked_prefill": False, "max_num_batched_tokens": 2048, "kv_cache_memory_bytes": 2**29,
+        "model": model_dir,
+        "dtype": "float32",
+        "max_model_len": 2048,
+        "enable_prefix_caching": True,
+        "enforce_eager": True,
+        "seed": 0,
+        "tensor_parallel_size": 1,
+        "worker_extension_cls": WORKER_EXTENSION,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 2048,
+        "kv_cache_memory_bytes": 2**29,
     }
-    assert setup.env == {"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                         "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert setup.env == {
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "0",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
 
 
 def test_blocking_on_cuda_gets_the_gpu_share_and_no_cpu_settings(model_dir):
-    setup = engine_setup(EngineSettings(model_dir, device="cuda", dtype="auto", gpu_memory_utilization=0.3,
-                                        tensor_parallel_size=2, cpu_kv_cache_gb=0, weight_sync="broadcast"))
+    setup = engine_setup(
+        EngineSettings(
+            model_dir,
+            device="cuda",
+            dtype="auto",
+            gpu_memory_utilization=0.3,
+            tensor_parallel_size=2,
+            cpu_kv_cache_gb=0,
+            weight_sync="broadcast",
+        )
+    )
     assert setup.settings.dtype == "bfloat16"  # auto on CUDA
     assert setup.kwargs["gpu_memory_utilization"] == 0.3 and setup.kwargs["tensor_parallel_size"] == 2
     # CPU-only keys are absent, and the blocking engine's group is its workers' own, not vLLM's weight transfer
-    assert not {"kv_cache_memory_bytes", "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
-                "weight_transfer_config"} & set(setup.kwargs)
+    assert not {
+        "kv_cache_memory_bytes",
+        "enable_chunked_prefill",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "weight_transfer_config",
+    } & set(setup.kwargs)
     assert setup.env == {"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"}
 
 
 def test_async_on_cpu_keeps_its_engine_process_and_sends_broadcasts_through_seal_gloo(model_dir):
-    setup = engine_setup(EngineSettings(model_dir, engine="async", cpu_threads_bind="nobind", max_num_seqs=64,
-                                        weight_sync="broadcast"))
+    setup = engine_setup(
+        EngineSettings(model_dir, engine="async", cpu_threads_bind="nobind", max_num_seqs=64, weight_sync="broadcast")
+    )
     assert setup.kwargs["weight_transfer_config"] == {"backend": GLOO_TRANSFER_BACKEND}
     assert setup.kwargs["max_num_seqs"] == 64 and setup.kwargs["kv_cache_memory_bytes"] == 2 * 2**30
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in setup.env
@@ -76,13 +116,16 @@ def test_a_model_directory_without_a_config_is_refused(tmp_path):
         engine_setup(EngineSettings(str(tmp_path)))
 
 
-@pytest.mark.parametrize("field, bad, message", [
-    ("device", "tpu", "device must be cpu or cuda, got 'tpu'"),
-    ("weight_sync", "nccl", "weight_sync must be reload or broadcast, got 'nccl'"),
-    ("engine", "sync", "engine must be blocking or async, got 'sync'"),
-    ("dtype", "float16", "dtype must be one of auto, bfloat16, float32"),
-    ("cpu_kv_cache_gb", 0, "generator.cpu_kv_cache_gb must be > 0"),
-])
+@pytest.mark.parametrize(
+    "field, bad, message",
+    [
+        ("device", "tpu", "device must be cpu or cuda, got 'tpu'"),
+        ("weight_sync", "nccl", "weight_sync must be reload or broadcast, got 'nccl'"),
+        ("engine", "sync", "engine must be blocking or async, got 'sync'"),
+        ("dtype", "float16", "dtype must be one of auto, bfloat16, float32"),
+        ("cpu_kv_cache_gb", 0, "generator.cpu_kv_cache_gb must be > 0"),
+    ],
+)
 def test_a_bad_value_is_one_line_before_anything_is_looked_up(field, bad, message):
     with pytest.raises(ValueError, match=message):
         EngineSettings("no/such/model", **{field: bad})
@@ -93,7 +136,6 @@ def test_apply_env_leaves_a_variable_the_user_set(model_dir, clean_env):
     engine_setup(EngineSettings(model_dir)).apply_env()
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
-
 
 
 def test_a_later_engine_sets_again_what_an_earlier_engine_set(model_dir, clean_env):
@@ -113,15 +155,20 @@ def test_a_child_process_sets_again_what_its_parent_s_engine_set(model_dir, clea
     reads the record its parent left beside the variables."""
     engine_setup(EngineSettings(model_dir, cpu_threads_bind="all")).apply_env()
     child = dict(os.environ)  # what a subprocess inherits
-    code = ("import os; from actors.generation.engine_settings import EngineSettings, engine_setup\n"
-            f"engine_setup(EngineSettings({model_dir!r}, engine='async', cpu_threads_bind='nobind')).apply_env()\n"
-            "print(os.environ['VLLM_CPU_OMP_THREADS_BIND'])")
+    code = (
+        "import os; from actors.generation.engine_settings import EngineSettings, engine_setup\n"
+        f"engine_setup(EngineSettings({model_dir!r}, engine='async', cpu_threads_bind='nobind')).apply_env()\n"
+        "print(os.environ['VLLM_CPU_OMP_THREADS_BIND'])"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=child, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "nobind"
 
+
 def _defaults(fn) -> dict:
-    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
+    return {
+        n: p.default for n, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty
+    }
 
 
 def test_both_constructors_default_as_the_settings_do():
@@ -141,8 +188,9 @@ def test_the_async_generator_is_a_generator_and_starts_no_engine_when_built(mode
     from actors.generation.async_vllm_engine import AsyncVllmGenerator
     from rollout.generator import Generator
 
-    gen = AsyncVllmGenerator(model_dir, max_model_len="1024", cpu_kv_cache_gb=0.25, weight_sync="broadcast",
-                             initial_version=3)
+    gen = AsyncVllmGenerator(
+        model_dir, max_model_len="1024", cpu_kv_cache_gb=0.25, weight_sync="broadcast", initial_version=3
+    )
     assert isinstance(gen, Generator) and gen.policy_version() == 3 and gen.dtype() == "float32"
     assert gen.settings.engine == "async" and gen.settings.max_model_len == 1024
     assert gen._engine_kwargs["weight_transfer_config"] == {"backend": GLOO_TRANSFER_BACKEND}
@@ -152,11 +200,14 @@ def test_the_async_generator_is_a_generator_and_starts_no_engine_when_built(mode
         gen.tokenizer
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"update_mode": "later"}, "update_mode must be one of"),
-    ({"drain_timeout_s": 600.0}, "drain_timeout_s must be > 0 and below update_timeout_s"),
-    ({"device": "tpu"}, "device must be cpu or cuda"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"update_mode": "later"}, "update_mode must be one of"),
+        ({"drain_timeout_s": 600.0}, "drain_timeout_s must be > 0 and below update_timeout_s"),
+        ({"device": "tpu"}, "device must be cpu or cuda"),
+    ],
+)
 def test_the_async_generator_refuses_bad_values_before_resolving_the_model(kwargs, message):
     from actors.generation.async_vllm_engine import AsyncVllmGenerator
 
@@ -166,8 +217,10 @@ def test_the_async_generator_refuses_bad_values_before_resolving_the_model(kwarg
 
 def test_the_generator_modules_import_neither_vllm_nor_torch():
     """Config checks and the driver import them; vLLM and torch load when an engine is made."""
-    code = ("import sys, actors.generation.vllm_engine, actors.generation.async_vllm_engine, actors.generation.server; "
-            "print(sorted({'vllm', 'torch'} & set(sys.modules)))")
+    code = (
+        "import sys, actors.generation.vllm_engine, actors.generation.async_vllm_engine, actors.generation.server; "
+        "print(sorted({'vllm', 'torch'} & set(sys.modules)))"
+    )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
 """Where a generator's weights come from (actors/generation/sources.py), shared by both engines and
 both replica kinds: the calls a source turns into on an engine's collective_rpc (recorded here, no
 engine), and the pass-through of paths and manifests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,9 @@ def test_arrays_become_tensors_over_the_same_memory_and_paths_and_manifests_pass
     arrays["w"].setflags(write=False)  # as they come out of Ray's object store
     tensors = as_tensors(arrays)
     assert tensors["w"].data_ptr() == arrays["w"].ctypes.data
-    manifest = WeightManifest(buckets=("ref",), bucket_nbytes=(24,), dtype="float32", num_params=1, num_elements=6,
-                              bucket_mb=1.0)  # a stand-in ref: as_tensors never reads it
+    manifest = WeightManifest(
+        buckets=("ref",), bucket_nbytes=(24,), dtype="float32", num_params=1, num_elements=6, bucket_mb=1.0
+    )  # a stand-in ref: as_tensors never reads it
     assert as_tensors(manifest) is manifest and as_tensors("/some/dir") == "/some/dir"
 
 

@@ -3,13 +3,14 @@ one engine batch, weight updates fall between batches, a restarted server
 holds requests until it has weights. The engine here is a recording
 Generator (the batching logic is under test, not generation; vLLM behind the
 same server runs in tests/integration/test_pipeline.py)."""
+
 from __future__ import annotations
 
 import threading
 import time
 
-from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
 from actors.generation.server import GeneratorServer
+from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
 
 
 class RecordingGenerator(Generator):
@@ -27,7 +28,10 @@ class RecordingGenerator(Generator):
     def generate(self, requests, sampling):
         self.gate.wait()
         self.calls.append(("generate", [r.request_id for r in requests]))
-        return [GenerationOutput(r.request_id, [1, 2], [-0.1, -0.2], "stop", self.policy_version, len(r.prompt_ids), 0) for r in requests]
+        return [
+            GenerationOutput(r.request_id, [1, 2], [-0.1, -0.2], "stop", self.policy_version, len(r.prompt_ids), 0)
+            for r in requests
+        ]
 
     def update_weights(self, version, source):
         self.calls.append(("update", version))
@@ -54,7 +58,10 @@ def test_concurrent_callers_share_one_engine_batch_and_get_their_own_outputs():
     first = threading.Thread(target=lambda: results.setdefault("a", server.generate(requests("a", 2), sampling)))
     first.start()
     wait_until(lambda: server._jobs.qsize() == 0)  # the engine holds caller a's batch
-    threads = [threading.Thread(target=lambda p=p: results.setdefault(p, server.generate(requests(p, 3), sampling))) for p in "bc"]
+    threads = [
+        threading.Thread(target=lambda p=p: results.setdefault(p, server.generate(requests(p, 3), sampling)))
+        for p in "bc"
+    ]
     for t in threads:
         t.start()
     wait_until(lambda: server._jobs.qsize() == 2)

@@ -1,4 +1,5 @@
 """benchmarks/_common.py: statistics over repeats, targets, the outside-load probe, tables."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -89,9 +90,15 @@ def test_reports_read_back_exactly_and_keep_lines_short():
 
     from benchmarks._report import WIDTH, to_json
 
-    report = {"speedup": 1.25, "spread": {"speedup": {"median": 1.2, "min": 1.1, "max": 1.3, "n": 3}},
-              "repeats": [{"t": [0.5] * 40, "note": "x"}], "ids": [f"multi_turn_base_{i}" for i in range(200)], "empty": [],
-              "by_concurrency": {1: {"tokens_s": 10.5, "rows": [{"a": 1}] * 3}, 2: {"tokens_s": 19.0}}, True: None}
+    report = {
+        "speedup": 1.25,
+        "spread": {"speedup": {"median": 1.2, "min": 1.1, "max": 1.3, "n": 3}},
+        "repeats": [{"t": [0.5] * 40, "note": "x"}],
+        "ids": [f"multi_turn_base_{i}" for i in range(200)],
+        "empty": [],
+        "by_concurrency": {1: {"tokens_s": 10.5, "rows": [{"a": 1}] * 3}, 2: {"tokens_s": 19.0}},
+        True: None,
+    }
     text = to_json(report)
     assert json.loads(text) == json.loads(json.dumps(report))  # non-string keys become strings, as json writes them
     assert max(len(line) for line in text.splitlines()) <= WIDTH

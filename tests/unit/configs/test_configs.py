@@ -1,4 +1,5 @@
 """Every config file composes; each group's node fits its component's constructor."""
+
 from __future__ import annotations
 
 import inspect
@@ -17,8 +18,18 @@ EXTRA = {("model", "local"): ["model.path=/models/some-model"]}
 
 
 def test_there_are_config_groups():
-    assert {p.parent.name for p in GROUP_FILES} >= {"env", "interface", "model", "generator", "sampling", "learner", "tag_weights",
-                                                     "cluster", "transport", "guideline_policy"}
+    assert {p.parent.name for p in GROUP_FILES} >= {
+        "env",
+        "interface",
+        "model",
+        "generator",
+        "sampling",
+        "learner",
+        "tag_weights",
+        "cluster",
+        "transport",
+        "guideline_policy",
+    }
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -60,7 +71,11 @@ def test_generator_configs_take_the_model_group():
 def test_root_config_defaults():
     cfg = compose([])
     # The CPU default trains on the built-in shopping env (docs/main-job.md: BFCL gives SmolLM2-135M no reward to learn from).
-    assert cfg.split == "train" and cfg.env._target_ == "env_pool.shopping.env.ShoppingEnv" and cfg.env.tool_format == "python"
+    assert (
+        cfg.split == "train"
+        and cfg.env._target_ == "env_pool.shopping.env.ShoppingEnv"
+        and cfg.env.tool_format == "python"
+    )
     assert cfg.trainer.filter_groups == "zero_variance"
     assert compose(["env=bfcl"]).env.tool_format == "json"
     assert cfg.learner.cfg.mini_batch_groups == cfg.trainer.groups_per_step and cfg.learner.group_size == cfg.n
@@ -82,25 +97,44 @@ def test_bad_overrides_are_clear_errors():
     with pytest.raises(ValueError, match="min_prevalence must be in"):
         instantiate(compose(["guideline_policy.min_prevalence=10"]).guideline_policy)
     for env in ("bfcl", "toy", "shopping"):
-        with pytest.raises(ValueError, match="diagnosis.instance_mismatch must be one of release, classes, got 'scope'"):
+        with pytest.raises(
+            ValueError, match="diagnosis.instance_mismatch must be one of release, classes, got 'scope'"
+        ):
             instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=scope"]).env)
 
 
 @pytest.mark.parametrize("env", ["bfcl", "toy", "shopping"])
 def test_instance_mismatch_rule_reaches_the_env(env):
     assert instantiate(compose([f"env={env}"]).env).instance_mismatch == "release"
-    assert instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=classes"]).env).instance_mismatch == "classes"
+    assert (
+        instantiate(compose([f"env={env}", "diagnosis.instance_mismatch=classes"]).env).instance_mismatch == "classes"
+    )
 
 
 def test_algo_recipes_set_what_they_say():
     release = compose(["algo=seal_release"])
     lc, iface = instantiate(release.learner.cfg), instantiate(release.interface)
-    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (True, False, False, False)
-    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.weight_decay) == ("recompute", "seq-mean-token-mean", "none", 0.01)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (
+        True,
+        False,
+        False,
+        False,
+    )
+    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.weight_decay) == (
+        "recompute",
+        "seq-mean-token-mean",
+        "none",
+        0.01,
+    )
     assert release.trainer.filter_groups == "none"
     paper = compose(["algo=seal_paper"])
     lc, iface = instantiate(paper.learner.cfg), instantiate(paper.interface)
-    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (True, True, True, False)
+    assert (iface.schema_lite, iface.error_feedback, iface.guidelines, iface.worked_examples) == (
+        True,
+        True,
+        True,
+        False,
+    )
     assert (lc.old_logprobs, lc.loss_agg) == ("behaviour", "token-mean")
     # An ablation still applies on top of an algo (it comes later in the defaults list).
     both = compose(["algo=seal_paper", "ablation=no_reweighting"])
@@ -110,8 +144,13 @@ def test_algo_recipes_set_what_they_say():
 def test_off_policy_and_sampling_defaults():
     cfg = compose([])
     lc = instantiate(cfg.learner.cfg)
-    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.loss.is_mode, lc.loss.is_threshold) == \
-        ("recompute", "token-mean", "token", "truncate", 2.0)
+    assert (lc.old_logprobs, lc.loss_agg, lc.loss.is_level, lc.loss.is_mode, lc.loss.is_threshold) == (
+        "recompute",
+        "token-mean",
+        "token",
+        "truncate",
+        2.0,
+    )
     assert cfg.trainer.filter_groups == "zero_variance" and cfg.trainer.unfilled == "skip"
     with pytest.raises(ValueError, match="old_logprobs"):
         instantiate(compose(["learner.cfg.old_logprobs=vllm"]).learner.cfg)
@@ -143,8 +182,10 @@ def test_every_generator_configs_engine_keywords_pass_the_engine_settings_checks
 
     spec, _ = split_generator_spec(OmegaConf.to_container(compose([f"generator={generator}"]).generator, resolve=True))
     fields = {f.name for f in dataclasses.fields(EngineSettings)}
-    settings = EngineSettings(**{k: v for k, v in spec.items() if k in fields},
-                              engine="async" if spec["_target_"] in ASYNC_ENGINES else "blocking")
+    settings = EngineSettings(
+        **{k: v for k, v in spec.items() if k in fields},
+        engine="async" if spec["_target_"] in ASYNC_ENGINES else "blocking",
+    )
     assert settings.device == ("cuda" if generator.endswith("gpu") else "cpu")
 
 

@@ -1,5 +1,6 @@
 """docs/configuration.md names every config group option and every trainer setting, so the
 reference cannot fall behind configs/ or the typed TrainerConfig."""
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -12,8 +13,9 @@ PAGE = (ROOT / "docs" / "configuration.md").read_text()
 
 
 def test_every_group_option_is_in_the_reference():
-    options = [(p.parent.name, p.stem) for p in sorted((ROOT / "configs").glob("*/*.yaml"))
-               if p.parent.name != "model_specs"]
+    options = [
+        (p.parent.name, p.stem) for p in sorted((ROOT / "configs").glob("*/*.yaml")) if p.parent.name != "model_specs"
+    ]
     missing = [f"{g}={o}" for g, o in options if f"| `{g}` | `{o}` |" not in PAGE]
     assert not missing, f"docs/configuration.md has no row for {missing}"
 

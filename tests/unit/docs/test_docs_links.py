@@ -2,6 +2,7 @@
 file in this repository (and at a heading there, when it names one), the README stays short with
 the two commands as its first code block, and its layout section names exactly the top-level
 folders that hold code or config. Pure file reading: no imports of the project, no subprocess."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -22,8 +23,22 @@ REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.MUL
 EXTERNAL = re.compile(r"^(https?:|mailto:)", re.IGNORECASE)
 FIRST_COMMANDS = ["bash scripts/setup.sh && .venv/bin/seal train", "bash scripts/test.sh"]
 # The top-level folders the layout must name (more are found below: any folder with code or config).
-REQUIRED_DIRS = {"weights", "rollout", "actors", "learner", "env_pool", "replay", "evaluation", "seal", "configs", "benchmarks",
-                 "tests", "scripts", "requirements", "docs"}
+REQUIRED_DIRS = {
+    "weights",
+    "rollout",
+    "actors",
+    "learner",
+    "env_pool",
+    "replay",
+    "evaluation",
+    "seal",
+    "configs",
+    "benchmarks",
+    "tests",
+    "scripts",
+    "requirements",
+    "docs",
+}
 CODE_SUFFIXES = {".py", ".yaml", ".yml", ".sh", ".txt", ".toml", ".cfg", ".ini", ".json", ".md"}
 
 
@@ -41,8 +56,9 @@ def prose(text: str) -> str:
             out.append("")
         else:
             out.append("" if fenced else line)
-    return re.sub(r"(`+)(.+?)\1", lambda m: m.group(2).replace("[", "(").replace("]", ")"),
-                  "\n".join(out), flags=re.DOTALL)
+    return re.sub(
+        r"(`+)(.+?)\1", lambda m: m.group(2).replace("[", "(").replace("]", ")"), "\n".join(out), flags=re.DOTALL
+    )
 
 
 def links(page: Path) -> list[tuple[int, str]]:
@@ -114,8 +130,10 @@ def test_every_anchor_names_a_heading(page):
 
 def test_link_checker_catches_a_missing_file_and_an_escape(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("[a](../README.md) [b](docs/none.md#x) ![c](img.png \"t\")\n"
-                    "`[not](a-link.md)`\n```\n[nor](this.md)\n```\n[ref]: ../../outside.md\n")
+    page.write_text(
+        '[a](../README.md) [b](docs/none.md#x) ![c](img.png "t")\n'
+        "`[not](a-link.md)`\n```\n[nor](this.md)\n```\n[ref]: ../../outside.md\n"
+    )
     assert [t for _, t in links(page)] == ["../README.md", "docs/none.md#x", "img.png", "../../outside.md"]
     assert not resolve(README, "../shared/DESIGN.md")[0].is_relative_to(ROOT)
     assert resolve(ROOT / "docs" / "x.md", "../README.md")[0] == README
@@ -129,21 +147,20 @@ def test_readme_is_short_and_opens_with_the_two_commands():
     lines = text.split("\n")
     start = next(i for i, line in enumerate(lines) if is_fence(line))
     end = next(i for i in range(start + 1, len(lines)) if is_fence(lines[i]))
-    commands = [line.split("#")[0].strip() for line in lines[start + 1:end] if line.split("#")[0].strip()]
-    assert commands == FIRST_COMMANDS, lines[start:end + 1]
+    commands = [line.split("#")[0].strip() for line in lines[start + 1 : end] if line.split("#")[0].strip()]
+    assert commands == FIRST_COMMANDS, lines[start : end + 1]
 
 
 def layout_section() -> list[str]:
     lines = README.read_text().split("\n")
     start = next(i for i, line in enumerate(lines) if re.match(r"##\s+Layout\b", line))
     end = next((i for i in range(start + 1, len(lines)) if re.match(r"#{1,2}\s", lines[i])), len(lines))
-    return lines[start + 1:end]
+    return lines[start + 1 : end]
 
 
 def named_dirs() -> set[str]:
     """The folders the layout section names: a line that starts with `name/`."""
-    return {m.group(1) for line in layout_section()
-            if (m := re.match(r"`?([A-Za-z0-9_][\w.-]*)/`?(?:\s|$)", line))}
+    return {m.group(1) for line in layout_section() if (m := re.match(r"`?([A-Za-z0-9_][\w.-]*)/`?(?:\s|$)", line))}
 
 
 def ignored(name: str) -> bool:
@@ -166,9 +183,16 @@ def holds_code(folder: Path) -> bool:
 
 def code_dirs() -> set[str]:
     """Top-level folders with code or config: not hidden, not ignored by git, not links."""
-    return {p.name for p in ROOT.iterdir()
-            if p.is_dir() and not p.is_symlink() and not p.name.startswith((".", "_"))
-            and not p.name.endswith(".egg-info") and not ignored(p.name) and holds_code(p)}
+    return {
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir()
+        and not p.is_symlink()
+        and not p.name.startswith((".", "_"))
+        and not p.name.endswith(".egg-info")
+        and not ignored(p.name)
+        and holds_code(p)
+    }
 
 
 def test_the_layout_names_every_top_level_folder_with_code():

@@ -1,6 +1,7 @@
 """docs/layout.md's module tree is the code's: every Python module of the packages is listed at
 its place (folders end in /, two spaces of indent a level) and everything listed exists, so the
 page cannot drift from the tree."""
+
 from __future__ import annotations
 
 import re
@@ -21,7 +22,7 @@ def listed_paths(text: str) -> list[str]:
     end = next(i for i in range(fence + 1, len(lines)) if lines[i].startswith("```"))
     stack: list[str] = []
     paths = []
-    for number, line in enumerate(lines[fence + 1:end], fence + 2):
+    for number, line in enumerate(lines[fence + 1 : end], fence + 2):
         if not line.strip():
             continue
         indent = len(line) - len(line.lstrip(" "))

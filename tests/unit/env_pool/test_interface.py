@@ -1,4 +1,5 @@
 """Training interface pieces: schema annotations, hints, guidelines, the state value."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,17 @@ def test_observation_lite_annotates_a_copy():
 
 
 def test_observation_lite_keeps_the_description_as_given():
-    doc = {"name": "f", "parameters": {"type": "dict", "required": ["x"], "properties": {
-        "x": {"type": "string", "description": "An x. \n"}, "y": {"type": "string", "enum": ["a", "b"]}}}}
+    doc = {
+        "name": "f",
+        "parameters": {
+            "type": "dict",
+            "required": ["x"],
+            "properties": {
+                "x": {"type": "string", "description": "An x. \n"},
+                "y": {"type": "string", "enum": ["a", "b"]},
+            },
+        },
+    }
     (out,) = annotate_tools([doc], InterfaceState(schema_lite=True))
     assert out["parameters"]["properties"]["x"]["description"] == "An x. \n [required]"
     assert out["parameters"]["properties"]["y"]["description"] == "Allowed values: a, b"
@@ -101,21 +111,37 @@ def test_guidelines_need_frequency_prevalence_and_low_reward():
 def test_prevalence_leaves_out_passed_abstained_and_unknown_turns():
     # The released denominator: 8 state mismatches among 8 failures is
     # prevalence 1.0, not 8 / 1008 (counting passes would need 100+ of them).
-    profile = {T.PASS: stat(600, 1.0), T.CORRECT_ABSTENTION: stat(300, 1.0), T.UNKNOWN: stat(100, 0.5),
-               T.STATE_MISMATCH: stat(8, 0.0)}
+    profile = {
+        T.PASS: stat(600, 1.0),
+        T.CORRECT_ABSTENTION: stat(300, 1.0),
+        T.UNKNOWN: stat(100, 0.5),
+        T.STATE_MISMATCH: stat(8, 0.0),
+    }
     assert select_guidelines(profile) == ("state_aware",)
 
 
 def test_top_three_by_pressure():
-    profile = {t: stat(10 + i, 0.0) for i, t in enumerate([T.SPURIOUS_TOOL_CALL, T.EMPTY_TURN, T.STATE_MISMATCH, T.INSTANCE_MISMATCH, T.RESPONSE_MISMATCH])}
+    profile = {
+        t: stat(10 + i, 0.0)
+        for i, t in enumerate(
+            [T.SPURIOUS_TOOL_CALL, T.EMPTY_TURN, T.STATE_MISMATCH, T.INSTANCE_MISMATCH, T.RESPONSE_MISMATCH]
+        )
+    }
     assert select_guidelines(profile) == ("format", "scope", "state_aware")
     assert select_guidelines(profile, GuidelinePolicy(top_k=1)) == ("format",)
     assert select_guidelines(profile, GuidelinePolicy(top_k=0)) == ()  # 0 means none
     assert select_guidelines(profile, GuidelinePolicy(min_count=14)) == ("format",)  # counts 10..14
 
 
-@pytest.mark.parametrize("field, value, fragment", [("min_count", -1, "min_count"), ("top_k", 1.5, "top_k"),
-                                                     ("min_prevalence", 1.1, "min_prevalence"), ("max_reward_mean", -0.1, "max_reward_mean")])
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("min_count", -1, "min_count"),
+        ("top_k", 1.5, "top_k"),
+        ("min_prevalence", 1.1, "min_prevalence"),
+        ("max_reward_mean", -0.1, "max_reward_mean"),
+    ],
+)
 def test_guideline_policy_rejects_bad_thresholds(field, value, fragment):
     with pytest.raises(ValueError, match=fragment):
         GuidelinePolicy(**{field: value})
@@ -129,11 +155,21 @@ def test_evolve_bumps_the_version_only_on_change():
     assert evolve(s1, profile) is s1
     assert evolve(RAW_INTERFACE, profile) is RAW_INTERFACE  # guidelines off: nothing evolves
     s2 = evolve(s1, profile, category_profiles={"base": {T.EMPTY_TURN: stat(10, 0.0)}})
-    assert s2.version == 2 and s2.guidelines_for("base") == ("active_respond",) and s2.guidelines_for("miss_func") == ("state_aware",)
+    assert (
+        s2.version == 2
+        and s2.guidelines_for("base") == ("active_respond",)
+        and s2.guidelines_for("miss_func") == ("state_aware",)
+    )
 
 
 def test_state_round_trips_through_json():
-    state = InterfaceState(version=3, schema_lite=True, guidelines=True, active_guidelines=("format",), category_guidelines={"base": ("scope",)})
+    state = InterfaceState(
+        version=3,
+        schema_lite=True,
+        guidelines=True,
+        active_guidelines=("format",),
+        category_guidelines={"base": ("scope",)},
+    )
     assert InterfaceState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
     with pytest.raises(ValueError, match="unknown interface fields"):
         InterfaceState.from_dict({"bogus": 1})
@@ -156,8 +192,17 @@ def test_worked_exchanges_use_placeholders_and_the_active_format():
 
     tools = [
         {"name": "needs_path", "parameters": {"properties": {"p": {"type": "weird"}}, "required": ["p"]}},
-        {"name": "move", "parameters": {"properties": {"mode": {"type": "string", "enum": ["slow", "fast"]}, "n": {"type": "integer"},
-                                                       "note": {"type": "string"}}, "required": ["mode", "n"]}},
+        {
+            "name": "move",
+            "parameters": {
+                "properties": {
+                    "mode": {"type": "string", "enum": ["slow", "fast"]},
+                    "n": {"type": "integer"},
+                    "note": {"type": "string"},
+                },
+                "required": ["mode", "n"],
+            },
+        },
     ]
     request, call, result, reply = placeholder_exchange(tools)
     # The first tool whose required parameters all have a placeholder; optional ones left out.
@@ -169,4 +214,6 @@ def test_worked_exchanges_use_placeholders_and_the_active_format():
     assert '"name": "move"' in exchange_messages([(request, call, result, reply)], "json")[1]["content"]
     from env_pool.interface.state import InterfaceState
 
-    assert not InterfaceState(worked_examples=True).is_raw and InterfaceState().with_components("examples").worked_examples
+    assert (
+        not InterfaceState(worked_examples=True).is_raw and InterfaceState().with_components("examples").worked_examples
+    )

@@ -1,6 +1,7 @@
 """The one step loop (env_pool/multi_turn.py): every env runs it, and its per-turn step limit is
 bfcl-eval's boundary (``step_limit`` steps that do not end a turn; the one past them ends the
 episode), so the copies that drifted apart (``>`` in one env, ``>=`` in another) cannot return."""
+
 from __future__ import annotations
 
 import pytest

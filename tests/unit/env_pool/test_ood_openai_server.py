@@ -1,6 +1,7 @@
 """The OpenAI-compatible endpoint's HTTP/protocol layer, with scripted replies
 (what is under test is the protocol and the tool-call conversion, not a model),
 plus the OOD view registry and the rendering our generator sees."""
+
 from __future__ import annotations
 
 import json
@@ -11,17 +12,26 @@ import urllib.request
 import pytest
 
 from env_pool.ood import AVAILABLE_VIEWS, UNAVAILABLE_VIEWS, VIEW_TARGETS
-from evaluation.ood_backend import render_messages
 from env_pool.ood.openai_server import ChatServer, Reply, openai_message, prose_outside_calls
 from env_pool.tool_calls import parse_step
+from evaluation.ood_backend import render_messages
 
-TOOLS = [{"type": "function", "function": {"name": "find", "description": "Find a thing.",
-                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "find",
+            "description": "Find a thing.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
 
 
 def post(url: str, body: dict, timeout: float = 10) -> tuple[int, dict]:
-    req = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
@@ -31,12 +41,16 @@ def post(url: str, body: dict, timeout: float = 10) -> tuple[int, dict]:
 
 @pytest.fixture
 def scripted():
-    replies = iter([
-        Reply('Looking.\n<tool_call>\n{"name": "find", "arguments": {"q": "a </tool_call> b"}}\n</tool_call>', 12, 9),
-        "It is in the drawer.",
-        '<tool_call>{"name": "find", "arguments": {"q": 1}</tool_call>',  # broken JSON: a failed call
-        '<tool_call>{"name": "find", "arguments": {}}</tool_call><tool_call>{"name": "find", "arguments": {"q": "x"}}</tool_call>',
-    ])
+    replies = iter(
+        [
+            Reply(
+                'Looking.\n<tool_call>\n{"name": "find", "arguments": {"q": "a </tool_call> b"}}\n</tool_call>', 12, 9
+            ),
+            "It is in the drawer.",
+            '<tool_call>{"name": "find", "arguments": {"q": 1}</tool_call>',  # broken JSON: a failed call
+            '<tool_call>{"name": "find", "arguments": {}}</tool_call><tool_call>{"name": "find", "arguments": {"q": "x"}}</tool_call>',
+        ]
+    )
     seen = []
 
     def generate(messages, tools, temperature, max_tokens):
@@ -49,8 +63,14 @@ def scripted():
 
 def test_replies_become_openai_messages_with_tool_calls(scripted):
     server, seen = scripted
-    body = {"model": "agent", "messages": [{"role": "user", "content": "where?"}], "tools": TOOLS,
-            "temperature": 0.25, "max_tokens": 17, "tool_choice": "auto"}
+    body = {
+        "model": "agent",
+        "messages": [{"role": "user", "content": "where?"}],
+        "tools": TOOLS,
+        "temperature": 0.25,
+        "max_tokens": 17,
+        "tool_choice": "auto",
+    }
     status, out = post(server.base_url, body)
     assert status == 200 and out["object"] == "chat.completion" and out["model"] == "agent"
     choice = out["choices"][0]
@@ -91,14 +111,27 @@ def test_models_are_routed_by_name_and_bad_requests_rejected(scripted):
         assert sorted(m["id"] for m in json.loads(resp.read())["data"]) == ["agent", "user"]
     assert post(server.base_url, {"model": "gpt-4.1", "messages": [{"role": "user", "content": "x"}]})[0] == 404
     assert post(server.base_url, {"model": "user", "messages": []})[0] == 400
-    assert post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}], "stream": True})[0] == 400
+    assert (
+        post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}], "stream": True})[0]
+        == 400
+    )
     assert post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}], "n": 2})[0] == 400
-    assert post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})[0] == 400
-    assert post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0})[0] == 400
+    assert (
+        post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})[
+            0
+        ]
+        == 400
+    )
+    assert (
+        post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0})[0]
+        == 400
+    )
     assert server.stats.errors == 6
     # null sampling fields take OpenAI's defaults
-    status, _ = post(server.base_url, {"model": "user", "messages": [{"role": "user", "content": "x"}],
-                                       "temperature": None, "max_tokens": None})
+    status, _ = post(
+        server.base_url,
+        {"model": "user", "messages": [{"role": "user", "content": "x"}], "temperature": None, "max_tokens": None},
+    )
     assert status == 200
 
 
@@ -150,8 +183,12 @@ def test_generate_calls_are_serialised():
         return "ok"
 
     with ChatServer({"m": generate}) as server:
-        threads = [threading.Thread(target=post, args=(server.base_url, {"model": "m", "messages": [{"role": "user", "content": "x"}]}))
-                   for _ in range(4)]
+        threads = [
+            threading.Thread(
+                target=post, args=(server.base_url, {"model": "m", "messages": [{"role": "user", "content": "x"}]})
+            )
+            for _ in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -170,13 +207,22 @@ def test_rendering_round_trips_tool_calls_into_our_format():
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "where?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "find", "arguments": '{"q": "keys"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "find", "arguments": '{"q": "keys"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"where": "drawer"}'},
     ]
     out = render_messages(messages, TOOLS)
     assert [m["role"] for m in out] == ["system", "user", "assistant", "tool"]
-    assert out[0]["content"].startswith("Be brief.") and "<tools>" in out[0]["content"] and '"name": "find"' in out[0]["content"]
+    assert (
+        out[0]["content"].startswith("Be brief.")
+        and "<tools>" in out[0]["content"]
+        and '"name": "find"' in out[0]["content"]
+    )
     parsed = parse_step(out[2]["content"], "json")  # what the model would have emitted
     assert [(c.name, c.arguments) for c in parsed.calls] == [("find", {"q": "keys"})]
     assert out[3]["content"] == '{"where": "drawer"}'
@@ -184,9 +230,17 @@ def test_rendering_round_trips_tool_calls_into_our_format():
 
 
 def test_view_registry_lists_available_and_unavailable_views():
-    assert set(AVAILABLE_VIEWS) == {"tau2_retail", "tau2_airline", "tau2_telecom", "bfcl_memory_kv", "bfcl_memory_rec_sum"}
+    assert set(AVAILABLE_VIEWS) == {
+        "tau2_retail",
+        "tau2_airline",
+        "tau2_telecom",
+        "bfcl_memory_kv",
+        "bfcl_memory_rec_sum",
+    }
     assert set(UNAVAILABLE_VIEWS) == {"bfcl_web_search", "bfcl_memory_vector"}
     assert all("needs network" in reason for reason in UNAVAILABLE_VIEWS.values())
     assert all("not comparable" in AVAILABLE_VIEWS[v] for v in AVAILABLE_VIEWS if v.startswith("tau2_"))
-    assert all("BFCL V4 Memory (kv + rec_sum)" in AVAILABLE_VIEWS[v] for v in AVAILABLE_VIEWS if v.startswith("bfcl_memory"))
+    assert all(
+        "BFCL V4 Memory (kv + rec_sum)" in AVAILABLE_VIEWS[v] for v in AVAILABLE_VIEWS if v.startswith("bfcl_memory")
+    )
     assert set(VIEW_TARGETS) == set(AVAILABLE_VIEWS)

@@ -1,4 +1,5 @@
 """The built-in multi-turn shopping env: verifier, state checker and tags on scripted model outputs."""
+
 from __future__ import annotations
 
 import pytest
@@ -49,15 +50,25 @@ def test_state_checker_fails_a_wrong_end_state_and_tags_it():
     assert (wrong.reward, wrong.error_type) == (0, T.ERR_STATE)
     assert (wrong.tags[0], wrong.labels[0]) == (T.STATE_MISMATCH, T.ARGUMENT_MISMATCH)
     silent = _play(task, [["Sure, done."], ["ok"]])
-    assert (silent.reward, silent.tags[0], silent.labels[0], silent.error_type) == (0, T.EMPTY_TURN, T.MISSING_TOOL_CALL, T.ERR_EMPTY_TURN)
+    assert (silent.reward, silent.tags[0], silent.labels[0], silent.error_type) == (
+        0,
+        T.EMPTY_TURN,
+        T.MISSING_TOOL_CALL,
+        T.ERR_EMPTY_TURN,
+    )
 
 
 def test_response_checker_needs_the_list_the_user_asked_for():
-    task = next(get_task(t) for t in ShoppingEnv().task_ids("train")
-                if get_task(t).category == "base" and get_task(t).turns[-1].expected and "milk" not in dict(get_task(t).initial))
+    task = next(
+        get_task(t)
+        for t in ShoppingEnv().task_ids("train")
+        if get_task(t).category == "base" and get_task(t).turns[-1].expected and "milk" not in dict(get_task(t).initial)
+    )
     first = render_calls(list(task.turns[0].expected), "python")
     # The right end state, but the list the user asked to see was never read.
-    unread = _play(task, [[first, "Done."], [_call("add_item", item="milk", quantity=1), _call("remove_item", item="milk"), "ok"]])
+    unread = _play(
+        task, [[first, "Done."], [_call("add_item", item="milk", quantity=1), _call("remove_item", item="milk"), "ok"]]
+    )
     seen = _play(task, [[first, "Done."], [_call("view_list"), "Here it is."]])
     assert seen.reward == 1 and seen.tags == [T.PASS, T.PASS]
     assert (unread.reward, unread.tags[-1], unread.error_type) == (0, T.RESPONSE_MISMATCH, T.ERR_RESPONSE)
@@ -88,7 +99,14 @@ def test_turns_that_expect_no_call():
     asked = _play(task, [["How many would you like?"], [_call("add_item", **add), "Added."], closing + ["ok"]])
     assert asked.reward == 1 and asked.tags[0] == T.CORRECT_ABSTENTION and asked.labels[0] == T.PASS
     # Guessing the missing quantity: a spurious call, and the list ends wrong at the next check.
-    guessed = _play(task, [[_call("add_item", item=add["item"], quantity=1), "Added."], [_call("add_item", **add), "ok"], closing + ["ok"]])
+    guessed = _play(
+        task,
+        [
+            [_call("add_item", item=add["item"], quantity=1), "Added."],
+            [_call("add_item", **add), "ok"],
+            closing + ["ok"],
+        ],
+    )
     assert (guessed.tags[:2], guessed.labels[0]) == ([T.SPURIOUS_TOOL_CALL, T.STATE_MISMATCH], T.INVALID_TOOL_CALL)
     assert guessed.reward == 0 and guessed.progress < 1
 
@@ -121,8 +139,12 @@ def test_step_limit_cuts_the_episode_off():
 def test_the_benchmark_exchanges_are_in_every_interface_and_reveal_no_task():
     env = ShoppingEnv()
     raw = env.reset("shop_4")
-    exchange_roles = (["user", "assistant"] + ["user", "assistant", "tool", "assistant"] * 4
-                      + ["user", "assistant"] + ["user", "assistant"] * 2)
+    exchange_roles = (
+        ["user", "assistant"]
+        + ["user", "assistant", "tool", "assistant"] * 4
+        + ["user", "assistant"]
+        + ["user", "assistant"] * 2
+    )
     assert [m["role"] for m in raw] == ["system"] + exchange_roles + ["user"]
     trained = env.reset("shop_4", TRAINING)
     assert trained[1:] == raw[1:]  # the training interface changes the system prompt (annotations), not the turns
@@ -156,6 +178,8 @@ def test_the_prompt_shows_bare_calls_unless_told_otherwise():
     task = _task_of("base", "add_item")
     for env in (bare, listed):
         first = _call(task.turns[0].expected[0].name, **task.turns[0].expected[0].arguments)
-        turns = [[first, "Done."]] + [[_call(c.name, **c.arguments) for c in t.expected] + ["Done."] for t in task.turns[1:]]
+        turns = [[first, "Done."]] + [
+            [_call(c.name, **c.arguments) for c in t.expected] + ["Done."] for t in task.turns[1:]
+        ]
         assert play_scripted(env, task.id, turns).reward == 1
         assert play_scripted(env, task.id, [[first[1:-1], "Done."]] + turns[1:]).reward == 1

@@ -1,4 +1,5 @@
 """The strict parser: literal values only, never code, text kept byte for byte."""
+
 from __future__ import annotations
 
 import keyword
@@ -19,10 +20,17 @@ from env_pool.tool_calls import (
 names = st.from_regex(r"[a-z_][a-z0-9_]{0,15}", fullmatch=True).filter(lambda s: not keyword.iskeyword(s))
 keys = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(lambda s: not keyword.iskeyword(s))
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(10**18), 10**18),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**18), 10**18),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
 calls = st.lists(st.builds(ToolCall, names, st.dictionaries(keys, values, max_size=4)), min_size=1, max_size=3)
 
 
@@ -54,8 +62,35 @@ def test_arbitrary_text_never_raises(fmt, text):
     assert isinstance(parse_step(text, fmt), ParsedStep)
 
 
-_FRAGMENTS = ["[", "]", "(", ")", "=", ",", "'", '"', "{", "}", ":", "<tool_call>", "</tool_call>",
-              "__import__('os')", ".system", "open", "exec", "eval", "lambda", "f", "x=1", " ", "\n", "*", "**", "-", "1e9"]
+_FRAGMENTS = [
+    "[",
+    "]",
+    "(",
+    ")",
+    "=",
+    ",",
+    "'",
+    '"',
+    "{",
+    "}",
+    ":",
+    "<tool_call>",
+    "</tool_call>",
+    "__import__('os')",
+    ".system",
+    "open",
+    "exec",
+    "eval",
+    "lambda",
+    "f",
+    "x=1",
+    " ",
+    "\n",
+    "*",
+    "**",
+    "-",
+    "1e9",
+]
 
 
 @pytest.mark.parametrize("fmt", ["json", "python"])
@@ -99,14 +134,14 @@ def test_python_rejects_non_literals_with_a_precise_message(text, fragment):
 @pytest.mark.parametrize(
     "text, fragment",
     [
-        ("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": NaN}}</tool_call>", "NaN"),
-        ("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1, \"a\": 2}}</tool_call>", "duplicate key"),
-        ("<tool_call>{\"name\": \"f\", \"arguments\": \"{}\"}</tool_call>", "must be a JSON object"),
-        ("<tool_call>{\"name\": \"f\"} trailing</tool_call>", "expected </tool_call>"),
-        ("<tool_call>{\"name\": \"f\"}", "expected </tool_call>"),
+        ('<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>', "NaN"),
+        ('<tool_call>{"name": "f", "arguments": {"a": 1, "a": 2}}</tool_call>', "duplicate key"),
+        ('<tool_call>{"name": "f", "arguments": "{}"}</tool_call>', "must be a JSON object"),
+        ('<tool_call>{"name": "f"} trailing</tool_call>', "expected </tool_call>"),
+        ('<tool_call>{"name": "f"}', "expected </tool_call>"),
         ("<tool_call>[1]</tool_call>", "JSON object"),
-        ("<tool_call>{\"arguments\": {}}</tool_call>", "'name'"),
-        ("<tool_call>{\"name\": \"f\", \"extra\": 1}</tool_call>", "unexpected keys"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "'name'"),
+        ('<tool_call>{"name": "f", "extra": 1}</tool_call>', "unexpected keys"),
         ("</tool_call>", "without an opening"),
     ],
 )
@@ -121,9 +156,14 @@ def test_plain_text_is_a_message_not_an_error():
 
 
 def test_python_accepts_bfcl_forms():
-    assert parse_python_calls("```python\n[cd(folder='a'), ls(a=True)]\n```") == [ToolCall("cd", {"folder": "a"}), ToolCall("ls", {"a": True})]
+    assert parse_python_calls("```python\n[cd(folder='a'), ls(a=True)]\n```") == [
+        ToolCall("cd", {"folder": "a"}),
+        ToolCall("ls", {"a": True}),
+    ]
     assert parse_python_calls("cd(folder='a')") == [ToolCall("cd", {"folder": "a"})]
-    assert parse_python_calls("[f(x=-1.5, y=(1, 2), z={'k': [None]})]") == [ToolCall("f", {"x": -1.5, "y": (1, 2), "z": {"k": [None]}})]
+    assert parse_python_calls("[f(x=-1.5, y=(1, 2), z={'k': [None]})]") == [
+        ToolCall("f", {"x": -1.5, "y": (1, 2), "z": {"k": [None]}})
+    ]
 
 
 ZIP = {"get_zipcode_based_on_city": ("city",), "estimate_distance": ("cityA", "cityB")}
@@ -132,11 +172,16 @@ ZIP = {"get_zipcode_based_on_city": ("city",), "estimate_distance": ("cityA", "c
 def test_python_binds_positional_literals_by_the_given_signature():
     # multi_turn_miss_func_85's ground truth is written this way.
     assert parse_step("[get_zipcode_based_on_city('San Francisco')]", "python", ZIP).calls == (
-        ToolCall("get_zipcode_based_on_city", {"city": "San Francisco"}),)
+        ToolCall("get_zipcode_based_on_city", {"city": "San Francisco"}),
+    )
     assert parse_python_calls("[estimate_distance('83214', cityB='94016')]", ZIP) == [
-        ToolCall("estimate_distance", {"cityA": "83214", "cityB": "94016"})]
+        ToolCall("estimate_distance", {"cityA": "83214", "cityB": "94016"})
+    ]
     # Keyword form and positional form render the same call.
-    assert render_calls(parse_python_calls("estimate_distance('a', 'b')", ZIP), "python") == "[estimate_distance(cityA='a', cityB='b')]"
+    assert (
+        render_calls(parse_python_calls("estimate_distance('a', 'b')", ZIP), "python")
+        == "[estimate_distance(cityA='a', cityB='b')]"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
 """The built-in small tool environment: exact verifier, same episode API."""
+
 from __future__ import annotations
 
 import pytest

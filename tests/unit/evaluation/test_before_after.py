@@ -1,8 +1,16 @@
 """The frozen evaluation's summary (evaluation/before_after.py) on hand-computed cases."""
+
 import pytest
 
-from evaluation.before_after import (HELD_IN_ALL, Change, Rate, before_after_rows, paired_change, row_record,
-                                     wilson_interval)
+from evaluation.before_after import (
+    HELD_IN_ALL,
+    Change,
+    Rate,
+    before_after_rows,
+    paired_change,
+    row_record,
+    wilson_interval,
+)
 
 
 def test_wilson_interval_matches_hand_computed_values():

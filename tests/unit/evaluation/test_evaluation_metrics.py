@@ -11,6 +11,7 @@ so its churn denominators are 5 tasks, not 6.
     A_1       1  1  0  0  1  0     1  0  1  1  0  0
     final     1  1  1  1  0  0     0  0  1  1  1  -
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,12 @@ from evaluation.records import SnapshotInfo, TaskResult, read_task_csv, write_ta
 
 TASKS = ("b1", "b2", "b3", "b4", "m1", "m2")
 TABLE = {
-    ("A_0", "validation"): "100000", ("A_1", "validation"): "110010", ("final", "validation"): "111100",
-    ("A_0", "replay"): "111010", ("A_1", "replay"): "101100", ("final", "replay"): "00111-",
+    ("A_0", "validation"): "100000",
+    ("A_1", "validation"): "110010",
+    ("final", "validation"): "111100",
+    ("A_0", "replay"): "111010",
+    ("A_1", "replay"): "101100",
+    ("final", "replay"): "00111-",
 }
 GEN = {"A_0": 10, "A_1": 20, "final": 30}  # generated tokens per task
 CALLS = {"A_0": 1, "A_1": 2, "final": 3}
@@ -54,8 +59,22 @@ def make_results() -> list[TaskResult]:
             if cell == "-":
                 continue
             error, outcome = SPECIAL.get((snap, view, task), (None, "completed"))
-            out.append(TaskResult(snap, view, task, "base" if task.startswith("b") else "miss_param", cell == "1", float(cell == "1"),
-                                  CALLS[snap], GEN[snap], 100, 1.0, error, outcome))
+            out.append(
+                TaskResult(
+                    snap,
+                    view,
+                    task,
+                    "base" if task.startswith("b") else "miss_param",
+                    cell == "1",
+                    float(cell == "1"),
+                    CALLS[snap],
+                    GEN[snap],
+                    100,
+                    1.0,
+                    error,
+                    outcome,
+                )
+            )
     return out
 
 
@@ -66,8 +85,21 @@ def summary():
 
 def test_shape_is_json_and_snapshots_are_in_step_order(summary):
     assert summary["snapshots"] == ["A_0", "A_1", "final"]
-    for key in ("success", "uvg_prev", "uvg_base", "forget_rate", "fix_rate", "cost", "best_validation",
-                "delta_fix", "delta_forget", "forgetting", "id_gain", "ood_gain", "diagnostics"):
+    for key in (
+        "success",
+        "uvg_prev",
+        "uvg_base",
+        "forget_rate",
+        "fix_rate",
+        "cost",
+        "best_validation",
+        "delta_fix",
+        "delta_forget",
+        "forgetting",
+        "id_gain",
+        "ood_gain",
+        "diagnostics",
+    ):
         assert key in summary
     assert json.loads(json.dumps(summary)) == summary
 
@@ -137,8 +169,10 @@ def test_empty_denominators_are_none_not_zero():
 
 def test_gains_need_their_views(summary):
     assert summary["id_gain"] is None and summary["ood_gain"] is None  # neither view was run
-    rows = [TaskResult(s, v, "t1", "base", ok, float(ok), 0, 0, 0, 0.0) for s, v, ok in (
-        ("A_0", "id", False), ("final", "id", True), ("A_0", "ood", True), ("final", "ood", False))]
+    rows = [
+        TaskResult(s, v, "t1", "base", ok, float(ok), 0, 0, 0, 0.0)
+        for s, v, ok in (("A_0", "id", False), ("final", "id", True), ("A_0", "ood", True), ("final", "ood", False))
+    ]
     out = summarize(rows, [SnapshotInfo("A_0", 0, 0, 0), SnapshotInfo("final", 5, 5, 2, update_tokens=50)])
     assert out["id_gain"] == 1.0 and out["ood_gain"] == -1.0
     assert out["uvg_prev"] == {"final": None}  # no validation view
@@ -159,14 +193,22 @@ def test_cost(summary):
 
 def test_diagnostics_are_counted_apart(summary):
     d = summary["diagnostics"]["A_1"]["replay"]
-    assert (d["timeout"], d["crash"], d["aborted"], d["process_errors"], d["failed_with_process_error"]) == (1, 1, 0, 2, 2)
+    assert (d["timeout"], d["crash"], d["aborted"], d["process_errors"], d["failed_with_process_error"]) == (
+        1,
+        1,
+        0,
+        2,
+        2,
+    )
     # without b2, m1: base {b1,b3,b4} all solved, miss_param {m2} failed
     assert d["overall_excluding_process_errors"] == pytest.approx(0.5)
     assert summary["diagnostics"]["final"]["validation"]["context_overflow"] == 1
     assert summary["diagnostics"]["A_0"]["replay"]["process_errors"] == 0
     t = TaskResult("s", "v", "t", "c", False, 0.0, 0, 0, 0, 0.0, None, "aborted")
     assert classify_process(t) == ["aborted"]
-    assert classify_process(TaskResult("s", "v", "t", "c", False, 0.0, 0, 0, 0, 0.0, "Timed out", "completed")) == ["timeout"]
+    assert classify_process(TaskResult("s", "v", "t", "c", False, 0.0, 0, 0, 0, 0.0, "Timed out", "completed")) == [
+        "timeout"
+    ]
 
 
 def test_bad_inputs_fail_loudly():

@@ -1,6 +1,7 @@
 """The OOD harness views of `seal evaluate` without a model: registration,
 task ids and categories, selection and limits, the summary notes, and how
 a harness run becomes a TaskResult (scripted replies stand in for the model)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,6 +21,7 @@ def ctx(**cfg) -> ViewContext:
 @pytest.fixture
 def fake_ids(monkeypatch):
     """Harness task lists without importing tau2 or bfcl-eval."""
+
     def ids(view):
         harness, target = O.VIEW_TARGETS[view]
         if harness == "tau2":
@@ -56,12 +58,18 @@ def test_task_ids_carry_their_domain_or_backend():
 
 
 def test_selection_respects_limit_and_per_view_limit(fake_ids):
-    views = build_views(["tau2_retail", "bfcl_memory_kv", "bfcl_memory_vector"],
-                        ctx(limit=2, view_limits={"bfcl_memory_kv": 1}))
+    views = build_views(
+        ["tau2_retail", "bfcl_memory_kv", "bfcl_memory_vector"], ctx(limit=2, view_limits={"bfcl_memory_kv": 1})
+    )
     retail, kv, vector = views
     assert retail.task_ids == ("tau2_retail/0", "tau2_retail/1") and kv.task_ids == ("memory_kv_0-customer-0",)
     assert retail.role == kv.role == OOD_TEST and vector.unavailable
-    assert O.is_harness(retail.env) and O.is_harness(kv.env) and not O.is_harness(None) and not O.is_harness({"_target_": "x"})
+    assert (
+        O.is_harness(retail.env)
+        and O.is_harness(kv.env)
+        and not O.is_harness(None)
+        and not O.is_harness({"_target_": "x"})
+    )
     assert retail.env["domain"] == "retail" and retail.env[O.HARNESS_KEY] == "tau2"
     assert kv.env["backend"] == "kv" and kv.env[O.HARNESS_KEY] == "bfcl_memory"
     # the env dicts differ per view, so their cache keys differ
@@ -89,15 +97,18 @@ def test_a_missing_harness_package_makes_the_view_unavailable(monkeypatch):
 def test_unavailable_listing_and_notes(fake_ids):
     assert O.unavailable_views(["id", "replay"]) == {}
     assert O.unavailable_views(["id", "bfcl_memory_kv"]) == UNAVAILABLE_VIEWS
-    views = build_views(["id", "tau2_retail", "bfcl_memory_rec_sum"], ViewContext(EvalConfig(), lambda s: ["toy_0"], lambda: [], 0))
+    views = build_views(
+        ["id", "tau2_retail", "bfcl_memory_rec_sum"], ViewContext(EvalConfig(), lambda s: ["toy_0"], lambda: [], 0)
+    )
     notes = O.harness_notes(views, {"A_0": "tiny", "A_1": "snapshots/A_1/weights"})
     assert set(notes) == {"tau2_retail", "bfcl_memory_rec_sum"}
     assert notes["tau2_retail"]["user_simulator_weights"] == {"A_0": "tiny", "A_1": "snapshots/A_1/weights"}
     assert "gpt-4.1" in notes["tau2_retail"]["comparability"]
     assert notes["bfcl_memory_rec_sum"]["label"] == "BFCL V4 Memory (kv + rec_sum)"
     lines = O.note_lines(notes)
-    assert any("user simulator" in line and "not comparable" in line and "A_1: snapshots/A_1/weights" in line
-               for line in lines)
+    assert any(
+        "user simulator" in line and "not comparable" in line and "A_1: snapshots/A_1/weights" in line for line in lines
+    )
     assert any(line.startswith("bfcl_memory_rec_sum: BFCL V4 Memory (kv + rec_sum)") for line in lines)
 
 
@@ -122,9 +133,15 @@ def _scripted_runner(tmp_path, prompt_tokens=100, completion_tokens=7):
     return runner
 
 
-@pytest.mark.parametrize("termination,outcome,error", [("max_steps", "step_limit", None), ("user_stop", "completed", None),
-                                                       ("agent_error", "aborted", None),
-                                                       ("process_error", "aborted", "RuntimeError: engine gone")])
+@pytest.mark.parametrize(
+    "termination,outcome,error",
+    [
+        ("max_steps", "step_limit", None),
+        ("user_stop", "completed", None),
+        ("agent_error", "aborted", None),
+        ("process_error", "aborted", "RuntimeError: engine gone"),
+    ],
+)
 def test_a_tau2_episode_becomes_a_task_result(tmp_path, monkeypatch, termination, outcome, error):
     import json
 
@@ -137,8 +154,22 @@ def test_a_tau2_episode_becomes_a_task_result(tmp_path, monkeypatch, termination
         seen.update(domain=domain, task_id=task_id, agent=agent_llm, user=user_llm, **kw)
         for model in (AGENT_NAME, AGENT_NAME, USER_NAME):  # two agent replies, one user reply
             _post(base_url, model)
-        return tau2.Tau2EpisodeResult("tau2_retail", domain, task_id, 1.0 if error is None else 0.0, error is None,
-                                      termination, 3, 0, 2, 2, agent_llm, user_llm, 1.5, process_error=error)
+        return tau2.Tau2EpisodeResult(
+            "tau2_retail",
+            domain,
+            task_id,
+            1.0 if error is None else 0.0,
+            error is None,
+            termination,
+            3,
+            0,
+            2,
+            2,
+            agent_llm,
+            user_llm,
+            1.5,
+            process_error=error,
+        )
 
     monkeypatch.setattr(tau2, "run_episode", episode)
     runner = _scripted_runner(tmp_path)

@@ -1,4 +1,5 @@
 """evaluation.report: report.md, plots, CSV and JSON from a small synthetic run."""
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,43 @@ OUTCOMES = {
     "A_1": {"validation": "1010", "id": "1000", "ood": "1000", "replay": "1000"},
     "final": {"validation": "1111", "id": "1010", "ood": "0000", "replay": "1110"},
 }
-SNAPSHOTS = [SnapshotInfo("A_0", 0, 0, 0), SnapshotInfo("A_1", 4, 4, 1, wall_s=60.0, update_tokens=4000),
-             SnapshotInfo("final", 8, 8, 2, wall_s=130.0, update_tokens=8800)]
-ROUNDS = [{"step": s, "tag_fractions": {"pass": 0.2 + 0.1 * s, "state_mismatch": 0.8 - 0.1 * s},
-           "tag_weights": {"pass": 1.0, "state_mismatch": 1.0 + 0.1 * s}, "interface_version": s // 3,
-           "active_guidelines": ["state_aware"] if s >= 3 else [], "reward_mean": 0.1 * s} for s in range(1, 9)]
+SNAPSHOTS = [
+    SnapshotInfo("A_0", 0, 0, 0),
+    SnapshotInfo("A_1", 4, 4, 1, wall_s=60.0, update_tokens=4000),
+    SnapshotInfo("final", 8, 8, 2, wall_s=130.0, update_tokens=8800),
+]
+ROUNDS = [
+    {
+        "step": s,
+        "tag_fractions": {"pass": 0.2 + 0.1 * s, "state_mismatch": 0.8 - 0.1 * s},
+        "tag_weights": {"pass": 1.0, "state_mismatch": 1.0 + 0.1 * s},
+        "interface_version": s // 3,
+        "active_guidelines": ["state_aware"] if s >= 3 else [],
+        "reward_mean": 0.1 * s,
+    }
+    for s in range(1, 9)
+]
 
 
 def make_results() -> list[TaskResult]:
-    return [TaskResult(snap, view, f"{view}_t{i}", "a" if i < 2 else "b", c == "1", float(c == "1"), 2, 50, 500, 3.0,
-                       "timeout after 60 s" if (snap, view, i) == ("A_1", "replay", 1) else None)
-            for snap, views in OUTCOMES.items() for view, row in views.items() for i, c in enumerate(row)]
+    return [
+        TaskResult(
+            snap,
+            view,
+            f"{view}_t{i}",
+            "a" if i < 2 else "b",
+            c == "1",
+            float(c == "1"),
+            2,
+            50,
+            500,
+            3.0,
+            "timeout after 60 s" if (snap, view, i) == ("A_1", "replay", 1) else None,
+        )
+        for snap, views in OUTCOMES.items()
+        for view, row in views.items()
+        for i, c in enumerate(row)
+    ]
 
 
 @pytest.fixture(scope="module")

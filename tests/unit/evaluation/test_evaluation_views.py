@@ -1,5 +1,6 @@
 """evaluation.views and evaluation.catalog: the split functions, view builders
 and the joined registry, on the real BFCL split and the toy env's ids (no model)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -71,7 +72,9 @@ def test_without_heldout_categories_ood_is_reported_unavailable():
 def test_limits_are_stratified_and_per_view():
     cfg = EvalConfig(limit=8, view_limits={"replay": 3})
     views = {v.name: v for v in build_views(["validation", "id", "replay"], ctx(cfg, trained=1000))}
-    assert Counter(map(task_category, views["id"].task_ids)) == {c: 2 for c in ("base", "miss_func", "miss_param", "long_context")}
+    assert Counter(map(task_category, views["id"].task_ids)) == {
+        c: 2 for c in ("base", "miss_func", "miss_param", "long_context")
+    }
     assert len(views["validation"].task_ids) == 8 and len(views["replay"].task_ids) == 3
     assert len(set(map(task_category, views["replay"].task_ids))) == 3  # the pool spans categories: so does the cut
     assert stratified_head(["toy_0", "toy_3", "toy_1"], 2) == ["toy_0", "toy_1"]  # order kept
@@ -103,10 +106,15 @@ def test_registry_takes_new_views_and_rejects_unknown_ones():
         del VIEW_BUILDERS[name]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"validation_size": -1}, "validation_size"), ({"views": []}, "empty"), ({"limit": 0}, "limit"),
-    ({"schedule": {"epoch": 1}}, "schedule"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"validation_size": -1}, "validation_size"),
+        ({"views": []}, "empty"),
+        ({"limit": 0}, "limit"),
+        ({"schedule": {"epoch": 1}}, "schedule"),
+    ],
+)
 def test_bad_eval_configs(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EvalConfig(**kwargs)
@@ -122,7 +130,14 @@ def test_split_errors():
 def test_schedule_is_derived_and_claims_are_checked():
     kw = dict(pool_size=360, groups_per_step=4, rollouts=8, mini_batch_groups=2, steps=180, snapshot_every=10)
     rec = schedule_record({"state_persistence": "carried", "assessment_timing": 10}, **kw)
-    assert rec == {"state_persistence": "carried", "task_reuse": "cycle", "train_size": 360, "batch_size": 32,
-                   "epochs": 2.0, "updates_per_batch": 2, "assessment_timing": 10}
+    assert rec == {
+        "state_persistence": "carried",
+        "task_reuse": "cycle",
+        "train_size": 360,
+        "batch_size": 32,
+        "epochs": 2.0,
+        "updates_per_batch": 2,
+        "assessment_timing": 10,
+    }
     with pytest.raises(ValueError, match="batch_size"):
         schedule_record({"batch_size": 16}, **kw)

@@ -1,4 +1,5 @@
 """The closing evaluation's task choice and its fixed benchmark prompt (evaluation/frozen.py)."""
+
 import pytest
 
 from env_pool.interface.state import InterfaceState
@@ -39,7 +40,10 @@ def test_the_benchmark_prompt_is_the_same_for_A0_and_a_trained_snapshot(tmp_path
     assert a0 == ak and prompt_digest(a0) == prompt_digest(ak)
     # The training interface (what the run's actors saw at v2) renders a different, longer prompt.
     trained = ChatTokenizer(load_tokenizer(base)).prompt_ids(
-        ShoppingEnv().reset(task, InterfaceState(version=2, schema_lite=True, error_feedback=True, worked_examples=True)))
+        ShoppingEnv().reset(
+            task, InterfaceState(version=2, schema_lite=True, error_feedback=True, worked_examples=True)
+        )
+    )
     assert trained != a0 and len(trained) > len(a0)
 
 

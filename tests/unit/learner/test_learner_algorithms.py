@@ -1,4 +1,5 @@
 """GRPO advantages, A-Patch and dynamic tag weights: hand-computed examples and properties."""
+
 from __future__ import annotations
 
 import math
@@ -7,17 +8,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.coordinator.capability_state import CapabilityState, TagCounts
+from actors.coordinator.tag_weights import DynamicWeightConfig, TagWeights, target_weight
 from env_pool import tags as T
 from env_pool.tags import RELEASED_BASE_WEIGHTS as BASE
 from learner.advantages import apply_scale, grpo_advantages, trajectory_scale
-from actors.coordinator.capability_state import CapabilityState, TagCounts
-from actors.coordinator.tag_weights import DynamicWeightConfig, TagWeights, target_weight
 
 
 def test_grpo_advantages_by_hand():
     adv = grpo_advantages([1, 0, 0, 0])
     # mean 0.25, unbiased std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5
-    assert adv.advantages == pytest.approx([0.75 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6)])
+    assert adv.advantages == pytest.approx(
+        [0.75 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6)]
+    )
     assert not adv.zero_variance
 
 
@@ -30,7 +33,9 @@ def test_zero_variance_groups_give_zero_and_are_flagged(rewards):
 def test_apatch_scale_by_hand():
     # (1.5 + 1.0 + 2.0) / 3 = 1.5; excluded tags are left out of the mean
     assert trajectory_scale([T.EMPTY_TURN, T.PASS, T.SPURIOUS_TOOL_CALL, T.CHECKER_ERROR], BASE) == pytest.approx(1.5)
-    assert trajectory_scale([T.INSTANCE_MISMATCH, T.INSTANCE_MISMATCH], {**BASE, T.INSTANCE_MISMATCH: 0.2}) == 0.5  # clipped up
+    assert (
+        trajectory_scale([T.INSTANCE_MISMATCH, T.INSTANCE_MISMATCH], {**BASE, T.INSTANCE_MISMATCH: 0.2}) == 0.5
+    )  # clipped up
     assert trajectory_scale([T.SPURIOUS_TOOL_CALL], {**BASE, T.SPURIOUS_TOOL_CALL: 3.0}) == 2.0  # clipped down
     assert trajectory_scale([], BASE) == 1.0 and trajectory_scale([T.GT_ERROR], BASE) == 1.0
     assert trajectory_scale(["never_seen_tag"], BASE) == 1.0  # unknown weight
@@ -38,9 +43,12 @@ def test_apatch_scale_by_hand():
     assert apply_scale(2.0, 0.5, "all") == 1.0
 
 
-@given(tags=st.lists(st.sampled_from([*T.RELEASED_TAGS, "odd"]), max_size=8),
-       weights=st.dictionaries(st.sampled_from([*T.RELEASED_TAGS, T.UNKNOWN]), st.floats(0.01, 10)),
-       advantage=st.floats(-50, 50), apply_to=st.sampled_from(["all", "positive", "negative"]))
+@given(
+    tags=st.lists(st.sampled_from([*T.RELEASED_TAGS, "odd"]), max_size=8),
+    weights=st.dictionaries(st.sampled_from([*T.RELEASED_TAGS, T.UNKNOWN]), st.floats(0.01, 10)),
+    advantage=st.floats(-50, 50),
+    apply_to=st.sampled_from(["all", "positive", "negative"]),
+)
 def test_scale_is_clipped_and_never_flips_the_sign(tags, weights, advantage, apply_to):
     w = trajectory_scale(tags, weights)
     assert 0.5 <= w <= 2.0
@@ -61,7 +69,11 @@ def test_advantages_preserve_the_verifier_ranking(rewards):
 def test_dynamic_weights_three_ema_steps_by_hand():
     cfg = DynamicWeightConfig(beta=0.25, alpha=1.0, confidence=32)
     weights = TagWeights(BASE, cfg)
-    counts = {T.EMPTY_TURN: TagCounts(16, 0, 0.0, 0), T.PASS: TagCounts(48, 40, 40.0, 0), T.CHECKER_ERROR: TagCounts(100, 0, 0.0, 0)}
+    counts = {
+        T.EMPTY_TURN: TagCounts(16, 0, 0.0, 0),
+        T.PASS: TagCounts(48, 40, 40.0, 0),
+        T.CHECKER_ERROR: TagCounts(100, 0, 0.0, 0),
+    }
     # N = 64 (checker_error excluded); empty: prevalence 0.25, reward_mean 0, trust 16/32
     target = 1.5 * (1 + 1.0 * 0.25 * 1.0 * 0.5)  # 1.6875
     expected = 1.5
@@ -86,7 +98,14 @@ def test_zero_in_config_means_zero():
 
 def test_capability_state_views_window_and_exact_restore():
     state = CapabilityState()
-    state.record("base", "multi_turn_base_1", [T.PASS, T.STATE_MISMATCH, T.STATE_MISMATCH], reward=0.0, success=False, progress=1 / 3)
+    state.record(
+        "base",
+        "multi_turn_base_1",
+        [T.PASS, T.STATE_MISMATCH, T.STATE_MISMATCH],
+        reward=0.0,
+        success=False,
+        progress=1 / 3,
+    )
     state.record("miss_func", "multi_turn_miss_func_2", [T.PASS], reward=1.0, success=True, progress=1.0)
     tags = state.tag_counts("tag")
     assert tags[T.STATE_MISMATCH] == TagCounts(2, 0, 0.0, 2) and tags[T.PASS] == TagCounts(2, 1, 1.0, 1)
@@ -116,10 +135,28 @@ def test_base_weight_tables_by_name():
 def _trajectory(index: int, reward: float, tags: list[str]):
     from replay.messages import Trajectory
 
-    return Trajectory(task_id="t", category="base", env="bfcl", group_id="g", rollout_index=index, interface_version=0,
-                      token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, 0.0], prompt_length=1, segments=[], reward=reward,
-                      success=bool(reward), progress=reward, tags=tags, labels=[], error_type=None, outcome="completed",
-                      num_tool_calls=1, num_steps=1)
+    return Trajectory(
+        task_id="t",
+        category="base",
+        env="bfcl",
+        group_id="g",
+        rollout_index=index,
+        interface_version=0,
+        token_ids=[1, 2],
+        loss_mask=[0, 1],
+        logprobs=[0.0, 0.0],
+        prompt_length=1,
+        segments=[],
+        reward=reward,
+        success=bool(reward),
+        progress=reward,
+        tags=tags,
+        labels=[],
+        error_type=None,
+        outcome="completed",
+        num_tool_calls=1,
+        num_steps=1,
+    )
 
 
 def test_apatch_clip_range_is_config():
@@ -129,7 +166,9 @@ def test_apatch_clip_range_is_config():
     assert [s.scale for s in build_samples(group, BASE)[0]] == pytest.approx([2.0, 0.6])  # default [0.5, 2.0]
     narrow, _ = build_samples(group, BASE, APatchConfig(scale_min=0.8, scale_max=1.2))
     assert [s.scale for s in narrow] == pytest.approx([1.2, 0.8])
-    assert [s.advantage for s in narrow] == pytest.approx([1.2 * narrow[0].raw_advantage, 0.8 * narrow[1].raw_advantage])
+    assert [s.advantage for s in narrow] == pytest.approx(
+        [1.2 * narrow[0].raw_advantage, 0.8 * narrow[1].raw_advantage]
+    )
     for lo, hi in [(0.0, 1.0), (-1.0, 2.0), (2.0, 1.0)]:
         with pytest.raises(ValueError, match="0 < scale_min <= scale_max"):
             APatchConfig(scale_min=lo, scale_max=hi)

@@ -1,5 +1,6 @@
 """learner/call_order.py: a rank runs the driver's calls in ticket order, one at a time, whatever
 order its threads take them in; a call that never ends or a reused ticket fails with a named error."""
+
 from __future__ import annotations
 
 import threading
@@ -58,7 +59,9 @@ def test_a_ticket_used_twice_is_refused():
     order = CallOrder("learner rank 0 on node test")
     with order.turn(0, "start", 1):
         pass
-    with pytest.raises(CallOrderError, match=r"learner rank 0 on node test: train step got ticket 0, which was used already"):
+    with pytest.raises(
+        CallOrderError, match=r"learner rank 0 on node test: train step got ticket 0, which was used already"
+    ):
         with order.turn(0, "train step", 1):
             pass
 
@@ -75,8 +78,11 @@ def test_waiting_past_the_timeout_names_the_call_it_waited_for():
     thread.start()
     time.sleep(0.05)
     try:
-        with pytest.raises(CallOrderError, match=r"learner rank 1 on node 10.0.0.2: train step \(ticket 1\) waited 0.2s "
-                                                 r"for its turn; ticket 0 \(weight broadcast, ticket 0\) had not finished"):
+        with pytest.raises(
+            CallOrderError,
+            match=r"learner rank 1 on node 10.0.0.2: train step \(ticket 1\) waited 0.2s "
+            r"for its turn; ticket 0 \(weight broadcast, ticket 0\) had not finished",
+        ):
             with order.turn(1, "train step", 0.2):
                 pass
     finally:

@@ -1,5 +1,6 @@
 """learner/collectives.py: the learner's collectives use tensors on the device the group's backend
 serves (NCCL: CUDA only), and no collective in learner/ or seal/ bypasses it."""
+
 from __future__ import annotations
 
 import re
@@ -12,13 +13,32 @@ from learner.collectives import device_for_backend
 
 ROOT = Path(__file__).resolve().parents[3]
 # torch.distributed calls that move tensors between ranks (not queries like get_rank).
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-               "reduce_scatter_tensor", "reduce", "broadcast", "broadcast_object_list", "barrier", "all_to_all",
-               "all_to_all_single", "gather", "scatter", "send", "recv", "isend", "irecv")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+)
 
 
-@pytest.mark.parametrize("backend, device", [("gloo", "cpu"), ("nccl", "cuda:3"), ("cpu:gloo,cuda:nccl", "cpu"),
-                                             ("NCCL", "cuda:3"), ("cuda:nccl", "cuda:3")])
+@pytest.mark.parametrize(
+    "backend, device",
+    [("gloo", "cpu"), ("nccl", "cuda:3"), ("cpu:gloo,cuda:nccl", "cpu"), ("NCCL", "cuda:3"), ("cuda:nccl", "cuda:3")],
+)
 def test_each_backend_gets_tensors_on_the_device_it_serves(backend, device):
     assert device_for_backend(backend, cuda_index=3) == device
 
@@ -50,7 +70,9 @@ def _reduce_in_group(rank: int, world: int, port: int, out) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        out.put((rank, all_reduce_values([rank + 1, 2.0**40 + rank], "sum"), all_reduce_values([rank, 7 - rank], "max")))
+        out.put(
+            (rank, all_reduce_values([rank + 1, 2.0**40 + rank], "sum"), all_reduce_values([rank, 7 - rank], "max"))
+        )
     finally:
         dist.destroy_process_group()
 

@@ -1,4 +1,5 @@
 """The learner group's pure parts: group assignment, mini-batch plans, padding, merged metrics, pruning, DeepSpeed config."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,16 +8,42 @@ from learner.batch import Sample
 from learner.checkpoints import tags_to_prune
 from learner.ds_config import deepspeed_config
 from learner.engine import LearnerConfig
-from learner.group import (PAD_SAMPLE, agree_on_plan, assign_groups, assigned_plan, is_padding, merge_results, pad_plan,
-                           shard_batch)
+from learner.group import (
+    PAD_SAMPLE,
+    agree_on_plan,
+    assign_groups,
+    assigned_plan,
+    is_padding,
+    merge_results,
+    pad_plan,
+    shard_batch,
+)
 from replay.messages import Trajectory
 
 
 def traj(group: str, i: int, length: int) -> Trajectory:
-    return Trajectory(task_id=group, category="base", env="toy", group_id=group, rollout_index=i, interface_version=0,
-                      token_ids=[1] * length, loss_mask=[0] + [1] * (length - 1), logprobs=[0.0] * length, prompt_length=1,
-                      segments=[], reward=float(i), success=bool(i), progress=0.0, tags=[], labels=[], error_type=None,
-                      outcome="completed", num_tool_calls=0, num_steps=1)
+    return Trajectory(
+        task_id=group,
+        category="base",
+        env="toy",
+        group_id=group,
+        rollout_index=i,
+        interface_version=0,
+        token_ids=[1] * length,
+        loss_mask=[0] + [1] * (length - 1),
+        logprobs=[0.0] * length,
+        prompt_length=1,
+        segments=[],
+        reward=float(i),
+        success=bool(i),
+        progress=0.0,
+        tags=[],
+        labels=[],
+        error_type=None,
+        outcome="completed",
+        num_tool_calls=0,
+        num_steps=1,
+    )
 
 
 def sample(group: str, tokens: int) -> Sample:
@@ -66,13 +93,31 @@ def test_plan_pads_short_ranks_with_zero_weight_micro_batches():
 
 
 def test_merged_metrics_add_loss_terms_and_counts():
-    a = {"loss": 0.25, "kl": 0.1, "grad_norm": 2.0, "seconds": 2.0, "samples_per_s": 2.0, "scored_tokens": 10,
-         "sequence_tokens": 30, "groups": 1}
-    b = {"loss": 0.5, "kl": 0.2, "grad_norm": 2.0, "seconds": 4.0, "samples_per_s": 1.0, "scored_tokens": 30,
-         "sequence_tokens": 50, "groups": 2}
+    a = {
+        "loss": 0.25,
+        "kl": 0.1,
+        "grad_norm": 2.0,
+        "seconds": 2.0,
+        "samples_per_s": 2.0,
+        "scored_tokens": 10,
+        "sequence_tokens": 30,
+        "groups": 1,
+    }
+    b = {
+        "loss": 0.5,
+        "kl": 0.2,
+        "grad_norm": 2.0,
+        "seconds": 4.0,
+        "samples_per_s": 1.0,
+        "scored_tokens": 30,
+        "sequence_tokens": 50,
+        "groups": 2,
+    }
     m = merge_results([a, b])
     assert m["loss"] == 0.75 and m["kl"] == pytest.approx(0.3) and m["grad_norm"] == 2.0 and m["groups"] == 3
-    assert m["seconds"] == 4.0 and m["samples_per_s"] == 2.0 and m["tokens_per_s"] == 10.0 and m["learner_world_size"] == 2
+    assert (
+        m["seconds"] == 4.0 and m["samples_per_s"] == 2.0 and m["tokens_per_s"] == 10.0 and m["learner_world_size"] == 2
+    )
 
 
 def test_pruning_keeps_the_newest_tags_only():
@@ -99,7 +144,12 @@ def test_weight_buckets_hold_consecutive_parameters_up_to_the_size():
 
     params = [(f"p{i}", torch.nn.Parameter(torch.zeros(n))) for i, n in enumerate([100, 100, 300, 50, 10, 400])]
     buckets = weight_buckets(params, bucket_bytes=200 * 4)
-    assert [[n for n, _ in b] for b in buckets] == [["p0", "p1"], ["p2"], ["p3", "p4"], ["p5"]]  # p2, p5: over the size, alone
+    assert [[n for n, _ in b] for b in buckets] == [
+        ["p0", "p1"],
+        ["p2"],
+        ["p3", "p4"],
+        ["p5"],
+    ]  # p2, p5: over the size, alone
     assert [n for b in buckets for n, _ in b] == [n for n, _ in params]
 
 
@@ -108,7 +158,10 @@ def test_bucket_bounds_split_in_order_and_a_large_item_goes_alone():
 
     assert bucket_bounds([100, 100, 300, 50, 10, 400], 200) == [range(0, 2), range(2, 3), range(3, 5), range(5, 6)]
     assert bucket_bounds([500], 200) == [range(0, 1)] and bucket_bounds([], 200) == []
-    assert bucket_bounds([200, 0, 1], 200) == [range(0, 2), range(2, 3)]  # a full bucket still takes an item of no bytes
+    assert bucket_bounds([200, 0, 1], 200) == [
+        range(0, 2),
+        range(2, 3),
+    ]  # a full bucket still takes an item of no bytes
     with pytest.raises(ValueError, match="bucket_bytes"):
         bucket_bounds([1], 0)
 

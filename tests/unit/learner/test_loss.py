@@ -1,4 +1,5 @@
 """The policy loss on small tensors, by hand."""
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,17 @@ def test_low_variance_kl():
     d = -0.5
     assert float(low_var_kl(torch.tensor(0.0), torch.tensor(d))) == pytest.approx(math.exp(d) - d - 1)
     logp = torch.zeros((1, 2), requires_grad=True)
-    loss, metrics = policy_loss(logp, torch.zeros((1, 2)), torch.zeros((1, 2)), torch.ones((1, 2)), LossConfig(kl_coef=0.5), ref_logp=torch.full((1, 2), -0.5))
-    assert metrics["kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1) and float(loss.detach()) == pytest.approx(0.5 * metrics["kl"])
+    loss, metrics = policy_loss(
+        logp,
+        torch.zeros((1, 2)),
+        torch.zeros((1, 2)),
+        torch.ones((1, 2)),
+        LossConfig(kl_coef=0.5),
+        ref_logp=torch.full((1, 2), -0.5),
+    )
+    assert metrics["kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1) and float(loss.detach()) == pytest.approx(
+        0.5 * metrics["kl"]
+    )
 
 
 def test_gradient_flows_only_through_unmasked_tokens():
@@ -97,7 +107,9 @@ def test_token_mean_by_hand():
 
 
 def test_seq_mean_token_mean_by_hand():
-    assert _agg_loss("seq-mean-token-mean") == pytest.approx((-1 + 1) / 2, abs=1e-6)  # each sequence's mean counts once: 0
+    assert _agg_loss("seq-mean-token-mean") == pytest.approx(
+        (-1 + 1) / 2, abs=1e-6
+    )  # each sequence's mean counts once: 0
 
 
 def test_seq_mean_token_sum_by_hand():
@@ -114,9 +126,19 @@ def test_micro_batches_add_up_to_the_mini_batch(loss_agg):
     logp, old, adv = torch.randn(4, 6) * 0.1, torch.randn(4, 6) * 0.1, torch.randn(4, 1).expand(4, 6)
     tokens = float(mask.sum())
     whole, _ = policy_loss(logp, old, adv, mask, CFG, token_weights=aggregation_weights(mask, loss_agg, tokens, 4))
-    parts = sum(float(policy_loss(logp[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], CFG,
-                                  token_weights=aggregation_weights(mask[i:i + 2], loss_agg, tokens, 4))[0])
-                for i in (0, 2))
+    parts = sum(
+        float(
+            policy_loss(
+                logp[i : i + 2],
+                old[i : i + 2],
+                adv[i : i + 2],
+                mask[i : i + 2],
+                CFG,
+                token_weights=aggregation_weights(mask[i : i + 2], loss_agg, tokens, 4),
+            )[0]
+        )
+        for i in (0, 2)
+    )
     assert parts == pytest.approx(float(whole), rel=1e-6)
 
 
@@ -149,7 +171,9 @@ def test_is_weights_scale_the_ppo_term_but_not_its_gradient_path():
     """Decoupled PPO: w * surrogate(pi / pi_old); w carries no gradient."""
     logp = torch.zeros((1, 1), requires_grad=True)
     w = torch.tensor([[0.5]], requires_grad=True)
-    loss, _ = policy_loss(logp, torch.zeros((1, 1)), torch.tensor([[2.0]]), torch.ones((1, 1)), CFG, is_weights=w.detach())
+    loss, _ = policy_loss(
+        logp, torch.zeros((1, 1)), torch.tensor([[2.0]]), torch.ones((1, 1)), CFG, is_weights=w.detach()
+    )
     assert float(loss.detach()) == pytest.approx(-1.0)
     loss.backward()
     assert float(logp.grad) == pytest.approx(-1.0)  # d(-0.5 * 2 * exp(logp)) / dlogp at 0
@@ -182,7 +206,11 @@ def test_mismatch_and_ess_by_hand():
     mu, old = torch.tensor([[-1.0, -2.0, -9.0]]), torch.tensor([[-1.0, -1.5, 0.0]])
     s = mismatch_stats(mu, old, mask)
     d = -0.5
-    assert s["count"] == 2 and s["kl_sum"] == pytest.approx(math.exp(d) - d - 1) and s["abs_diff_sum"] == pytest.approx(0.5)
+    assert (
+        s["count"] == 2
+        and s["kl_sum"] == pytest.approx(math.exp(d) - d - 1)
+        and s["abs_diff_sum"] == pytest.approx(0.5)
+    )
     w = torch.tensor([[1.0, 3.0, 7.0]])
     st = is_weight_stats(w, torch.tensor([[False, True, True]]), mask)
     assert st["w_sum"] == 4.0 and st["w_sq_sum"] == 10.0 and st["cut"] == 1.0  # ESS = 16 / (2 * 10) = 0.8

@@ -1,4 +1,5 @@
 """learner/packing.py: shared-prefix rows give every token the context it had unpacked."""
+
 from __future__ import annotations
 
 import random
@@ -6,8 +7,14 @@ import random
 import pytest
 import torch
 
-from learner.packing import (common_prefix_length, needed_positions, pack_shared_prefix, packed_token_logprobs, row_groups,
-                             use_shared_prefix_attention)
+from learner.packing import (
+    common_prefix_length,
+    needed_positions,
+    pack_shared_prefix,
+    packed_token_logprobs,
+    row_groups,
+    use_shared_prefix_attention,
+)
 
 
 def test_common_prefix_and_rows():
@@ -28,9 +35,11 @@ def test_layout_positions_mask_and_logit_index():
     # the logits predicting token j + 1 of each sample
     assert p.logit_index.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 0]]
     # continuation queries (packed 3, 4, 5): the prefix, then their own earlier tokens only
-    assert p.rows[0].continuation_mask.tolist() == [[True, True, True, True, False, False],
-                                                    [True, True, True, True, True, False],
-                                                    [True, True, True, False, False, True]]
+    assert p.rows[0].continuation_mask.tolist() == [
+        [True, True, True, True, False, False],
+        [True, True, True, True, True, False],
+        [True, True, True, False, False, True],
+    ]
     assert p.rows[1].continuation_mask.shape == (0, 3)
 
 
@@ -46,7 +55,9 @@ def _tiny():
 
     from weights.model_assets import prepare_tiny_model
 
-    return AutoModelForCausalLM.from_pretrained(str(prepare_tiny_model()), dtype=torch.float32, attn_implementation="sdpa").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(prepare_tiny_model()), dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
 
 
 def _unpacked_logprobs(model, seqs, mask):

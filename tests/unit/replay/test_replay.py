@@ -1,4 +1,5 @@
 """Wire messages and the replay queue."""
+
 from __future__ import annotations
 
 import random
@@ -18,19 +19,40 @@ def traj(group="g0", index=0, version=0, reward=1.0, n_tokens=12) -> Trajectory:
     ids = list(range(1000, 1000 + n_tokens))
     mask = [0] * (n_tokens - gen) + [1] * gen
     logprobs = [0.0] * (n_tokens - gen) + [-0.5] * gen
-    return Trajectory(task_id="multi_turn_base_1", category="base", env="bfcl", group_id=group, rollout_index=index,
-                      interface_version=2, token_ids=ids, loss_mask=mask, logprobs=logprobs, prompt_length=n_tokens - gen,
-                      segments=[Segment(n_tokens - gen, n_tokens, version)], reward=reward, success=bool(reward), progress=1.0,
-                      tags=["pass"], labels=["pass"], error_type=None, outcome="completed", num_tool_calls=1, num_steps=1,
-                      timings={"total_s": 0.1})
+    return Trajectory(
+        task_id="multi_turn_base_1",
+        category="base",
+        env="bfcl",
+        group_id=group,
+        rollout_index=index,
+        interface_version=2,
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=logprobs,
+        prompt_length=n_tokens - gen,
+        segments=[Segment(n_tokens - gen, n_tokens, version)],
+        reward=reward,
+        success=bool(reward),
+        progress=1.0,
+        tags=["pass"],
+        labels=["pass"],
+        error_type=None,
+        outcome="completed",
+        num_tool_calls=1,
+        num_steps=1,
+        timings={"total_s": 0.1},
+    )
 
 
-@pytest.mark.parametrize("message", [
-    traj(),
-    InterfaceUpdate(4, {"version": 4, "schema_lite": True}),
-    TagSummary("t", "base", ["pass"], ["pass"], 1.0, True, 1.0, 4),
-    Control("scale", {"env": 6}),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        traj(),
+        InterfaceUpdate(4, {"version": 4, "schema_lite": True}),
+        TagSummary("t", "base", ["pass"], ["pass"], 1.0, True, 1.0, 4),
+        Control("scale", {"env": 6}),
+    ],
+)
 def test_every_message_round_trips(message):
     assert decode(encode(message)) == message
 
@@ -42,13 +64,16 @@ def test_token_arrays_travel_as_raw_bytes():
     assert len(encode(t)) < len(msgpack.packb(t.to_dict()))
 
 
-@pytest.mark.parametrize("frame, reason", [
-    (b"\xc1garbage", "not msgpack"),
-    (msgpack.packb([1, 2]), "map with keys"),
-    (msgpack.packb({"v": 99, "kind": "control", "body": {"command": "x"}}), "schema version"),
-    (msgpack.packb({"v": 1, "kind": "nope", "body": {}}), "unknown message kind"),
-    (msgpack.packb({"v": 1, "kind": "control", "body": {"cmd": "x"}}), "bad control body"),
-])
+@pytest.mark.parametrize(
+    "frame, reason",
+    [
+        (b"\xc1garbage", "not msgpack"),
+        (msgpack.packb([1, 2]), "map with keys"),
+        (msgpack.packb({"v": 99, "kind": "control", "body": {"command": "x"}}), "schema version"),
+        (msgpack.packb({"v": 1, "kind": "nope", "body": {}}), "unknown message kind"),
+        (msgpack.packb({"v": 1, "kind": "control", "body": {"cmd": "x"}}), "bad control body"),
+    ],
+)
 def test_malformed_frames_are_rejected_with_a_reason(frame, reason):
     with pytest.raises(WireError, match=reason):
         decode(frame)

@@ -1,5 +1,6 @@
 """The task stream's books: admission bounds staleness, re-issues keep the
 slot, and every slot reaches the learner exactly once whatever crashes."""
+
 from __future__ import annotations
 
 import pytest
@@ -73,11 +74,18 @@ def test_resume_replays_in_flight_slots_and_skips_finished_ones():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["dispatch", "crash", "consume", "filter", "ack"]), st.integers(0, 5)), max_size=80),
-       st.integers(1, 3), st.integers(0, 2), st.integers(0, 2))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["dispatch", "crash", "consume", "filter", "ack"]), st.integers(0, 5)), max_size=80
+    ),
+    st.integers(1, 3),
+    st.integers(0, 2),
+    st.integers(0, 2),
+)
 def test_every_slot_reaches_the_learner_exactly_once(ops, groups_per_step, max_staleness, oversample):
-    ledger = SlotLedger(TASKS, n=2, groups_per_step=groups_per_step, max_staleness=max_staleness, seed=0,
-                        oversample=oversample)
+    ledger = SlotLedger(
+        TASKS, n=2, groups_per_step=groups_per_step, max_staleness=max_staleness, seed=0, oversample=oversample
+    )
     version, consumed, filtered = 0, [], []
     for op, pick in ops:
         live = sorted(ledger.in_flight)

@@ -1,6 +1,7 @@
 """ZeroMQ trajectory stream (real sockets): frames arrive whole, bad frames are
 rejected and counted, a lagging learner blocks senders, a producer that closes
 and exits has delivered everything it sent."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_replay import traj  # noqa: E402 - the sibling module (pytest puts tests/unit on sys.path)
 
 from replay.messages import TagSummary
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer, TrajectorySender, TransportConfig, TransportTimeout
 from replay.wire import encode
-from test_replay import traj  # noqa: E402 - the sibling module (pytest puts tests/unit on sys.path)
 
 
 def wait_for(predicate, timeout=5.0):
@@ -40,7 +41,9 @@ def test_trajectories_stream_into_complete_groups(server):
             sender.send(traj(group=f"g{g}", index=i, n_tokens=5000))
     assert wait_for(lambda: server.ready() == 3)
     batch = server.take_batch()
-    assert [t.rollout_index for t in batch[0].trajectories] == [0, 1] and len(batch[0].trajectories[0].token_ids) == 5000
+    assert [t.rollout_index for t in batch[0].trajectories] == [0, 1] and len(
+        batch[0].trajectories[0].token_ids
+    ) == 5000
     assert server.counters()["frames"] == 6 and server.counters()["rejected"] == 0
     sender.close()
 
@@ -59,7 +62,9 @@ def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
 
 def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
     server = ReplayServer(ReplayQueue(group_size=1, groups_per_batch=1), TransportConfig(hwm=1, max_ready_groups=1))
-    sender = TrajectorySender(server.address, hwm=1, send_timeout_s=0.5, linger_s=0.5, keys=server.client_keys)  # close() gives up on the undeliverable rest
+    sender = TrajectorySender(
+        server.address, hwm=1, send_timeout_s=0.5, linger_s=0.5, keys=server.client_keys
+    )  # close() gives up on the undeliverable rest
     with pytest.raises(TransportTimeout, match="took no frame"):
         for g in range(200):  # nobody takes batches: the receiver stops reading, buffers fill, send times out
             sender.send(traj(group=f"g{g}", index=0, n_tokens=20_000))
@@ -100,8 +105,14 @@ def test_a_producer_that_closes_and_exits_has_delivered_every_frame():
     server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(hwm=8, max_ready_groups=1000))
     try:
         keys = server.client_keys
-        code = PRODUCER.format(unit=str(Path(__file__).parent), address=server.address, groups=150,
-                               server_public=keys.server_public, public=keys.client.public, secret=keys.client.secret)
+        code = PRODUCER.format(
+            unit=str(Path(__file__).parent),
+            address=server.address,
+            groups=150,
+            server_public=keys.server_public,
+            public=keys.client.public,
+            secret=keys.client.secret,
+        )
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert wait_for(lambda: server.ready() == 150, timeout=30), server.counters()

@@ -2,17 +2,18 @@
 frames through; a sender with a key pair of its own, one with the wrong server
 key and one without CURVE get nothing through, are counted (unauthorized),
 and the good sender's stream goes on."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
+from test_replay import traj  # noqa: E402 - the sibling module (pytest puts tests/unit on sys.path)
+from test_transport import wait_for  # noqa: E402
 
 from replay.auth import ClientKeys, KeyPair, RunKeys
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer, TrajectorySender, TransportConfig, TransportTimeout
-from test_replay import traj  # noqa: E402 - the sibling module (pytest puts tests/unit on sys.path)
-from test_transport import wait_for  # noqa: E402
 
 
 @pytest.fixture
@@ -36,7 +37,10 @@ def bad_senders(server):
 
 def test_only_the_runs_env_actor_key_gets_frames_through(server):
     good = TrajectorySender(server.address, keys=server.client_keys)
-    bad = {name: TrajectorySender(server.address, send_timeout_s=0.2, linger_s=0, keys=k) for name, k in bad_senders(server).items()}
+    bad = {
+        name: TrajectorySender(server.address, send_timeout_s=0.2, linger_s=0, keys=k)
+        for name, k in bad_senders(server).items()
+    }
     try:
         for name, sender in bad.items():
             _send_group(sender, f"bad-{name}")  # queued on the sender side: the handshake never completes

@@ -1,6 +1,7 @@
 """The import rules of docs/layout.md, read from the code itself (every import, a function's own
 included): which component may import which, no import circle between modules, and no file over
 500 lines. A new import that breaks a rule fails here with the line that made it."""
+
 from __future__ import annotations
 
 import ast
@@ -90,7 +91,9 @@ def test_components_import_only_what_sits_below_them():
         for line, target in imports:
             theirs = target.split(".")[0]
             if theirs != mine and theirs not in MAY_IMPORT[mine]:
-                broken.append(f"{_file(module)}:{line} imports {target} ({mine}/ may import {sorted(MAY_IMPORT[mine]) or 'nothing of ours'})")
+                broken.append(
+                    f"{_file(module)}:{line} imports {target} ({mine}/ may import {sorted(MAY_IMPORT[mine]) or 'nothing of ours'})"
+                )
     assert not broken, "\n".join(broken)
 
 
@@ -104,7 +107,9 @@ def test_seal_wings_import_downwards_and_top_level_seal_imports_no_wing():
         for line, target in imports:
             theirs = _wing(target)
             if theirs is not None and theirs not in allowed:
-                broken.append(f"{_file(module)}:{line} imports {target} ({wing or module} may import {sorted(allowed) or 'no wing'})")
+                broken.append(
+                    f"{_file(module)}:{line} imports {target} ({wing or module} may import {sorted(allowed) or 'no wing'})"
+                )
     assert not broken, "\n".join(broken)
 
 

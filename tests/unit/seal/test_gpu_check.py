@@ -1,5 +1,6 @@
 """scripts/gpu_check.sh without CUDA: one table, every row skipped with the reason, exit 0; the learner
 rows themselves run on the CPU (--device cpu) so a GPU machine meets checks that have run."""
+
 from __future__ import annotations
 
 import json
@@ -52,11 +53,19 @@ def test_table_and_pytest_counts():
 def test_the_learner_rows_run_on_cpu():
     """The bf16 learner step, the reference's precision hook and the plan comparison, on the CPU (the
     GPU run uses the same code with device cuda)."""
-    done = subprocess.run([sys.executable, "-m", "seal.commands.gpu_check", "--device", "cpu", "--models", "tiny", "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "seal.commands.gpu_check", "--device", "cpu", "--models", "tiny", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {r["check"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])["rows"]}
-    assert rows["learner bf16 step (tiny)"]["status"] == "ok" and "policy matmuls in bfloat16" in rows["learner bf16 step (tiny)"]["detail"]
+    assert (
+        rows["learner bf16 step (tiny)"]["status"] == "ok"
+        and "policy matmuls in bfloat16" in rows["learner bf16 step (tiny)"]["detail"]
+    )
     assert rows["reference under autocast (tiny)"]["status"] == "ok"
     assert "seal plan" in rows["peak memory vs seal plan (tiny)"]["detail"]
 

@@ -1,4 +1,5 @@
 """Placement (the `cluster` config group): CPU lists, pinning, early errors."""
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,9 @@ print(json.dumps({{"result": result, "allowed": sorted(allowed), "threads": len(
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: every thread is on it pinned or not")
 def test_pinning_covers_threads_started_before_and_after():
     cpu = min(os.sched_getaffinity(0))
-    out = subprocess.run([sys.executable, "-c", CHILD.format(cpu=cpu)], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD.format(cpu=cpu)], capture_output=True, text=True, timeout=60, check=True
+    )
     report = json.loads(out.stdout)
     assert report["result"] == "built" and report["allowed"] == [str(cpu)] and report["threads"] >= 3
 
@@ -75,15 +78,20 @@ def test_cores_this_machine_lacks_are_refused_early_and_in_the_actor():
 
 def test_a_local_start_refuses_gpus_and_custom_resources_it_does_not_have():
     cfg = ClusterConfig(env_actors=3, env_actor={"num_gpus": 0.5}, learner={"num_gpus": 1})
-    with pytest.raises(ValueError, match=r"ask for 2.5 GPUs \(cluster.env_actor.num_gpus=0.5 x 3 env actors, "
-                                         r"cluster.learner.num_gpus=1\) but a local Ray start here has 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"ask for 2.5 GPUs \(cluster.env_actor.num_gpus=0.5 x 3 env actors, "
+        r"cluster.learner.num_gpus=1\) but a local Ray start here has 2",
+    ):
         cfg.check_local_resources(gpus=lambda: 2)
     cfg.check_local_resources(gpus=lambda: 3)
     cfg.check_local_resources(gpus=lambda: None)  # a Ray that does not say: nothing refused
     asked = []
     ClusterConfig().check_local_resources(gpus=lambda: asked.append(1) or 0)
     assert asked == []  # no GPU asked for: no detection (it imports Ray)
-    with pytest.raises(ValueError, match="cluster.generator.resources asks for big_node, which a local Ray start does not have"):
+    with pytest.raises(
+        ValueError, match="cluster.generator.resources asks for big_node, which a local Ray start does not have"
+    ):
         ClusterConfig(generator={"resources": {"big_node": 1}}).check_local_resources(gpus=lambda: 0)
     ClusterConfig(generator={"resources": {"node:__internal_head__": 0.1}}).check_local_resources(gpus=lambda: 0)
 
@@ -95,7 +103,12 @@ def _node(node_id: str, alive: bool = True, **resources: float) -> dict:
 def test_least_used_node_spreads_replicas_over_the_nodes_that_can_hold_them():
     from seal.runtime.placement import least_used_node
 
-    nodes = [_node("b", CPU=4), _node("a", CPU=4), _node("gpu", CPU=8, GPU=8), _node("dead", alive=False, CPU=64, GPU=8)]
+    nodes = [
+        _node("b", CPU=4),
+        _node("a", CPU=4),
+        _node("gpu", CPU=8, GPU=8),
+        _node("dead", alive=False, CPU=64, GPU=8),
+    ]
     cpu = {"CPU": 1.0, "GPU": 0.0}
     # A tie goes to the preferred (driver's) node, else the first by id; then the emptiest node.
     assert least_used_node(nodes, cpu, {}, prefer="b") == "b"

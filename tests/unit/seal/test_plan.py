@@ -1,4 +1,5 @@
 """`seal plan`: memory estimates against hand-computed figures, the recipes, placement, the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from seal.config import compose, config_dir
-from seal.runtime.memory import GB, GeneratorSetup, LearnerSetup, ModelSpec, generator_memory, learner_memory, tp_divides
+from seal.runtime.memory import (
+    GB,
+    GeneratorSetup,
+    LearnerSetup,
+    ModelSpec,
+    generator_memory,
+    learner_memory,
+    tp_divides,
+)
 from seal.runtime.plan import build_plan, check_fits, learner_alternatives
 from seal.runtime.plan_layout import Demand, layout_problems, nodes_from_ray, place
 
@@ -46,8 +55,18 @@ def test_parameter_counts_by_hand():
 
 
 def test_learner_7b_zero3_over_8_ranks_by_hand():
-    s = LearnerSetup(backend="deepspeed", zero_stage=3, world_size=8, device="cuda", dtype="bfloat16", reference=True,
-                     gradient_checkpointing=True, micro_batch_size=1, seq_len=12288, response_len=4096)
+    s = LearnerSetup(
+        backend="deepspeed",
+        zero_stage=3,
+        world_size=8,
+        device="cuda",
+        dtype="bfloat16",
+        reference=True,
+        gradient_checkpointing=True,
+        micro_batch_size=1,
+        seq_len=12288,
+        response_len=4096,
+    )
     est = learner_memory(QWEN7, s)
     # layer inputs 28 * 12288 * 3584 * 4 B + one layer's working set: 12288 tokens x
     # (2 B x (6*3584 + 4*18944) + 4 B x 4*3584) = 12288 x 251,904 B
@@ -65,13 +84,13 @@ def test_learner_7b_zero3_over_8_ranks_by_hand():
     }
     assert est.phases == pytest.approx(phases) and est.phase == "policy_forward"
     want = {
-        "weights": 4 * P7 / 8,          # fp32 weights sharded over 8 ranks: 3.81 GB
+        "weights": 4 * P7 / 8,  # fp32 weights sharded over 8 ranks: 3.81 GB
         "gradients": 4 * P7 / 8,
-        "optimizer": 8 * P7 / 8,        # AdamW m and v
-        "reference": 4 * P7 / 8,        # fp32, partitioned like the policy under ZeRO-3
-        "buffers": 5e8 * 4,             # the reduce bucket
+        "optimizer": 8 * P7 / 8,  # AdamW m and v
+        "reference": 4 * P7 / 8,  # fp32, partitioned like the policy under ZeRO-3
+        "buffers": 5e8 * 4,  # the reduce bucket
         "gathered": gathered,
-        "weight_casts": 2 * P7,         # a whole bf16 copy at the forward's peak: 15.23 GB
+        "weight_casts": 2 * P7,  # a whole bf16 copy at the forward's peak: 15.23 GB
         "activations": activations,
         "logits": 4096 * 152064 * 2,
         "runtime": 3e9,
@@ -84,9 +103,21 @@ def test_learner_7b_zero3_over_8_ranks_by_hand():
 
 
 def test_learner_3b_zero2_offloaded_fp32_packed_by_hand():
-    s = LearnerSetup(backend="deepspeed", zero_stage=2, world_size=2, device="cuda", dtype="float32", optimizer="adamw",
-                     offload_optimizer=True, reference=False, gradient_checkpointing=False, micro_batch_size=2,
-                     shared_prefix=True, seq_len=4096, response_len=1024)
+    s = LearnerSetup(
+        backend="deepspeed",
+        zero_stage=2,
+        world_size=2,
+        device="cuda",
+        dtype="float32",
+        optimizer="adamw",
+        offload_optimizer=True,
+        reference=False,
+        gradient_checkpointing=False,
+        micro_batch_size=2,
+        shared_prefix=True,
+        seq_len=4096,
+        response_len=1024,
+    )
     est = learner_memory(QWEN3, s)
     tokens = (4096 - 1024) + 2 * 1024  # packed: the prompt once, then each rollout's 1024 tokens = 5120
     scored = 2 * 1024
@@ -94,25 +125,39 @@ def test_learner_3b_zero2_offloaded_fp32_packed_by_hand():
     mask = scored * tokens * (1 + 4)
     # fp32: no casts, the logits are their own fp32 copy; the loss holds them, the kept log-softmax and the
     # entropy metric's three temporaries: the peak. No reference (KL 0), no gathers below ZeRO-3.
-    assert est.phases == pytest.approx({"policy_forward": activations + mask + scored * 151936 * 4,
-                                        "loss": activations + mask + scored * 151936 * 20})
+    assert est.phases == pytest.approx(
+        {"policy_forward": activations + mask + scored * 151936 * 4, "loss": activations + mask + scored * 151936 * 20}
+    )
     assert est.phase == "loss"
-    assert est.device == pytest.approx({
-        "weights": 4 * P3,                  # whole under ZeRO-2
-        "buffers": 2 * 5e8 * 4,             # reduce and all-gather buckets
-        "activations": activations,
-        "prefix_mask": mask,
-        "logits": scored * 151936 * 20,
-        "runtime": 3e9,
-    })
-    assert est.host == pytest.approx({"gradients": 4 * P3 / 2, "master": 4 * P3 / 2, "optimizer": 8 * P3 / 2,
-                                      "weights_out": 4 * 311_164_928})
+    assert est.device == pytest.approx(
+        {
+            "weights": 4 * P3,  # whole under ZeRO-2
+            "buffers": 2 * 5e8 * 4,  # reduce and all-gather buckets
+            "activations": activations,
+            "prefix_mask": mask,
+            "logits": scored * 151936 * 20,
+            "runtime": 3e9,
+        }
+    )
+    assert est.host == pytest.approx(
+        {"gradients": 4 * P3 / 2, "master": 4 * P3 / 2, "optimizer": 8 * P3 / 2, "weights_out": 4 * 311_164_928}
+    )
     assert "reference" not in est.device  # KL coefficient 0: no reference model
 
 
 def test_a_cpu_learner_counts_everything_as_host_memory():
-    s = LearnerSetup(backend="torch", zero_stage=0, device="cpu", dtype="float32", optimizer="sgd", reference=True,
-                     gradient_checkpointing=True, micro_batch_size=1, seq_len=1024, response_len=256)
+    s = LearnerSetup(
+        backend="torch",
+        zero_stage=0,
+        device="cpu",
+        dtype="float32",
+        optimizer="sgd",
+        reference=True,
+        gradient_checkpointing=True,
+        micro_batch_size=1,
+        seq_len=1024,
+        response_len=256,
+    )
     est = learner_memory(QWEN3, s)
     assert est.host == {} and "optimizer" not in est.device and "master" not in est.device  # plain SGD keeps no state
     assert est.device["weights"] == est.device["gradients"] == est.device["reference"] == 4 * P3
@@ -122,7 +167,9 @@ def test_a_cpu_learner_counts_everything_as_host_memory():
 def test_generator_kv_cache_by_hand():
     # 7B over TP 2 on an 80 GB GPU: bf16 weights 2 B x P / 2; 4 KV heads -> 2 a GPU:
     # 2 (K and V) x 28 layers x 2 heads x 128 x 2 B = 28,672 B a token a GPU.
-    g = generator_memory(QWEN7, GeneratorSetup(tensor_parallel_size=2, gpu_memory_utilization=0.85, max_model_len=12288), 80e9)
+    g = generator_memory(
+        QWEN7, GeneratorSetup(tensor_parallel_size=2, gpu_memory_utilization=0.85, max_model_len=12288), 80e9
+    )
     assert g.weights_per_gpu == P7 and g.kv_per_token == 2 * 28 * 2 * 128 * 2 == 28_672
     budget = 80e9 * 0.85 - P7 - 2e9  # 58.38 GB of KV a GPU
     assert g.kv_budget == pytest.approx(budget)
@@ -132,7 +179,9 @@ def test_generator_kv_cache_by_hand():
     g3 = generator_memory(QWEN3, GeneratorSetup(tensor_parallel_size=4, max_model_len=8192), 80e9)
     assert g3.kv_per_token == 18_432 and g3.weights_per_gpu == pytest.approx(2 * P3 / 4)
     # On CPU: fp32 weights, the KV cache is cpu_kv_cache_gb GiB: 4 GiB / (2 x 36 x 2 x 128 x 4 B x 4096 tokens) = 14.
-    c = generator_memory(QWEN3, GeneratorSetup(device="cpu", dtype="float32", max_model_len=4096, cpu_kv_cache_gb=4), None)
+    c = generator_memory(
+        QWEN3, GeneratorSetup(device="cpu", dtype="float32", max_model_len=4096, cpu_kv_cache_gb=4), None
+    )
     assert c.kv_per_token == 73_728 and c.sequences == 4 * 2**30 // (73_728 * 4096) == 14
     assert c.replica_bytes == pytest.approx(4 * P3 + 4 * 2**30 + 1e9)
 
@@ -142,8 +191,11 @@ def test_tensor_parallel_must_split_the_heads():
     assert tp_divides(QWEN3, 4) and tp_divides(QWEN3, 8)  # 16 heads; 2 KV heads replicate
 
 
-RECIPES = {"qwen7b_1x8": (1, 8, "qwen2.5-7b-instruct"), "qwen7b_2x8": (2, 8, "qwen2.5-7b-instruct"),
-           "qwen3b_1x4": (1, 4, "qwen2.5-3b-instruct")}
+RECIPES = {
+    "qwen7b_1x8": (1, 8, "qwen2.5-7b-instruct"),
+    "qwen7b_2x8": (2, 8, "qwen2.5-7b-instruct"),
+    "qwen3b_1x4": (1, 4, "qwen2.5-3b-instruct"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -180,7 +232,9 @@ def test_7b_full_fine_tune_on_one_gpu_says_what_would_fit():
     line = plan.verdict()
     assert "\n" not in line and line.startswith("does not fit: the learner needs 214.") and "on 80 GB" in line
     # 2 ZeRO-3 ranks would need 108.8 GB of 80, 4 need 70.7 (suggestions keep 5% to spare: under 76).
-    assert "learner=zero3 learner.world_size=4 (70.7 GB per rank on 4 GPUs)" in line and "offload_optimizer=true" in line
+    assert (
+        "learner=zero3 learner.world_size=4 (70.7 GB per rank on 4 GPUs)" in line and "offload_optimizer=true" in line
+    )
     ls = LearnerSetup(backend="deepspeed", zero_stage=2, world_size=1, seq_len=12288, response_len=4096)
     assert any(s.startswith("learner=zero3 learner.world_size=") for s in learner_alternatives(QWEN7, ls, 80.0))
     with pytest.raises(ValueError, match="seal plan: does not fit: the learner needs"):
@@ -210,26 +264,41 @@ def test_a_local_plan_counts_the_logical_cpus_a_local_start_gives_every_rank_and
 def test_placement_against_a_clusters_resources():
     # What ray.nodes() reports (memory in bytes), e.g. a 4-GPU node and an 8-GPU node.
     def node(ip, gpus, cpus):
-        return {"Alive": True, "NodeManagerAddress": ip, "Resources": {"CPU": cpus, "GPU": gpus, "memory": 500e9,
-                                                                       f"node:{ip}": 1.0, "accelerator_type:H100": 1.0}}
+        return {
+            "Alive": True,
+            "NodeManagerAddress": ip,
+            "Resources": {"CPU": cpus, "GPU": gpus, "memory": 500e9, f"node:{ip}": 1.0, "accelerator_type:H100": 1.0},
+        }
+
     gen = [Demand("generator", 0, {"CPU": 4, "GPU": 4}, 4.0)]
     learners = [Demand("learner", r, {"CPU": 4, "GPU": 1}, 4.0) for r in range(8)]
     envs = [Demand("env", i, {"CPU": 1, "GPU": 0}, 0.5) for i in range(8)]
-    layout = place(gen + learners + envs, nodes_from_ray([node("10.0.0.1", 4, 32), node("10.0.0.2", 8, 64)]), check_custom=True)
+    layout = place(
+        gen + learners + envs, nodes_from_ray([node("10.0.0.1", 4, 32), node("10.0.0.2", 8, 64)]), check_custom=True
+    )
     assert layout.unplaced == [] and layout_problems(layout) == []
     by_ip = {n.name: [d.role for d in n.placed] for n in layout.nodes}
     assert by_ip["10.0.0.2"].count("learner") == 8  # the learner group packed on one node
     assert by_ip["10.0.0.1"].count("generator") == 1
     # One 8-GPU node: the learner group and the generator do not both fit.
-    small = place(gen + learners + envs, nodes_from_ray([node("10.0.0.2", 8, 64), {**node("x", 8, 8), "Alive": False}]),
-                  check_custom=True)
+    small = place(
+        gen + learners + envs,
+        nodes_from_ray([node("10.0.0.2", 8, 64), {**node("x", 8, 8), "Alive": False}]),
+        check_custom=True,
+    )
     problems = layout_problems(small)
-    assert len(small.unplaced) == 4 and problems == ["4 of 8 learner actors of 4 CPU, 1 GPU each cannot be placed (free: 10.0.0.2: 36 CPU, 0 GPU)"]
+    assert len(small.unplaced) == 4 and problems == [
+        "4 of 8 learner actors of 4 CPU, 1 GPU each cannot be placed (free: 10.0.0.2: 36 CPU, 0 GPU)"
+    ]
     # A custom resource the cluster does not have is unplaceable on a real cluster.
-    custom = place([Demand("env", 0, {"CPU": 1, "gpu_node": 1})], nodes_from_ray([node("10.0.0.1", 4, 32)]), check_custom=True)
+    custom = place(
+        [Demand("env", 0, {"CPU": 1, "gpu_node": 1})], nodes_from_ray([node("10.0.0.1", 4, 32)]), check_custom=True
+    )
     assert len(custom.unplaced) == 1
     # Host memory: more than a node has is a problem.
-    heavy = place([Demand("learner", 0, {"CPU": 1}, 600.0)], nodes_from_ray([node("10.0.0.1", 0, 8)]), check_custom=True)
+    heavy = place(
+        [Demand("learner", 0, {"CPU": 1}, 600.0)], nodes_from_ray([node("10.0.0.1", 0, 8)]), check_custom=True
+    )
     assert layout_problems(heavy) == ["10.0.0.1: its actors need 600.0 GB of host memory, it has 500.0 GB"]
 
 
@@ -248,8 +317,10 @@ def test_seal_plan_cli_json_and_exit_codes(capsys):
 
 
 def test_plan_help_is_instant_and_the_plan_loads_no_model_library():
-    code = ("import sys; from seal.commands.cli import main; rc = main(['plan', '--json']); "
-            "print(rc, sorted(m for m in ('ray', 'torch', 'vllm', 'transformers', 'deepspeed') if m in sys.modules), file=sys.stderr)")
+    code = (
+        "import sys; from seal.commands.cli import main; rc = main(['plan', '--json']); "
+        "print(rc, sorted(m for m in ('ray', 'torch', 'vllm', 'transformers', 'deepspeed') if m in sys.modules), file=sys.stderr)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.stderr.strip().splitlines()[-1] == "0 []", out.stderr[-2000:]
     assert json.loads(out.stdout)["fits"] is True
@@ -271,7 +342,10 @@ def test_a_running_clusters_resources_win_over_the_declared_hardware(monkeypatch
     monkeypatch.setattr(seal.runtime.plan_layout, "query_cluster", unreachable)
     plan = build_plan(compose(["recipe=qwen7b_1x8", "cluster.address=10.0.0.1:6379"]))
     assert plan.fits and plan.hardware.startswith("cluster.hardware: 1 node x (8 GPUs of 80 GB")
-    assert plan.notes[0] == "no running cluster to check (cluster.address=10.0.0.1:6379: no answer within 20s): planned for cluster.hardware"
+    assert (
+        plan.notes[0]
+        == "no running cluster to check (cluster.address=10.0.0.1:6379: no answer within 20s): planned for cluster.hardware"
+    )
 
 
 def test_train_is_not_refused_for_a_model_the_estimate_cannot_read(tmp_path):

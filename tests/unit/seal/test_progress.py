@@ -1,26 +1,65 @@
 """The text of `seal train`'s progress lines (seal/run/progress.py): pure functions."""
+
 from __future__ import annotations
 
 import io
 import re
 
 from replay.messages import GroupJob, GroupReport
-from seal.run.progress import (Progress, clock, duration, eta_s, group_done_text, groups_batch_text, guideline_change,
-                           learner_work, line, rewards_text, step_text)
+from seal.run.progress import (
+    Progress,
+    clock,
+    duration,
+    eta_s,
+    group_done_text,
+    groups_batch_text,
+    guideline_change,
+    learner_work,
+    line,
+    rewards_text,
+    step_text,
+)
 
 LINE = re.compile(r"\[\d+:\d\d:\d\d\] \S+ +\S.*")
 
 
 def report(rewards=(0.0, 1.0), wall_s=40.0, tokens=200, **kw) -> GroupReport:
-    fields = dict(slot=3, group_id="g0000003a0", task_id="add_1", actor="env-1", sent=len(rewards), interface_version=1,
-                  start_version=2, prompt_tokens=100, cached_prompt_tokens=50, generated_tokens=tokens, generate_s=30.0,
-                  env_s=0.1, send_s=0.01, wall_s=wall_s, env_steps=4, tool_calls=1, rewards=tuple(rewards))
+    fields = dict(
+        slot=3,
+        group_id="g0000003a0",
+        task_id="add_1",
+        actor="env-1",
+        sent=len(rewards),
+        interface_version=1,
+        start_version=2,
+        prompt_tokens=100,
+        cached_prompt_tokens=50,
+        generated_tokens=tokens,
+        generate_s=30.0,
+        env_s=0.1,
+        send_s=0.01,
+        wall_s=wall_s,
+        env_steps=4,
+        tool_calls=1,
+        rewards=tuple(rewards),
+    )
     return GroupReport(**{**fields, **kw})
 
 
 def row(step=1, **kw):
-    base = {"step": step, "reward_mean": 0.25, "loss": 0.0123, "kl": 0.0004, "grad_norm": 0.4123, "policy_version": step,
-            "interface_version": 0, "active_guidelines": [], "gen_tokens_per_s": 5.25, "step_s": 500.0, "skipped": False}
+    base = {
+        "step": step,
+        "reward_mean": 0.25,
+        "loss": 0.0123,
+        "kl": 0.0004,
+        "grad_norm": 0.4123,
+        "policy_version": step,
+        "interface_version": 0,
+        "active_guidelines": [],
+        "gen_tokens_per_s": 5.25,
+        "step_s": 500.0,
+        "skipped": False,
+    }
     return {**base, **kw}
 
 
@@ -51,7 +90,10 @@ def test_eta_leaves_out_the_first_step_once_there_are_others():
 
 def test_learner_work_names_the_old_logprob_pass_only_when_it_happens():
     assert learner_work(1, 4, 1, "recompute") == "train on 1 group (4 trajectories)"
-    assert learner_work(4, 16, 2, "recompute") == "old-logprob pass, then train on 4 groups (16 trajectories, 2 mini-batches)"
+    assert (
+        learner_work(4, 16, 2, "recompute")
+        == "old-logprob pass, then train on 4 groups (16 trajectories, 2 mini-batches)"
+    )
     assert learner_work(4, 16, 2, "behaviour") == "train on 4 groups (16 trajectories, 2 mini-batches)"
 
 
@@ -63,20 +105,31 @@ def test_guideline_changes():
 
 def test_group_done_line_has_rewards_tokens_rate_and_versions():
     text = group_done_text(report(), filtered=False)
-    assert text == ("g0000003a0 done on env-1 in 40 s: rewards 0 1 (mean 0.50), 200 tokens (5.0 tok/s), "
-                    "policy v2, interface v1")
+    assert text == (
+        "g0000003a0 done on env-1 in 40 s: rewards 0 1 (mean 0.50), 200 tokens (5.0 tok/s), policy v2, interface v1"
+    )
     assert group_done_text(report(rewards=(0.0, 0.0)), filtered=True).startswith(
-        "g0000003a0 done on env-1 in 40 s: rewards 0 0 (mean 0.00); equal rewards: filtered, 200 tokens")
-    assert groups_batch_text(16, [1.0, 0.0], 800, 100.0, 4) == "16 groups done (mean reward 0.50), 800 tokens (8.0 tok/s), 4 in flight"
+        "g0000003a0 done on env-1 in 40 s: rewards 0 0 (mean 0.00); equal rewards: filtered, 200 tokens"
+    )
+    assert (
+        groups_batch_text(16, [1.0, 0.0], 800, 100.0, 4)
+        == "16 groups done (mean reward 0.50), 800 tokens (8.0 tok/s), 4 in flight"
+    )
 
 
 def test_step_line_trained_and_skipped():
     text = step_text(row(interface_version=1, active_guidelines=["active_respond"]), 3, [], 41.0, eta=140.0)
-    assert text == ("1/3: reward 0.25, loss 0.012, kl 0.000, grad norm 0.41; policy v1, interface v1 (+active_respond); "
-                    "5.2 generated tok/s; step 41 s; about 2 min 20 s left")
-    skipped = step_text(row(step=3, skipped=True, loss=None, kl=None, grad_norm=None, filtered_groups=2), 3, [], 41.0, eta=0.0)
-    assert skipped == ("3/3 skipped (2 groups with equal rewards, no update): reward 0.25; policy v3, interface v0; "
-                       "5.2 generated tok/s; step 41 s; done")
+    assert text == (
+        "1/3: reward 0.25, loss 0.012, kl 0.000, grad norm 0.41; policy v1, interface v1 (+active_respond); "
+        "5.2 generated tok/s; step 41 s; about 2 min 20 s left"
+    )
+    skipped = step_text(
+        row(step=3, skipped=True, loss=None, kl=None, grad_norm=None, filtered_groups=2), 3, [], 41.0, eta=0.0
+    )
+    assert skipped == (
+        "3/3 skipped (2 groups with equal rewards, no update): reward 0.25; policy v3, interface v0; "
+        "5.2 generated tok/s; step 41 s; done"
+    )
     assert step_text(row(), 3, None, 41.0, eta=None).endswith("step 41 s")  # no estimate before a step has ended
 
 
@@ -96,7 +149,9 @@ def test_progress_prints_one_line_per_event_and_nothing_when_quiet():
     kinds = [x.split()[1] for x in lines]
     assert kinds == ["engine", "engine", "group", "group", "learner", "step", "step"]
     assert lines[1].endswith("generator ready in 0.0 s") and "started on env-0: task add_1" in lines[2]
-    assert "(+active_respond)" in lines[5] and "about" in lines[5] and "(+" not in lines[6] and lines[6].endswith("; done")
+    assert (
+        "(+active_respond)" in lines[5] and "about" in lines[5] and "(+" not in lines[6] and lines[6].endswith("; done")
+    )
 
     quiet = io.StringIO()
     q = Progress(quiet=True, stream=quiet)

@@ -1,6 +1,7 @@
 """Ray's token authentication from the cluster config: multinode turns it on,
 joining a cluster without its token is refused before anything starts, and
 the driver's Ray sees the mode (no Ray cluster is started here)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Where a run's checkpoints and snapshot weights go (seal/runtime/storage.py), and the interface gloo
 is pointed at (weights/netif.py)."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import os
 
 import pytest
 
-from weights.netif import interface_with, use_interface_of
 from seal.runtime.storage import StorageError, checkpoint_dir, record_storage, resume_checkpoint, run_storage
+from weights.netif import interface_with, use_interface_of
 
 
 def test_the_default_storage_is_the_run_dir(tmp_path):
@@ -45,7 +46,9 @@ def test_gloo_is_pointed_at_the_interface_holding_the_node_ip(monkeypatch):
     assert use_interface_of("127.0.0.1") is None and "GLOO_SOCKET_IFNAME" not in os.environ  # one machine: as is
     assert use_interface_of("203.0.113.77") is None and "GLOO_SOCKET_IFNAME" not in os.environ
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
-    assert use_interface_of("127.0.0.2") is None and os.environ["GLOO_SOCKET_IFNAME"] == "eth9"  # the user's choice stands
+    assert (
+        use_interface_of("127.0.0.2") is None and os.environ["GLOO_SOCKET_IFNAME"] == "eth9"
+    )  # the user's choice stands
 
 
 def test_an_interface_chosen_earlier_is_chosen_again_not_taken_for_the_users(monkeypatch):

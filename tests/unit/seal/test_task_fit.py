@@ -1,13 +1,14 @@
 """The one rule for prompts that cannot fit the context (seal/run/task_fit.py), as
 `seal train`, `seal rollout` and `seal eval` apply it: the tiny model's tokenizer, no engine."""
+
 from __future__ import annotations
 
 import pytest
 
 from env_pool.interface.state import RAW_INTERFACE
+from seal.commands.rollout import choose_tasks
 from seal.config import compose, instantiate
 from seal.errors import CliError
-from seal.commands.rollout import choose_tasks
 from seal.run.task_fit import chat_tokenizer, fit_tasks, prompt_room, select_tasks
 
 
@@ -32,7 +33,9 @@ def test_a_prompt_of_exactly_the_room_fits(bfcl):
     fit = fit_tasks(chat, env, interface, ids, room)
     assert fit.keep == [t for t in ids if lengths[t] <= room] and len(fit.keep) == 2
     assert fit.overlong == [(t, lengths[t]) for t in ids if lengths[t] > room]
-    assert fit.note("R tokens").startswith("skipped 2 of 4 tasks (") and fit.note("R tokens").endswith("opening prompt longer than R tokens")
+    assert fit.note("R tokens").startswith("skipped 2 of 4 tasks (") and fit.note("R tokens").endswith(
+        "opening prompt longer than R tokens"
+    )
     assert fit_tasks(chat, env, interface, ids, max(lengths.values())).note("R") == ""
 
 
@@ -43,8 +46,10 @@ def test_rollout_skips_overlong_tasks_with_a_count(bfcl):
     assert over, "the check below needs an overlong task among the first four"
     keep, skipped, note = choose_tasks(cfg, env, interface, ids, None)
     assert keep == [t for t in ids if t not in over] and skipped == len(over)
-    assert note == (f"skipped {len(over)} of 4 tasks ({', '.join(over)}): opening prompt longer than "
-                    f"{prompt_room(cfg)} tokens (model context 8192 minus sampling.max_new_tokens 128)")
+    assert note == (
+        f"skipped {len(over)} of 4 tasks ({', '.join(over)}): opening prompt longer than "
+        f"{prompt_room(cfg)} tokens (model context 8192 minus sampling.max_new_tokens 128)"
+    )
     assert choose_tasks(cfg, env, interface, keep, None) == (keep, 0, "")
 
 
@@ -52,7 +57,10 @@ def test_named_tasks_are_refused_not_skipped(bfcl):
     cfg, env, interface, ids, chat, lengths = bfcl
     over = next(t for t in ids if lengths[t] > prompt_room(cfg))
     fits = next(t for t in ids if lengths[t] <= prompt_room(cfg))
-    with pytest.raises(CliError, match=rf"^task {over}: its opening prompt is {lengths[over]} tokens, longer than {prompt_room(cfg)} tokens"):
+    with pytest.raises(
+        CliError,
+        match=rf"^task {over}: its opening prompt is {lengths[over]} tokens, longer than {prompt_room(cfg)} tokens",
+    ):
         choose_tasks(cfg, env, interface, [], f"{fits},{over}")
     assert choose_tasks(cfg, env, interface, [], fits) == ([fits], 0, "")
     with pytest.raises(CliError, match="unknown task id multi_turn_nope_1 for env BfclEnv"):
@@ -81,6 +89,12 @@ def test_train_pool_skips_unless_told_to_keep():
     keep, skipped = select_tasks(cfg)
     assert len(keep) + skipped == 6 and skipped >= 1
     assert select_tasks(compose(["env=bfcl", "model=tiny", "limit=6", "trainer.skip_overlong=false"])) == (
-        select_tasks(compose(["env=bfcl", "model=tiny", "limit=6", "sampling.max_new_tokens=1", "model.max_model_len=100000"]))[0], 0)
+        select_tasks(
+            compose(["env=bfcl", "model=tiny", "limit=6", "sampling.max_new_tokens=1", "model.max_model_len=100000"])
+        )[0],
+        0,
+    )
     with pytest.raises(ValueError, match="no task's opening prompt fits 92 tokens"):
-        select_tasks(compose(["env=bfcl", "model=tiny", "limit=2", "sampling.max_new_tokens=8", "model.max_model_len=100"]))
+        select_tasks(
+            compose(["env=bfcl", "model=tiny", "limit=2", "sampling.max_new_tokens=8", "model.max_model_len=100"])
+        )

@@ -1,4 +1,5 @@
 """The typed trainer group (seal/config.py TrainerConfig): the YAML's values, and one line for each bad one."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,15 +20,23 @@ def values(**changes):
 def test_the_yaml_sets_every_field_and_no_other():
     assert set(YAML_TRAINER) == {f.name for f in dataclasses.fields(TrainerConfig)}
     # No field has a default of its own: configs/config.yaml is the one place a value is written.
-    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-               for f in dataclasses.fields(TrainerConfig))
+    assert all(
+        f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        for f in dataclasses.fields(TrainerConfig)
+    )
 
 
 def test_defaults_are_the_yamls():
     t = TrainerConfig.of(compose([]))
     assert dataclasses.asdict(t) == {**YAML_TRAINER, "reissue_after_s": float(YAML_TRAINER["reissue_after_s"])}
-    assert (t.mode, t.steps, t.groups_per_step, t.max_staleness, t.filter_groups, t.unfilled) == \
-        ("async", 10, 1, 1, "zero_variance", "skip")
+    assert (t.mode, t.steps, t.groups_per_step, t.max_staleness, t.filter_groups, t.unfilled) == (
+        "async",
+        10,
+        1,
+        1,
+        "zero_variance",
+        "skip",
+    )
     assert (t.checkpoint_every, t.checkpoint_keep, t.snapshot_every, t.storage) == (5, 2, 0, None)
     assert (t.weight_canary, t.canary_max_logprob_diff, t.fill_patience, t.oversample) == (True, 1.0, 3, 1)
     assert isinstance(t.reissue_after_s, float) and not t.sync and t.staleness == 1
@@ -35,46 +44,66 @@ def test_defaults_are_the_yamls():
         t.steps = 3  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("overrides, check", [
-    (["trainer.steps=7", "trainer.groups_per_step=4"], lambda t: (t.steps, t.groups_per_step) == (7, 4)),
-    (["trainer.mode=sync", "trainer.max_staleness=0"], lambda t: t.sync and t.staleness == 0),
-    (["trainer.mode=sync"], lambda t: t.sync and t.staleness == 0 and t.max_staleness == 1),  # sync ignores the bound
-    (["trainer.filter_groups=none", "trainer.unfilled=partial"], lambda t: (t.filter_groups, t.unfilled) == ("none", "partial")),
-    (["trainer.storage=/shared/seal", "trainer.checkpoint_every=0"], lambda t: (t.storage, t.checkpoint_every) == ("/shared/seal", 0)),
-    (["trainer.snapshot_every=2", "trainer.checkpoint_keep=0"], lambda t: (t.snapshot_every, t.checkpoint_keep) == (2, 0)),
-    (["trainer.canary_max_logprob_diff=2", "trainer.weight_canary=false"],
-     lambda t: t.canary_max_logprob_diff == 2.0 and not t.weight_canary),
-    (["recipe=qwen7b_1x8"], lambda t: (t.groups_per_step, t.checkpoint_every) == (32, 10)),
-    (["algo=seal_release"], lambda t: t.filter_groups == "none"),
-    (["ablation=no_closed_loop"], lambda t: t.closed_loop is False),
-])
+@pytest.mark.parametrize(
+    "overrides, check",
+    [
+        (["trainer.steps=7", "trainer.groups_per_step=4"], lambda t: (t.steps, t.groups_per_step) == (7, 4)),
+        (["trainer.mode=sync", "trainer.max_staleness=0"], lambda t: t.sync and t.staleness == 0),
+        (
+            ["trainer.mode=sync"],
+            lambda t: t.sync and t.staleness == 0 and t.max_staleness == 1,
+        ),  # sync ignores the bound
+        (
+            ["trainer.filter_groups=none", "trainer.unfilled=partial"],
+            lambda t: (t.filter_groups, t.unfilled) == ("none", "partial"),
+        ),
+        (
+            ["trainer.storage=/shared/seal", "trainer.checkpoint_every=0"],
+            lambda t: (t.storage, t.checkpoint_every) == ("/shared/seal", 0),
+        ),
+        (
+            ["trainer.snapshot_every=2", "trainer.checkpoint_keep=0"],
+            lambda t: (t.snapshot_every, t.checkpoint_keep) == (2, 0),
+        ),
+        (
+            ["trainer.canary_max_logprob_diff=2", "trainer.weight_canary=false"],
+            lambda t: t.canary_max_logprob_diff == 2.0 and not t.weight_canary,
+        ),
+        (["recipe=qwen7b_1x8"], lambda t: (t.groups_per_step, t.checkpoint_every) == (32, 10)),
+        (["algo=seal_release"], lambda t: t.filter_groups == "none"),
+        (["ablation=no_closed_loop"], lambda t: t.closed_loop is False),
+    ],
+)
 def test_overrides_recipes_and_ablations_reach_it(overrides, check):
     assert check(TrainerConfig.of(compose(overrides)))
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"mode": "overlapped"}, "trainer.mode must be sync or async, got 'overlapped'"),
-    ({"mode": "async", "max_staleness": 0}, "trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)"),
-    ({"steps": 0}, "trainer.steps must be >= 1, got 0"),
-    ({"groups_per_step": 0}, "trainer.groups_per_step must be >= 1, got 0"),
-    ({"steps": "ten"}, "trainer.steps must be an integer, got 'ten'"),
-    ({"groups_per_step": 2.0}, "trainer.groups_per_step must be an integer, got 2.0"),
-    ({"max_staleness": True}, "trainer.max_staleness must be an integer, got True"),
-    ({"stale_policy": "keep"}, "trainer.stale_policy must be drop or downweight, got 'keep'"),
-    ({"reissue_after_s": 0}, "trainer.reissue_after_s must be > 0, got 0.0"),
-    ({"reissue_after_s": "soon"}, "trainer.reissue_after_s must be a number, got 'soon'"),
-    ({"checkpoint_every": -1}, "trainer.checkpoint_every must be >= 0 (0: never), got -1"),
-    ({"checkpoint_keep": -1}, "trainer.checkpoint_keep must be >= 0 (0: keep all), got -1"),
-    ({"snapshot_every": -2}, "trainer.snapshot_every must be >= 0 (0: A_0 and the end of each run only), got -2"),
-    ({"storage": 3}, "trainer.storage must be a path or null, got 3"),
-    ({"closed_loop": "yes"}, "trainer.closed_loop must be true or false, got 'yes'"),
-    ({"skip_overlong": 1}, "trainer.skip_overlong must be true or false, got 1"),
-    ({"filter_groups": "all"}, "trainer.filter_groups must be none or zero_variance, got 'all'"),
-    ({"oversample": -1}, "trainer.oversample must be >= 0, got -1"),
-    ({"fill_patience": 0}, "trainer.fill_patience must be >= 1 (batches of filtered groups), got 0"),
-    ({"unfilled": "wait"}, "trainer.unfilled must be skip or partial, got 'wait'"),
-    ({"canary_max_logprob_diff": 0}, "trainer.canary_max_logprob_diff must be > 0, got 0.0"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"mode": "overlapped"}, "trainer.mode must be sync or async, got 'overlapped'"),
+        ({"mode": "async", "max_staleness": 0}, "trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)"),
+        ({"steps": 0}, "trainer.steps must be >= 1, got 0"),
+        ({"groups_per_step": 0}, "trainer.groups_per_step must be >= 1, got 0"),
+        ({"steps": "ten"}, "trainer.steps must be an integer, got 'ten'"),
+        ({"groups_per_step": 2.0}, "trainer.groups_per_step must be an integer, got 2.0"),
+        ({"max_staleness": True}, "trainer.max_staleness must be an integer, got True"),
+        ({"stale_policy": "keep"}, "trainer.stale_policy must be drop or downweight, got 'keep'"),
+        ({"reissue_after_s": 0}, "trainer.reissue_after_s must be > 0, got 0.0"),
+        ({"reissue_after_s": "soon"}, "trainer.reissue_after_s must be a number, got 'soon'"),
+        ({"checkpoint_every": -1}, "trainer.checkpoint_every must be >= 0 (0: never), got -1"),
+        ({"checkpoint_keep": -1}, "trainer.checkpoint_keep must be >= 0 (0: keep all), got -1"),
+        ({"snapshot_every": -2}, "trainer.snapshot_every must be >= 0 (0: A_0 and the end of each run only), got -2"),
+        ({"storage": 3}, "trainer.storage must be a path or null, got 3"),
+        ({"closed_loop": "yes"}, "trainer.closed_loop must be true or false, got 'yes'"),
+        ({"skip_overlong": 1}, "trainer.skip_overlong must be true or false, got 1"),
+        ({"filter_groups": "all"}, "trainer.filter_groups must be none or zero_variance, got 'all'"),
+        ({"oversample": -1}, "trainer.oversample must be >= 0, got -1"),
+        ({"fill_patience": 0}, "trainer.fill_patience must be >= 1 (batches of filtered groups), got 0"),
+        ({"unfilled": "wait"}, "trainer.unfilled must be skip or partial, got 'wait'"),
+        ({"canary_max_logprob_diff": 0}, "trainer.canary_max_logprob_diff must be > 0, got 0.0"),
+    ],
+)
 def test_each_bad_value_is_one_line_naming_the_key(changes, message):
     with pytest.raises(ValueError) as info:
         TrainerConfig.from_mapping(values(**changes))
@@ -88,7 +117,9 @@ def test_an_unknown_key_is_refused_and_a_missing_one_named():
         TrainerConfig.of(compose(["+trainer.nope=1"]))  # hydra adds it; the typed config refuses it
     partial = values()
     del partial["fill_patience"]
-    with pytest.raises(ValueError, match=r"^trainer.fill_patience is not set \(configs/config.yaml sets every trainer setting\)$"):
+    with pytest.raises(
+        ValueError, match=r"^trainer.fill_patience is not set \(configs/config.yaml sets every trainer setting\)$"
+    ):
         TrainerConfig.from_mapping(partial)
 
 
@@ -116,14 +147,21 @@ def test_a_run_recorded_before_the_modules_moved_finds_its_classes_again():
 
     from seal.config import rebase_targets
 
-    recorded = OmegaConf.create({
-        "evaluation": {"_target_": "evaluation.views.EvalConfig", "validation_size": 8},
-        "generator": {"_target_": "actors.vllm_generator.VllmGenerator", "max_model_len": 512},
-        "learner": {"_target_": "learner.engine.Learner", "cfg": {"_target_": "learner.engine.LearnerConfig",
-                                                                    "loss": {"_target_": "learner.loss.LossConfig"}}},
-        "tag_weights": {"_target_": "learner.tag_weights.TagWeights", "cfg": {"_target_": "learner.tag_weights.DynamicWeightConfig"}},
-        "env": {"_target_": "no_such_package.NoSuchEnv"},
-    })
+    recorded = OmegaConf.create(
+        {
+            "evaluation": {"_target_": "evaluation.views.EvalConfig", "validation_size": 8},
+            "generator": {"_target_": "actors.vllm_generator.VllmGenerator", "max_model_len": 512},
+            "learner": {
+                "_target_": "learner.engine.Learner",
+                "cfg": {"_target_": "learner.engine.LearnerConfig", "loss": {"_target_": "learner.loss.LossConfig"}},
+            },
+            "tag_weights": {
+                "_target_": "learner.tag_weights.TagWeights",
+                "cfg": {"_target_": "learner.tag_weights.DynamicWeightConfig"},
+            },
+            "env": {"_target_": "no_such_package.NoSuchEnv"},
+        }
+    )
     assert rebase_targets(recorded) == 4
     assert recorded.evaluation._target_ == "evaluation.config.EvalConfig" and recorded.evaluation.validation_size == 8
     assert recorded.generator._target_ == "actors.generation.vllm_engine.VllmGenerator"

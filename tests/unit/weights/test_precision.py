@@ -1,11 +1,13 @@
 """weights/precision.py: dtype auto from CPU flags, the early one-line error, bf16 across numpy."""
+
 import pytest
 import torch
 
-from weights.precision import (check_dtype, cpu_flags, from_wire_arrays, resolve_dtype, to_wire_arrays,
-                              WIRE_DTYPE_KEY)
+from weights.precision import WIRE_DTYPE_KEY, check_dtype, cpu_flags, from_wire_arrays, resolve_dtype, to_wire_arrays
 
-EPYC = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n"
+EPYC = (
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n"
+)
 NO_BF16 = "flags\t\t: fpu avx2 avx512f\n"
 
 
