@@ -183,7 +183,10 @@ def _updates(args, gen, loop) -> dict[str, Any]:
             done = threading.Event()
             plan = _plan(args, 8, 9000 + r)
             player = threading.Thread(
-                target=lambda: (_play(lambda q, s: loop.run(gen.generate(q, s)), plan, 8, 0.0, 9000 + r), done.set())
+                target=lambda plan=plan, r=r, done=done: (
+                    _play(lambda q, s: loop.run(gen.generate(q, s)), plan, 8, 0.0, 9000 + r),
+                    done.set(),
+                )
             )
             player.start()
             time.sleep(0.5)  # requests in flight

@@ -76,7 +76,7 @@ def main() -> None:
     tensors = load_file(os.path.join(path, "model.safetensors"))
     probe = [GenerationRequest("u", prompt[:64], 1)]
     updates = {"safetensors directory": [], "tensors in memory": []}
-    for i in range(args.updates):
+    for _ in range(args.updates):
         for kind in updates:
             version = gen.policy_version + 1
             t = time.perf_counter()

@@ -14,87 +14,15 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learner.batch import APatchConfig, Sample, build_samples
-from learner.loss import LOSS_AGGS, LossConfig
+from learner.batch import Sample, build_samples
+from learner.config import LearnerConfig
+from learner.micro_batches import MicroBatch, collate, plan_mini_batches
 from learner.process_group import init_distributed
 from learner.weights_out import WeightsOut
 from replay.messages import Trajectory
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    backend: str = "deepspeed"  # deepspeed | torch
-    zero_stage: int = 2
-    device: str = "cpu"
-    # adamw (training) | sgd: plain SGD (no momentum), whose update is -lr * the
-    # clipped gradient, so equivalence tests compare gradients rather than
-    # Adam's division by sqrt(v), which magnifies rounding on near-zero ones.
-    optimizer: str = "adamw"
-    lr: float = 1e-6
-    weight_decay: float = 0.01  # AdamW's decoupled decay; the release's (verl's AdamW default)
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    mini_batch_groups: int = 8  # groups per optimizer step
-    micro_batch_size: int = 2  # trajectories per forward/backward
-    seed: int = 0
-    # Recompute activations in backward: a 7K-token BFCL trajectory otherwise
-    # keeps about 1.4 MB of activations per token on CPU (fp32, 30 layers).
-    gradient_checkpointing: bool = False
-    # ... but only for micro-batches that forward at least this many tokens (padded, or packed):
-    # below it the activations fit and recomputing them costs a third more compute. 0: always.
-    gradient_checkpointing_min_tokens: int = 0
-    # Forward the rollouts of a group that share a micro-batch as one packed
-    # sequence: their common prompt once (learner/packing.py). Only takes
-    # effect when micro_batch_size >= 2, i.e. when rollouts of one group meet.
-    shared_prefix: bool = False
-    # The PPO old policy: behaviour (vLLM's logprobs) | recompute (the learner's own at
-    # the start of the step: decoupled PPO, behaviour -> proximal -> current, with the
-    # loss's is_* settings correcting for the behaviour/proximal gap). The release's default.
-    old_logprobs: str = "recompute"
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (learner/loss.py)
-    # DeepSpeed offload to host memory: optimizer state (ZeRO-2/3), parameters (ZeRO-3 only).
-    offload_optimizer: bool = False
-    offload_param: bool = False
-    weight_bucket_mb: float = 256.0  # weights leave a ZeRO-3 group gathered this many MB at a time
-    # Compute dtype: auto (bf16 where the CPU has AMX/AVX512-BF16: weights/precision.py) | bfloat16 | float32.
-    # bf16 is torch autocast around the forwards: weights, gradients and optimizer state stay
-    # fp32, so checkpoints and the equivalence tests are the same in both. The code default is
-    # fp32 (tests compare backends exactly); the config files say auto.
-    dtype: str = "float32"
-    loss: LossConfig = field(default_factory=LossConfig)
-    apatch: APatchConfig = field(default_factory=APatchConfig)
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("deepspeed", "torch"):
-            raise ValueError(f"backend must be deepspeed or torch, got {self.backend!r}")
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"optimizer must be adamw or sgd, got {self.optimizer!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0..3, got {self.zero_stage}")
-        if self.old_logprobs not in ("behaviour", "recompute"):
-            raise ValueError(f"old_logprobs must be behaviour or recompute, got {self.old_logprobs!r}")
-        if self.loss_agg not in LOSS_AGGS:
-            raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)}; got {self.loss_agg!r}")
-        if self.mini_batch_groups < 1 or self.micro_batch_size < 1 or self.gradient_checkpointing_min_tokens < 0:
-            raise ValueError(
-                "mini_batch_groups and micro_batch_size must be >= 1, gradient_checkpointing_min_tokens >= 0"
-            )
-        if self.offload_param and (self.backend != "deepspeed" or self.zero_stage != 3):
-            raise ValueError(
-                "offload_param needs backend=deepspeed and zero_stage=3 (parameters are whole on every rank below it)"
-            )
-        if self.offload_optimizer and (self.backend != "deepspeed" or self.zero_stage < 1):
-            raise ValueError("offload_optimizer needs backend=deepspeed with zero_stage >= 1")
-        if self.weight_bucket_mb <= 0:
-            raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
-
-        from weights.precision import check_dtype
-
-        check_dtype(self.dtype)
 
 
 class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learner/weights_out.py
@@ -337,48 +265,13 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             return None
         return pack_shared_prefix([s.token_ids for s in samples], groups, self.device)
 
-    def _collate(self, samples: Sequence[Sample]):
-        import torch
-
-        width = max(len(s.token_ids) for s in samples)
-        pad = 0
-        ids = torch.full((len(samples), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(samples), width), dtype=torch.long)
-        mask = torch.zeros((len(samples), width - 1))
-        old = torch.zeros((len(samples), width - 1))
-        adv = torch.zeros((len(samples), 1))
-        for i, s in enumerate(samples):
-            n = len(s.token_ids)
-            ids[i, :n] = torch.tensor(s.token_ids)
-            attention[i, :n] = 1
-            mask[i, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
-            old[i, : n - 1] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
-            adv[i, 0] = s.advantage
-        return (
-            ids.to(self.device),
-            attention.to(self.device),
-            mask.to(self.device),
-            old.to(self.device),
-            adv.to(self.device),
-        )
+    def _collate(self, samples: Sequence[Sample]) -> MicroBatch:
+        return collate(samples, self.device)
 
     def _plan(self, samples: Sequence[Sample], allow_partial: bool) -> list[list[list[Sample]]]:
-        """Mini-batches (one optimizer step each) of micro-batches. Every mini-batch holds
-        ``mini_batch_groups`` whole groups; with ``allow_partial`` the last may hold fewer."""
-        per_mini = self.cfg.mini_batch_groups * self.group_size
-        if (len(samples) % per_mini and not allow_partial) or not samples:
-            groups = len({s.group_id for s in samples})
-            raise ValueError(
-                f"a batch must hold whole mini-batches of {self.cfg.mini_batch_groups} groups of {self.group_size}; got {groups} groups of {len(samples) // max(groups, 1)}"
-            )
-        mb = self.cfg.micro_batch_size
-        return [
-            [
-                samples[m + k : min(m + k + mb, m + per_mini, len(samples))]
-                for k in range(0, min(per_mini, len(samples) - m), mb)
-            ]
-            for m in range(0, len(samples), per_mini)
-        ]
+        return plan_mini_batches(
+            samples, self.cfg.mini_batch_groups, self.group_size, self.cfg.micro_batch_size, allow_partial
+        )
 
     def _proximal_logprobs(self, plan) -> dict[int, Any]:
         """pi_old for ``old_logprobs=recompute``: the policy's logprobs before this batch's first

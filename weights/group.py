@@ -128,7 +128,9 @@ class WeightGroup:
         self.device = _resolve_device(device)
         self._failed: str | None = None
         self._first = True  # the next operation starts a round
-        self._comm = self._pg = self._store = None
+        self._comm: Any = None  # vLLM's PyNcclCommunicator (nccl)
+        self._pg: Any = None  # torch's ProcessGroupGloo (gloo)
+        self._store: Any = None  # the rendezvous store, borrowed
         if backend == "nccl" and self.device.type != "cuda":
             raise ValueError(f"nccl needs a CUDA device, got {self.device}")
         if backend == "gloo":
@@ -249,7 +251,7 @@ class WeightGroup:
             return None
         if result.value in (0, 7):  # ncclSuccess, ncclInProgress
             return None
-        return nccl.ncclGetErrorString(result.value)
+        return nccl.ncclGetErrorString(result)
 
     def _fail(self, what: str, bound: float, cause: str) -> None:
         """Abort the group (pending operations end; the other members see their peer gone) and raise."""

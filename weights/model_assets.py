@@ -133,7 +133,7 @@ def _prepare_tiny(out: Path, heads: int, kv_heads: int, seed: int, force: bool) 
         num_key_value_heads=kv_heads,
         head_dim=32,
         max_position_embeddings=8192,
-        rope_theta=100000.0,
+        rope_theta=100000.0,  # type: ignore[call-arg]  # a LlamaConfig kwarg transformers' stubs omit
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -141,7 +141,7 @@ def _prepare_tiny(out: Path, heads: int, kv_heads: int, seed: int, force: bool) 
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # nn.Module.to(dtype)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)

@@ -348,7 +348,7 @@ def memory_reader(backend: str, answer: str | None) -> Agent:
             return render_calls(
                 [ToolCall("memory_retrieve" if backend == "rec_sum" else "core_memory_list_keys", {})], "json"
             )
-        return "{'answer': %r, 'context': 'from memory'}" % answer
+        return f"{{'answer': {answer!r}, 'context': 'from memory'}}"
 
     return agent
 

@@ -130,7 +130,7 @@ def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sam
     try:
         if todo:
             from rollout.chat import ChatTokenizer
-            from seal.runtime.generator_fleet import local_generator
+            from seal.runtime.generator_spec import local_generator
 
             print(f"{name}: starting the engine on {weights} for {todo} tasks", file=sys.stderr, flush=True)
             generator = local_generator(cfg.generator, model_path=weights)

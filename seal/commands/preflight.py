@@ -156,7 +156,7 @@ def _check_signatures(cfg) -> None:
         node = OmegaConf.to_container(cfg[group], resolve=True)
         target = node.pop("_target_")
         if group == "generator":  # the fleet's keys (seal/runtime/generator_fleet.py) are not the engine's
-            from seal.runtime.generator_fleet import check_fleet_spec
+            from seal.runtime.generator_spec import check_fleet_spec
 
             node = check_fleet_spec({"_target_": target, **node})
             node.pop("_target_")
@@ -224,7 +224,7 @@ def _check_cluster(cfg, gpus=None) -> None:
 
     from omegaconf import OmegaConf
 
-    from seal.runtime.generator_fleet import split_generator_spec
+    from seal.runtime.generator_spec import split_generator_spec
     from seal.runtime.layout_guard import check_local_object_store, weights_bytes
     from seal.runtime.placement import ray_auth_env
 

@@ -70,11 +70,11 @@ def rehearsal_overrides(
 ) -> list[str]:
     """The `seal train` overrides of the rehearsal: the user's (the recipe among them), then the CPU stand-ins;
     ``local``: ``address`` is the rehearsal's own cluster (no token to join it with)."""
-    from seal.runtime.generator_fleet import ASYNC_ENGINES
+    from seal.runtime.generator_spec import is_async_engine
 
     world = int(_select(target, "learner.world_size", 1))
     gen = target.generator
-    engine = "vllm_async_cpu" if gen._target_ in ASYNC_ENGINES else "vllm_cpu"
+    engine = "vllm_async_cpu" if is_async_engine(gen._target_) else "vllm_cpu"
     out = [
         *user,
         f"generator={engine}",

@@ -64,7 +64,7 @@ def _generator(cfg, instantiate):
         file=sys.stderr,
         flush=True,
     )
-    from seal.runtime.generator_fleet import local_generator
+    from seal.runtime.generator_spec import local_generator
 
     generator = local_generator(cfg.generator)
     return generator, ChatTokenizer(generator.tokenizer)

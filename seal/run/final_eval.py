@@ -36,7 +36,7 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     from seal.config import instantiate
     from seal.console import output_to_file
     from seal.run.snapshots import read_snapshots, snapshot_weights
-    from seal.runtime.generator_fleet import local_generator
+    from seal.runtime.generator_spec import local_generator
 
     emit = emit or (lambda *_: None)
     (Path(run_dir) / "evaluation" / FINAL_FILE).unlink(missing_ok=True)  # a resumed run's earlier one is stale

@@ -55,7 +55,8 @@ class ActorSet:
         """``replay_keys``: the env actors' CURVE keys for the replay stream (None: a plain stream)."""
         import ray
 
-        from seal.runtime.generator_fleet import GeneratorFleet, split_generator_spec
+        from seal.runtime.generator_fleet import GeneratorFleet
+        from seal.runtime.generator_spec import split_generator_spec
         from seal.runtime.layout_guard import (
             check_replicas_fit,
             planned_learner_nodes,

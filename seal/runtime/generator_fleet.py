@@ -27,10 +27,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 from seal.runtime.router import ReplicaRouter
 
 log = logging.getLogger(__name__)
-ASYNC_ENGINES = ("actors.generation.async_vllm_engine.AsyncVllmGenerator",)
 
 
 @dataclass
@@ -41,34 +41,6 @@ class FleetCounters:
     failed_replicas: list[str] = field(default_factory=list)  # named in the metrics of the step they failed in
     canary_failures: int = 0  # replicas whose logprobs after an update did not match the learner's
     canary_max_diff: float | None = None  # max |logprob difference| over the canaries since the last metrics row
-
-
-def split_generator_spec(spec: dict) -> tuple[dict, int]:
-    """The engine's constructor arguments and the replica count (a fleet setting, not the engine's)."""
-    spec = dict(spec)
-    replicas = spec.pop("replicas", 1)
-    if not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"generator.replicas must be an integer >= 1, got {replicas!r}")
-    return spec, replicas
-
-
-def check_fleet_spec(spec: dict) -> dict:
-    """The fleet's settings checked before anything starts; returns the engine's arguments."""
-    spec, _ = split_generator_spec(spec)
-    if spec.get("_target_") in ASYNC_ENGINES:
-        from actors.generation.async_vllm_engine import UPDATE_MODES
-
-        mode = spec.get("update_mode", "pause")
-        if mode not in UPDATE_MODES:
-            raise ValueError(f"generator.update_mode must be one of {', '.join(UPDATE_MODES)}, got {mode!r}")
-        if float(spec.get("update_timeout_s", 600.0)) <= 0:
-            raise ValueError(f"generator.update_timeout_s must be > 0, got {spec.get('update_timeout_s')}")
-    elif "update_mode" in spec:
-        raise ValueError(
-            "generator.update_mode needs the async engine (generator=vllm_async_cpu or vllm_async_gpu): "
-            "the blocking engine always finishes a batch before its weights change"
-        )
-    return spec
 
 
 def spread_choice(
@@ -113,7 +85,7 @@ class GeneratorFleet:
         self.reserved = dict(reserved or {})
         self.resources, self.prefix, self.max_restarts = resources, prefix, max_restarts
         self.tp = int(self.spec.get("tensor_parallel_size", 1))
-        self.is_async = self.spec.get("_target_") in ASYNC_ENGINES
+        self.is_async = is_async_engine(self.spec.get("_target_"))
         self.update_timeout_s = float(update_timeout_s)
         self.handles: dict[str, Any] = {}
         self.versions: dict[str, int] = {}
@@ -475,28 +447,3 @@ class GeneratorFleet:
                 ray.kill(handle, no_restart=True)
             except Exception:  # already gone
                 pass
-
-
-ASYNC_ONLY_KEYS = ("update_mode", "update_timeout_s", "drain_timeout_s", "max_num_seqs")
-
-
-def local_generator(node, **overrides) -> Any:
-    """A generator for this process alone (`seal rollout`, `seal eval`, `seal evaluate`, the closing
-    evaluation of `seal train`): one engine with blocking calls (local_generator_spec)."""
-    from seal.config import instantiate_spec
-
-    return instantiate_spec(local_generator_spec(node, **overrides))
-
-
-def local_generator_spec(node, **overrides) -> dict[str, Any]:
-    """An async-engine config maps to the blocking engine with the same model, dtype and cache
-    settings (greedy evaluation batches gain nothing from continuous batching); the fleet's
-    replica count does not apply."""
-    from omegaconf import OmegaConf
-
-    spec = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
-    spec, _ = split_generator_spec(spec)
-    if spec.get("_target_") in ASYNC_ENGINES:
-        spec = {k: v for k, v in spec.items() if k not in ASYNC_ONLY_KEYS}
-        spec["_target_"] = "actors.generation.vllm_engine.VllmGenerator"
-    return spec

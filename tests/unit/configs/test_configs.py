@@ -40,7 +40,7 @@ def test_each_group_option_composes_and_fits_its_constructor(path: Path):
     assert node, f"{group}/{option} is empty"
     target = node.pop("_target_", None)
     if group == "generator":  # the fleet's setting (seal/runtime/generator_fleet.py), not the engine's
-        from seal.runtime.generator_fleet import split_generator_spec
+        from seal.runtime.generator_spec import split_generator_spec
 
         node, replicas = split_generator_spec(node)
         assert replicas == 1
@@ -163,7 +163,7 @@ def test_every_generator_config_maps_to_a_blocking_engine_it_can_build(generator
     import inspect
 
     from actors.generation.vllm_engine import VllmGenerator
-    from seal.runtime.generator_fleet import local_generator_spec
+    from seal.runtime.generator_spec import local_generator_spec
 
     spec = local_generator_spec(compose([f"generator={generator}"]).generator, model_path="embedded")
     assert spec["_target_"] == "actors.generation.vllm_engine.VllmGenerator"
@@ -178,13 +178,13 @@ def test_every_generator_configs_engine_keywords_pass_the_engine_settings_checks
     import dataclasses
 
     from actors.generation.engine_settings import EngineSettings
-    from seal.runtime.generator_fleet import ASYNC_ENGINES, split_generator_spec
+    from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 
     spec, _ = split_generator_spec(OmegaConf.to_container(compose([f"generator={generator}"]).generator, resolve=True))
     fields = {f.name for f in dataclasses.fields(EngineSettings)}
     settings = EngineSettings(
         **{k: v for k, v in spec.items() if k in fields},
-        engine="async" if spec["_target_"] in ASYNC_ENGINES else "blocking",
+        engine="async" if is_async_engine(spec["_target_"]) else "blocking",
     )
     assert settings.device == ("cuda" if generator.endswith("gpu") else "cpu")
 
