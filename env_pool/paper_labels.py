@@ -1,4 +1,4 @@
-"""The paper's one dominant label per turn (DESIGN.md section 2's priority), shared by every
+"""The paper's one dominant label per turn (by priority: docs/design.md, diagnosis), shared by every
 env's judge: the env supplies which tools were visible and what counts as an error result."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two per-turn diagnosis vocabularies (DESIGN.md section 2).
+"""The two per-turn diagnosis vocabularies (docs/design.md, diagnosis).
 
 Shared by the environment (which produces tags), the learner (A-Patch weights)
 and the interface (guidelines). Plain strings so they cross the wire as-is.
@@ -88,13 +88,13 @@ def turn_position(index: int, num_turns: int) -> str:
     return "late"
 
 
-# A-Patch (DESIGN.md section 3): each tag's base weight, and the clip of a trajectory's weight.
+# A-Patch (docs/design.md): each tag's base weight, and the clip of a trajectory's weight.
 # Here, beside the vocabulary, because two components read them: the coordinator's tag
 # weights start from a base table and clip to these bounds, and the learner clips the
 # trajectory scale to them.
 SCALE_MIN, SCALE_MAX = 0.5, 2.0
 
-# Released-code base weights (DESIGN.md section 3).
+# Released-code base weights.
 RELEASED_BASE_WEIGHTS: dict[str, float] = {
     SPURIOUS_TOOL_CALL: 2.0,
     CORRECT_ABSTENTION: 1.8,

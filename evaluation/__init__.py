@@ -1,4 +1,4 @@
-"""SEAGym-style evaluation of a run's snapshots (DESIGN.md section 7).
+"""SEAGym-style evaluation of a run's snapshots (docs/design.md, evaluation).
 
 records: typed per-task results and snapshot records (CSV/JSON);
 metrics: pure metric functions and ``summarize``;

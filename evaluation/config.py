@@ -1,4 +1,4 @@
-"""The evaluation config, configs/evaluation/default.yaml (DESIGN.md section 7)."""
+"""The evaluation config, configs/evaluation/default.yaml (docs/design.md, evaluation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SEAGym-style metrics over per-task results (DESIGN.md section 7).
+"""SEAGym-style metrics over per-task results (docs/design.md, evaluation).
 
 Pure functions: records in, numbers out, no model and no I/O, so a report can
 be recomputed from a run's stored CSV. Conventions used throughout:
@@ -254,7 +254,7 @@ def summarize(
     ood_view: str = OOD_TEST,
     replay_view: str = REPLAY,
 ) -> dict[str, Any]:
-    """Every metric of DESIGN.md section 7 as one JSON-serialisable dict.
+    """Every metric of docs/design.md's evaluation section as one JSON-serialisable dict.
 
     Keys: snapshots (names in step order), success, uvg_prev, uvg_base,
     forget_rate and fix_rate (snapshot -> view -> rate vs A_0), cost,

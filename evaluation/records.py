@@ -1,4 +1,4 @@
-"""Typed records the evaluation metrics read (DESIGN.md section 7).
+"""Typed records the evaluation metrics read (docs/design.md, evaluation).
 
 A run is assessed as a sequence of snapshots A_0, A_1, ..., final. Each
 snapshot is run on up to four views (update-validation, ID test, OOD test,

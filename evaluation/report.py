@@ -1,4 +1,4 @@
-"""Markdown report with plots for one run's evaluation (DESIGN.md section 7).
+"""Markdown report with plots for one run's evaluation (docs/design.md, evaluation).
 
 ``write_report`` takes the dict from ``evaluation.metrics.summarize``, the
 per-task results it came from, and the run's training rounds (metrics.jsonl

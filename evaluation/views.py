@@ -1,5 +1,5 @@
 """The in-distribution evaluation views and the split functions behind them
-(DESIGN.md section 7).
+(docs/design.md, evaluation).
 
 Views are kept distinct even where they draw on the same split:
 

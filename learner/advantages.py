@@ -1,6 +1,6 @@
 """GRPO group advantages and diagnosis-guided reweighting (A-Patch), pure functions.
 
-DESIGN.md sections 3 and 6. Inputs are plain sequences so these run and test
+docs/design.md (A-Patch). Inputs are plain sequences so these run and test
 without torch.
 """
 

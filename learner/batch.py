@@ -19,7 +19,7 @@ class APatchConfig:
     scale_max: float = SCALE_MAX
 
     def __post_init__(self) -> None:
-        # w_j > 0 is what keeps every advantage's sign (DESIGN.md section 3).
+        # w_j > 0 is what keeps every advantage's sign.
         if not 0 < self.scale_min <= self.scale_max:
             raise ValueError(
                 f"A-Patch clip range needs 0 < scale_min <= scale_max, got [{self.scale_min}, {self.scale_max}]"

@@ -1,6 +1,6 @@
 """What crosses the generator -> replay queue boundary.
 
-One typed record per rollout (DESIGN.md section 8). Producers: rollout workers
+One typed record per rollout (docs/design.md, the trajectory record). Producers: rollout workers
 (rollout/play.py). Consumers: the replay queue and the learner. JSONL and
 (with the async pipeline) msgpack both come from ``to_dict``.
 """

@@ -1,4 +1,4 @@
-"""The capability state C_t (DESIGN.md section 4): tag statistics the coordinator owns.
+"""The capability state C_t (docs/design.md): tag statistics the coordinator owns.
 
 Per trajectory and per tag occurrence it accumulates count, successes,
 reward_sum and partial (progress strictly between 0 and 1), keyed by tag, by

@@ -1,5 +1,5 @@
 """The coordinator: owns the capability state, evolves the training interface
-and the A-Patch tag weights from it (DESIGN.md sections 3-5).
+and the A-Patch tag weights from it (docs/design.md).
 
 A plain object; the orchestrator decides where it runs (in process, or as a
 Ray actor in the asynchronous pipeline) and feeds it tag summaries.

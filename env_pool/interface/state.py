@@ -1,4 +1,4 @@
-"""The training interface state Omega (DESIGN.md section 5).
+"""The training interface state Omega (docs/design.md, the training interface).
 
 A versioned, serializable value: which components are on and which
 guidelines are active. Every trajectory carries its ``version``. The default

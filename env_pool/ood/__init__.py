@@ -1,4 +1,4 @@
-"""Out-of-distribution views that run offline (DESIGN.md section 11).
+"""Out-of-distribution views that run offline (docs/design.md, out-of-distribution views).
 
 This module only names the views, so an evaluation command can list them
 without importing tau2 or bfcl-eval (tau2's import alone takes seconds). The

