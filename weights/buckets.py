@@ -134,14 +134,6 @@ def fetch_buckets(manifest: WeightManifest, who: str, timeout_s: float = FETCH_T
         del tensors
 
 
-def manifest_weights(
-    manifest: WeightManifest, who: str, timeout_s: float = FETCH_TIMEOUT_S
-) -> Iterator[tuple[str, Any]]:
-    """(name, tensor) over every bucket in order: a weights iterator for vLLM's reload."""
-    for tensors in fetch_buckets(manifest, who, timeout_s):
-        yield from tensors.items()
-
-
 async def fetch_bucket_async(
     manifest: WeightManifest, i: int, who: str, timeout_s: float = FETCH_TIMEOUT_S
 ) -> dict[str, Any]:

@@ -108,11 +108,6 @@ class WeightSyncExtension:
         )
         return my_rank
 
-    def weight_group_open(self) -> bool:
-        """Whether this worker holds an open weight group (tests: a re-formed group leaves none behind)."""
-        group = getattr(self, "_seal_weight_group", None)
-        return group is not None and not group.closed
-
     def receive_weights(self, metadata: list[WeightMeta | Mapping[str, Any]], bucket_bytes: int = 1 << 30) -> int:
         """Receive one round from rank 0 and load it in place; returns the number of tensors.
 

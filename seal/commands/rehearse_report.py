@@ -187,10 +187,6 @@ class Report:
         return out
 
 
-def _node_label(node_ids: Sequence[str], node: str) -> str:
-    return f"node {node_ids.index(node)}" if node in node_ids else f"node {node[:8]}"
-
-
 def report_text(r: Report) -> str:
     nodes = [n["node_id"] for n in r.cluster.get("nodes", [])]
     lines = (
