@@ -12,19 +12,12 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from replay.messages import (
-    SCHEMA_VERSION,
-    Control,
-    InterfaceUpdate,
-    Segment,
-    TagSummary,
-    Trajectory,
-)
+from replay.messages import SCHEMA_VERSION, Control, Segment, Trajectory
 
+# What travels as msgpack: the trajectory stream and the control socket. Interface updates and
+# tag summaries cross between actors through Ray, which pickles them.
 KINDS: dict[str, type] = {
     "trajectory": Trajectory,
-    "interface_update": InterfaceUpdate,
-    "tag_summary": TagSummary,
     "control": Control,
 }
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}

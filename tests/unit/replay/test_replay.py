@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.messages import Control, InterfaceUpdate, Segment, TagSummary, Trajectory
+from replay.messages import Control, Segment, Trajectory
 from replay.queue import ReplayQueue
 from replay.wire import WireError, decode, encode
 
@@ -48,8 +48,6 @@ def traj(group="g0", index=0, version=0, reward=1.0, n_tokens=12) -> Trajectory:
     "message",
     [
         traj(),
-        InterfaceUpdate(4, {"version": 4, "schema_lite": True}),
-        TagSummary("t", "base", ["pass"], ["pass"], 1.0, True, 1.0, 4),
         Control("scale", {"env": 6}),
     ],
 )

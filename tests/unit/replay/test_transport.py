@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_replay import traj  # noqa: E402 - the sibling module (pytest puts tests/unit on sys.path)
 
-from replay.messages import TagSummary
+from replay.messages import Control
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer, TrajectorySender, TransportConfig, TransportTimeout
 from replay.wire import encode
@@ -51,7 +51,7 @@ def test_trajectories_stream_into_complete_groups(server):
 def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
     sender = TrajectorySender(server.address, keys=server.client_keys)
     sender.send_frame(b"\xc1 not msgpack")
-    sender.send_frame(encode(TagSummary("t", "c", [], [], 0.0, False, 0.0, 0)))  # a message of the wrong kind
+    sender.send_frame(encode(Control("scale", {"env": 2})))  # a message of the wrong kind
     sender.send(traj(group="g", index=5))  # rollout index outside the group
     sender.send(traj(group="g", index=0))
     sender.send(traj(group="g", index=1))
