@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from actors.coordinator.policy import Coordinator
+from actors.coordinator.coordinator import Coordinator
 from replay.messages import InterfaceUpdate, TagSummary
 
 log = logging.getLogger(__name__)

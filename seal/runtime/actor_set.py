@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from actors.coordinator.policy import Coordinator
+from actors.coordinator.coordinator import Coordinator
 from replay.auth import ClientKeys
 from seal.config import instantiate, instantiate_spec
 from seal.runtime.placement import ClusterConfig

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.coordinator.policy import Coordinator
+from actors.coordinator.coordinator import Coordinator
 from actors.coordinator.tag_weights import TagWeights
 from env_pool import tags as T
 from env_pool.interface.state import InterfaceState
