@@ -22,13 +22,59 @@ def compose(overrides: list[str], config_name: str = "config"):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    for item in overrides:  # Hydra's grammar error for a bare word names no fix
+        if "=" not in item and not item.startswith("~"):
+            raise ValueError(
+                f"{item!r} is not an override: settings are KEY=VALUE (e.g. trainer.steps=2) or GROUP=OPTION"
+            )
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             return hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
         # Hydra's messages span lines (with the search path); keep one line.
-        text = str(exc).split("\nConfig search path")[0]
-        raise ValueError("bad config: " + " ".join(text.split())) from None
+        text = " ".join(str(exc).split("\nConfig search path")[0].split())
+        raise ValueError(_misspelt(text, overrides, config_name) or "bad config: " + text) from None
+
+
+def _misspelt(text: str, overrides: list[str], config_name: str) -> str | None:
+    """For Hydra's "Could not override 'KEY'" (whose advice, +KEY=..., adds the misspelt key) and
+    "Could not find 'GROUP/OPTION'": one line with the close matches, or None."""
+    import difflib
+    import re
+
+    if m := re.match(r"Could not override '([^']+)'", text):
+        key = m[1]
+        rest = [o for o in overrides if o.partition("=")[0] != key]
+        try:
+            cfg = compose(rest, config_name) if rest != list(overrides) else None
+        except ValueError:
+            cfg = None
+        cfg = cfg if cfg is not None else compose([], config_name)
+        return f"{key} is not a config key{did_you_mean(cfg, key)} (`seal train --cfg` prints them all)"
+    if m := re.match(r"In '[^']*': Could not find '([^'/]+)/([^']+)' Available options in '[^']*': (.*)", text):
+        close = difflib.get_close_matches(m[2], m[3].split(), n=1)
+        hint = f"; did you mean {m[1]}={close[0]}?" if close else ""
+        return f"{m[1]}={m[2]}: no such option (the {m[1]} options are {m[3]}){hint}"
+    return None
+
+
+def did_you_mean(cfg, key: str) -> str:
+    """'; did you mean A or B?' for the keys of ``cfg`` closest to ``key`` (dotted), or ''."""
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    def keys(node, prefix: str = "") -> list[str]:
+        if not isinstance(node, dict):
+            return []
+        out = []
+        for k, v in node.items():
+            out.append(f"{prefix}{k}")
+            out += keys(v, f"{prefix}{k}.")
+        return out
+
+    close = difflib.get_close_matches(key, keys(OmegaConf.to_container(cfg, resolve=False)), n=2, cutoff=0.75)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def instantiate(node, **kwargs):

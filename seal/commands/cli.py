@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--quiet", action="store_true", help="print only errors and the final one-line result (for scripts)"
     )
-    train.add_argument("overrides", nargs="*", help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
+    train.add_argument("overrides", nargs="*", default=[], help="hydra overrides, e.g. env=toy limit=20 run_dir=runs/x")
     train.set_defaults(handler="seal.commands.train:run")
 
     plan = sub.add_parser(
@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help='print one object: {"fits", "learner_gb_per_rank", "generator_gb_per_replica", "problems", ...}',
     )
-    plan.add_argument("overrides", nargs="*", help="hydra overrides, e.g. recipe=qwen7b_1x8 learner.world_size=8")
+    plan.add_argument(
+        "overrides", nargs="*", default=[], help="hydra overrides, e.g. recipe=qwen7b_1x8 learner.world_size=8"
+    )
     plan.set_defaults(handler="seal.commands.plan:run")
 
     reh = sub.add_parser(
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     reh.add_argument(
         "overrides",
         nargs="*",
+        default=[],
         help="recipe=NAME and hydra overrides, e.g. recipe=qwen7b_2x8 (cluster.address=auto: your CPU nodes)",
     )
     reh.set_defaults(handler="seal.commands.rehearse:run")
@@ -95,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     roll.add_argument("--n", type=int, default=8, help="rollouts per task (a GRPO group)")
     roll.add_argument("--out", required=True, help="output JSONL file")
-    roll.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny interface=raw env=toy")
+    roll.add_argument("overrides", nargs="*", default=[], help="hydra overrides, e.g. model=tiny interface=raw env=toy")
     roll.set_defaults(handler="seal.commands.rollout:rollout")
 
     ev = sub.add_parser("eval", help="evaluate with the raw interface at temperature 0")
@@ -105,22 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-ids", default=None, help="comma-separated task ids to evaluate, refused if one cannot fit the context"
     )
     ev.add_argument("--json", action="store_true", help='print {"overall", "by_category", "tasks", "skipped"}')
-    ev.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=tiny")
+    ev.add_argument("overrides", nargs="*", default=[], help="hydra overrides, e.g. model=tiny")
     ev.set_defaults(handler="seal.commands.rollout:evaluate")
 
     sev = sub.add_parser("evaluate", help="SEAGym metrics over a run's snapshots (raw interface, greedy)")
-    sev.add_argument("run_dir", help="a run directory written by `seal train`")
+    sev.add_argument("run_dir", nargs="?", help="a run directory written by `seal train` (its closing note names it)")
     sev.add_argument(
         "--views", default=None, help="comma-separated views (default: evaluation.views), e.g. validation,id,replay"
     )
     sev.add_argument("--snapshots", default=None, help="comma-separated snapshot names (default: all), e.g. A_0,A_2")
     sev.add_argument("--limit", type=int, default=None, help="tasks per view, stratified over categories")
     sev.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    sev.add_argument("overrides", nargs="*", help="key=value on the run's config, e.g. evaluation.max_new_tokens=64")
+    sev.add_argument(
+        "overrides", nargs="*", default=[], help="key=value on the run's config, e.g. evaluation.max_new_tokens=64"
+    )
     sev.set_defaults(handler="seal.commands.evaluate:evaluate")
 
     rep = sub.add_parser("report", help="markdown report with plots from `seal evaluate` and the training metrics")
-    rep.add_argument("run_dir")
+    rep.add_argument("run_dir", nargs="?", help="a run directory `seal evaluate` has evaluated")
     rep.set_defaults(handler="seal.commands.evaluate:report")
 
     abl = sub.add_parser("ablate", help="train and evaluate a set of ablations with the same seed, split and budget")
@@ -142,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip `seal evaluate`'s views: compare the runs' closing frozen evaluations only",
     )
     abl.add_argument(
-        "overrides", nargs="*", help="hydra overrides shared by every run, e.g. env=toy trainer.steps=20 seed=1"
+        "overrides",
+        nargs="*",
+        default=[],
+        help="hydra overrides shared by every run, e.g. env=toy trainer.steps=20 seed=1",
     )
     abl.set_defaults(handler="seal.commands.ablate:ablate")
 
@@ -209,8 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Hydra's `--cfg job|hydra|all`: `seal train --cfg` prints the job's config (there is no Hydra app config to print).
+CFG_WHAT = ("job", "all", "hydra")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"] and "--cfg" in argv:
+        at = argv.index("--cfg") + 1
+        if at < len(argv) and argv[at] in CFG_WHAT:
+            if argv.pop(at) == "hydra":
+                parser.error(
+                    "seal train --cfg prints the job's resolved config; seal composes without Hydra's app config (no --cfg hydra)"
+                )
     args, extra = parser.parse_known_args(argv)
     # argparse stops filling a positional list once an option follows it, so
     # `seal evaluate RUN --json key=value` leaves key=value over: take it as an override.

@@ -28,30 +28,35 @@ EVAL_DIR, REPORT_DIR = "evaluation", "report"
 TRAINING_KEYS = ("evaluation.validation_size", "evaluation.heldout_categories")
 
 
+def run_dir_arg(value: str | None, command: str) -> Path:
+    """RUN_DIR of `seal evaluate` / `seal report`, or CliError with one line naming the fix."""
+    from seal.errors import CliError
+
+    written = "`seal train` writes runs/<timestamp> and its closing note names it"
+    if not value:
+        runs = sorted(p.parent for p in Path("runs").glob("*/config.yaml"))
+        hint = f"e.g. `seal {command} {runs[-1]}` (the latest run here)" if runs else written
+        raise CliError(f"seal {command} needs a run directory: {hint}")
+    path = Path(value)
+    if not path.is_dir():
+        raise CliError(f"{value}: no such run directory ({written})")
+    if not (path / "config.yaml").is_file():
+        raise CliError(f"{value} is not a run directory (no config.yaml; {written})")
+    return path
+
+
 def load_run_config(run_dir: Path, overrides: list[str]):
-    """The run's resolved config, with the evaluation group's defaults merged
-    in when the run predates it, and ``key=value`` overrides applied."""
-    import yaml
+    """The run's recorded config (seal/run/run_dir.py), ``key=value`` overrides applied."""
     from omegaconf import OmegaConf
 
-    from seal.config import config_dir, rebase_targets, recorded_trainer
+    from seal.run.run_dir import apply_settings, recorded_config
 
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = OmegaConf.load(path)
-    OmegaConf.set_struct(cfg, False)
-    if "evaluation" not in cfg:
-        cfg.evaluation = OmegaConf.load(config_dir() / "evaluation" / "default.yaml")
-    cfg.trainer = recorded_trainer(cfg.trainer)  # every setting, as the typed TrainerConfig takes them
-    rebase_targets(cfg)  # classes a run recorded before they moved: today's paths
+    cfg = recorded_config(run_dir)
     for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key or "/" in key:
-            raise ValueError(f"overrides are key=value on the run's config, got {item!r}")
-        if key.lstrip("+") in TRAINING_KEYS:
-            raise ValueError(f"{key} must stay what the run trained with ({OmegaConf.select(cfg, key.lstrip('+'))})")
-        OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value), force_add=True)
+        key = item.partition("=")[0].lstrip("+")
+        if key in TRAINING_KEYS:
+            raise ValueError(f"{key} must stay what the run trained with ({OmegaConf.select(cfg, key)})")
+    apply_settings(cfg, overrides, "seal evaluate")
     return cfg
 
 
@@ -171,7 +176,7 @@ def evaluate(args) -> int:
     from seal.errors import CliError
     from seal.run.snapshots import read_snapshots
 
-    run_dir = Path(args.run_dir)
+    run_dir = run_dir_arg(args.run_dir, "evaluate")
     cfg = load_run_config(run_dir, args.overrides)
     trainer = TrainerConfig.of(cfg)
     if args.limit is not None:
@@ -282,7 +287,7 @@ def report(args) -> int:
     from evaluation.records import read_task_csv
     from evaluation.report import write_report
 
-    run_dir = Path(args.run_dir)
+    run_dir = run_dir_arg(args.run_dir, "report")
     source = run_dir / EVAL_DIR
     if not (source / "summary.json").is_file():
         raise FileNotFoundError(f"no evaluation in {run_dir}: run `seal evaluate {run_dir}` first")

@@ -43,15 +43,25 @@ def preflight(overrides: list[str]):
     """The composed config of a `seal train` that can start, or CliError with one line."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from seal.config import compose
-
     try:
-        cfg = compose(overrides)
+        cfg = compose_or_resume(overrides)
         check(cfg)
     except (ValueError, TypeError, KeyError, OSError, RuntimeError, OmegaConfBaseException) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise CliError(one_line(message)) from None
     return cfg
+
+
+def compose_or_resume(overrides: list[str]):
+    """The composed config, or with ``resume=RUN_DIR`` the run's own (the config it last ran with;
+    the other overrides are key=value settings on it, refused where they change what it cannot)."""
+    from seal.config import compose
+    from seal.run.run_dir import resumed_config
+
+    resume = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "resume"]
+    if not resume or resume[-1] in ("", "null"):
+        return compose(overrides)
+    return resumed_config(Path(resume[-1]), [o for o in overrides if o.partition("=")[0] != "resume"])
 
 
 def check(cfg) -> None:
@@ -218,6 +228,35 @@ def _check_resume(cfg, trainer: TrainerConfig) -> None:
         )
 
 
+def check_cluster_running(address: str, timeout_s: float = 5.0) -> None:
+    """A cluster to join answers at ``address`` (``auto``: the one Ray recorded on this machine, or
+    RAY_ADDRESS). Ray's own failure names an ``--address`` flag `seal` does not have."""
+    import socket
+
+    if address.startswith("ray://"):  # Ray Client: ray.init says what is wrong with it
+        return
+    start = "start one first: `ray start --head` here (docs/main-job.md, multi-node), or cluster=local to run on this machine alone"
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            found = None
+        if not found:
+            raise ConnectionError(f"cluster.address=auto: no Ray cluster is running on this machine; {start}")
+        where = f"cluster.address=auto ({found}, the cluster Ray last recorded here)"
+    else:
+        found, where = address, f"cluster.address={address}"
+    host, _, port = found.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{where}: expected HOST:PORT (the head node's GCS port, 6379 by default) or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"{where}: no Ray cluster answers there ({exc.strerror or exc}); {start}") from None
+
+
 def _check_cluster(cfg, gpus=None) -> None:
     """``gpus``: how many GPUs a local Ray start would have (None: Ray's own detection)."""
     import os
@@ -229,6 +268,8 @@ def _check_cluster(cfg, gpus=None) -> None:
     from seal.runtime.placement import ray_auth_env
 
     cluster = _build(cfg, "cluster")
+    if cluster.address:  # no cluster to join: say so before its token and before a run directory exists
+        check_cluster_running(str(cluster.address))
     ray_auth_env(cluster, os.environ)  # token auth without a token to join with: say so before anything starts
     if cluster.address:  # joining a cluster: its nodes' cores, GPUs and object stores are checked once joined
         return

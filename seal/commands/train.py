@@ -47,11 +47,13 @@ def run(args) -> int:
 
     from seal.config import TrainerConfig
     from seal.run.driver import Pipeline
-    from seal.run.run_dir import create_run_dir
+    from seal.run.run_dir import create_run_dir, forget_start
 
     trainer = TrainerConfig.of(cfg)  # checked by preflight: the values it let through
     resume = Path(cfg.resume) if cfg.resume else None
-    run_dir = create_run_dir(str(resume) if resume else cfg.run_dir, cfg, list(args.overrides))
+    wanted = resume or (Path(cfg.run_dir) if cfg.run_dir else None)
+    was_empty = wanted is None or not wanted.exists() or not any(wanted.iterdir())
+    run_dir = create_run_dir(str(wanted) if wanted else None, cfg, list(args.overrides))
     learner = f"ZeRO-{cfg.learner.cfg.zero_stage}" if cfg.learner.cfg.backend == "deepspeed" else "torch"
     progress.emit(
         "run",
@@ -59,7 +61,11 @@ def run(args) -> int:
         f"learner={learner} env_actors={cfg.cluster.env_actors}; {trainer.steps} steps x "
         f"{trainer.groups_per_step} groups/step x {cfg.n} rollouts",
     )
-    pipeline = Pipeline(cfg, run_dir, resume, progress=progress, tasks=tasks)
+    try:
+        pipeline = Pipeline(cfg, run_dir, resume, progress=progress, tasks=tasks)
+    except BaseException:
+        forget_start(run_dir, was_empty and resume is None)
+        raise
     try:
         if resume is not None:
             progress.emit("run", f"resumed at step {pipeline.state.step}, policy version {pipeline.state.version}")
