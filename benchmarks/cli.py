@@ -9,6 +9,7 @@ Parts (one module each, benchmarks/bench_*.py):
   precision      fp32 vs bf16: generator tokens/s, learner tokens/s, a toy- and a BFCL-shaped step
   trl            TRL's GRPOTrainer vs our pipeline on the same work (needs requirements/bench.txt)
   learner-scale  the same global batch on 1 and 2 learner ranks: samples/s, comm share, peak memory per rank
+  learner        one learner step by phase; FLOP/s against the bf16 matmul peak; --baseline: another commit side by side
   generator      blocking vs continuous batching on uneven multi-turn episodes; 1 vs 2 replicas; update latency per mode
   all            every part in turn, defaults plus the given options and overrides
 
@@ -44,6 +45,7 @@ PARTS = {
     "trl": "bench_trl",
     "learner-scale": "bench_learner_scale",
     "generator": "bench_generator",
+    "learner": "bench_learner",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -73,7 +75,7 @@ def build_parser(part: str) -> argparse.ArgumentParser:
 
 def run_part(part: str, args: argparse.Namespace) -> dict:
     from benchmarks._common import LoadProbe, log, machine, write_json
-    from seal.console import stdout_to_stderr
+    from seal.console import results, stdout_to_stderr
 
     module = _module(part)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -94,20 +96,22 @@ def run_part(part: str, args: argparse.Namespace) -> dict:
             report["plot"] = str(module.plot(report, args.out))
             write_json(args.out, part, report)
         log(f"wrote {path}")
+    out = results()  # stdout, apart from what the engines print (seal/console.py)
     if args.json:
-        print(json.dumps(report, default=str), flush=True)
+        print(json.dumps(report, default=str), file=out, flush=True)
     else:
-        print(f"== {part} ==")
-        print(module.render(report))
+        print(f"== {part} ==", file=out)
+        print(module.render(report), file=out)
         for t in report.get("targets", []):
             state = "met" if t["met"] else ("not met" if t["met"] is False else "not measured")
-            print(f"target: {t['name']} {t['target']}: measured {_short(t['measured'])} ({state})")
+            print(f"target: {t['name']} {t['target']}: measured {_short(t['measured'])} ({state})", file=out)
         load = report["outside_load"]
         print(
             f"outside load: loadavg {load['loadavg_before'][0]} -> {load['loadavg_after'][0]} on {load['cpus']} cores; "
-            f"other processes used {load['other_processes_cpu_share']:.0%} of the machine's CPU during the run"
+            f"other processes used {load['other_processes_cpu_share']:.0%} of the machine's CPU during the run",
+            file=out,
         )
-        print(f"JSON: {path}" + (f"; plot: {report['plot']}" if "plot" in report else ""))
+        print(f"JSON: {path}" + (f"; plot: {report['plot']}" if "plot" in report else ""), file=out)
     return report
 
 

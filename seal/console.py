@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import TextIO
 
 
 @contextlib.contextmanager
@@ -49,3 +50,23 @@ def output_to_file(path) -> Iterator[None]:
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+
+
+_results: TextIO | None = None
+
+
+def results() -> TextIO:
+    """Where a command prints its result: stdout, also after engine_output_to_stderr()."""
+    return _results if _results is not None else sys.stdout
+
+
+def engine_output_to_stderr() -> None:
+    """For the rest of this process file descriptor 1 is stderr, so whatever an engine writes to
+    stdout (vLLM's logger does, as do C code, child processes and shutdown at exit) lands on stderr;
+    results() keeps the original stdout for the command's result alone (its JSON under --json).
+    Called by the `seal` program for the commands that start engines in their own process."""
+    global _results
+    if _results is None:
+        sys.stdout.flush()
+        _results = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)

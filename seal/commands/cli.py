@@ -204,11 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: rollout vs learning, sync vs async, env scaling, transport, weights, precision, TRL peer",
+        help="benchmarks: rollout vs learning, sync vs async, env scaling, transport, weights, precision, TRL peer, "
+        "learner scale, generator fleet",
         description="seal bench PART --help lists a part's options (benchmarks/cli.py)",
     )
     bench.add_argument(
-        "part", help="rollout-learn, sync-async, env, transport, weights, precision, trl, learner-scale or all"
+        "part",
+        help="rollout-learn, sync-async, env, transport, weights, precision, trl, learner-scale, generator or all",
     )
     bench.add_argument(
         "bench_args", nargs=argparse.REMAINDER, help="--json, --repeats R, part options, hydra overrides"
@@ -221,8 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
 CFG_WHAT = ("job", "all", "hydra")
 
 
+# Commands that start an engine in their own process: as a program, their stdout is their result alone.
+ENGINE_COMMANDS = ("rollout", "eval", "evaluate", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    program = argv is None  # the `seal` program (not a caller in the same process)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"] and "--cfg" in argv:
         at = argv.index("--cfg") + 1
@@ -243,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         if key not in ("env", "generators") or not value.isdigit() or int(value) < 1:
             parser.error(f"scale takes env=N or generators=M with N, M >= 1, got {args.setting!r}")
         args.what, args.count = key, int(value)
+    if program and args.command in ENGINE_COMMANDS:
+        from seal.console import engine_output_to_stderr
+
+        engine_output_to_stderr()
     module_name, func_name = args.handler.split(":")
     import importlib
 

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from seal.console import stdout_to_stderr
+from seal.console import results, stdout_to_stderr
 
 EVAL_DIR, REPORT_DIR = "evaluation", "report"
 # These shape training too (the training pool leaves them out): evaluating a
@@ -256,30 +256,35 @@ def evaluate(args) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     write_task_csv(results, out / "results.csv")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary), file=results())
     else:
         print_summary(summary, out)
     return 0
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:
+    stream = results()
     views = list(summary["view_tasks"])
     sizes = ", ".join(f"{v} {info['tasks']} tasks" for v, info in summary["view_tasks"].items())
-    print(f"evaluation (raw interface, greedy): {sizes}")
+    print(f"evaluation (raw interface, greedy): {sizes}", file=stream)
     for v, why in summary["views_unavailable"].items():
-        print(f"  view {v}: not available ({why})")
+        print(f"  view {v}: not available ({why})", file=stream)
     width = {v: max(12, len(v) + 2) for v in views}  # harness view names are long: keep columns apart
-    print(f"{'snapshot':<10}" + "".join(f"{v:>{width[v]}}" for v in views))
+    print(f"{'snapshot':<10}" + "".join(f"{v:>{width[v]}}" for v in views), file=stream)
     for s in summary["snapshots"]:
         cells = [(v, summary["success"][s].get(v, {}).get("overall")) for v in views]
-        print(f"{s:<10}" + "".join(f"{'n/a' if c is None else f'{100 * c:.1f}%':>{width[v]}}" for v, c in cells))
+        print(
+            f"{s:<10}" + "".join(f"{'n/a' if c is None else f'{100 * c:.1f}%':>{width[v]}}" for v, c in cells),
+            file=stream,
+        )
     from evaluation.ood_views import note_lines
 
     for line in note_lines(summary.get("ood_harnesses", {})):
-        print(f"  note: {line}")
+        print(f"  note: {line}", file=stream)
     print(
         f"best validation: {summary['best_validation']}; final: {summary['final']}; "
-        f"wrote {out / 'summary.json'} and {out / 'results.csv'}"
+        f"wrote {out / 'summary.json'} and {out / 'results.csv'}",
+        file=stream,
     )
 
 

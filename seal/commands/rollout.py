@@ -8,6 +8,8 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import replace
 
+from seal.console import results
+
 
 def _setup(overrides: list[str], extra: list[str]):
     from seal.config import compose, instantiate
@@ -58,15 +60,16 @@ def choose_tasks(cfg, env, interface, default_ids: list[str], named: str | None)
 
 def _generator(cfg, instantiate):
     from rollout.chat import ChatTokenizer
+    from seal.config import instantiate_spec
+    from seal.runtime.generator_spec import local_generator_spec
 
+    spec = local_generator_spec(cfg.generator)  # one engine in this process, blocking calls (whatever trains)
     print(
-        f"starting generator ({cfg.generator._target_.rsplit('.', 1)[-1]}, model={cfg.model.path}) ...",
+        f"starting generator ({spec['_target_'].rsplit('.', 1)[-1]}, model={cfg.model.path}) ...",
         file=sys.stderr,
         flush=True,
     )
-    from seal.runtime.generator_spec import local_generator
-
-    generator = local_generator(cfg.generator)
+    generator = instantiate_spec(spec)
     return generator, ChatTokenizer(generator.tokenizer)
 
 
@@ -86,7 +89,7 @@ def rollout(args) -> int:
     sampling = instantiate(cfg.sampling)
     ids, _, note = choose_tasks(cfg, probe, interface, probe.task_ids(cfg.split)[:tasks], args.task_ids)
     if note:
-        print(note, flush=True)
+        print(note, file=results(), flush=True)
     generator, chat = _generator(cfg, instantiate)
     stats = GroupStats()
     tags: Counter = Counter()
@@ -111,14 +114,18 @@ def rollout(args) -> int:
                 tags.update(traj.tags)
                 rewards.append(traj.reward)
     seconds = time.perf_counter() - t0
-    print(f"wrote {len(rewards)} trajectories ({len(ids)} groups of {args.n}) to {args.out} in {seconds:.0f} s")
+    out = results()
+    print(
+        f"wrote {len(rewards)} trajectories ({len(ids)} groups of {args.n}) to {args.out} in {seconds:.0f} s", file=out
+    )
     print(
         f"mean reward {sum(rewards) / len(rewards):.3f}; {stats.generated_tokens} generated tokens "
-        f"({stats.generated_tokens / max(stats.generate_s, 1e-9):.1f} tokens/s); prefix-cache hit rate {stats.prefix_cache_hit_rate:.1%}"
+        f"({stats.generated_tokens / max(stats.generate_s, 1e-9):.1f} tokens/s); prefix-cache hit rate {stats.prefix_cache_hit_rate:.1%}",
+        file=out,
     )
     total = sum(tags.values())
     for tag, count in tags.most_common():
-        print(f"  {tag:<28}{count:>6}  {'#' * max(1, round(40 * count / total))}")
+        print(f"  {tag:<28}{count:>6}  {'#' * max(1, round(40 * count / total))}", file=out)
     return 0
 
 
@@ -141,7 +148,7 @@ def evaluate(args) -> int:
         ids = ids[: args.limit]
     ids, skipped, note = choose_tasks(cfg, probe, RAW_INTERFACE, ids, args.task_ids)
     if note:  # stderr under --json: stdout stays one JSON object
-        print(note, file=sys.stderr if args.json else sys.stdout, flush=True)
+        print(note, file=sys.stderr if args.json else results(), flush=True)
     generator, chat = _generator(cfg, instantiate)
     by_cat: dict[str, list[float]] = defaultdict(list)
     outcomes: Counter = Counter()
@@ -160,13 +167,14 @@ def evaluate(args) -> int:
         outcomes[traj.outcome] += 1
     per_cat = {c: sum(v) / len(v) for c, v in sorted(by_cat.items())}
     overall = sum(per_cat.values()) / len(per_cat) if per_cat else 0.0  # macro average
+    out = results()
     if args.json:
-        print(json.dumps({"overall": overall, "by_category": per_cat, "tasks": len(ids), "skipped": skipped}))
+        print(json.dumps({"overall": overall, "by_category": per_cat, "tasks": len(ids), "skipped": skipped}), file=out)
     else:
         where = f"split={split}" if args.task_ids is None else "named tasks"
-        print(f"evaluation: {where}, {len(ids)} tasks ({skipped} skipped), raw interface, greedy")
+        print(f"evaluation: {where}, {len(ids)} tasks ({skipped} skipped), raw interface, greedy", file=out)
         for c, v in per_cat.items():
-            print(f"  {c:<14}{100 * v:6.2f}%  ({len(by_cat[c])} tasks)")
-        print(f"  {'overall':<14}{100 * overall:6.2f}%  (macro average)")
-        print("outcomes: " + ", ".join(f"{k}={v}" for k, v in outcomes.items()))
+            print(f"  {c:<14}{100 * v:6.2f}%  ({len(by_cat[c])} tasks)", file=out)
+        print(f"  {'overall':<14}{100 * overall:6.2f}%  (macro average)", file=out)
+        print("outcomes: " + ", ".join(f"{k}={v}" for k, v in outcomes.items()), file=out)
     return 0

@@ -65,6 +65,7 @@ def test_rollout_writes_tagged_groups_and_skips_what_cannot_fit(tmp_path):
     assert len({r["group_id"] for r in rows}) == kept and {r["rollout_index"] for r in rows} == {0, 1, 2}
     assert all(r["interface_version"] == 0 and len(r["tags"]) == len(r["labels"]) > 0 for r in rows)
     assert "mean reward" in proc.stdout and "prefix-cache hit rate" in proc.stdout
+    assert "WARNING" not in proc.stdout and "INFO" not in proc.stdout  # vLLM's logging goes to stderr
 
 
 @pytest.mark.parametrize("command", ["rollout", "eval"])
@@ -93,7 +94,8 @@ def test_named_tasks_that_cannot_fit_are_refused_before_the_engine(tmp_path, com
 def test_eval_reports_macro_average(tmp_path):
     proc = seal("eval", "--split", "test", "--limit", "3", "--json", "model=tiny", "env=toy")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout)  # the JSON alone on stdout: the engine's logging goes to stderr
+    assert "starting generator (VllmGenerator, model=tiny)" in proc.stderr  # the engine these commands run
     assert out["tasks"] == 3 and out["skipped"] == 0 and set(out["by_category"]) <= {"add", "multiply", "get_weather"}
     assert out["overall"] == pytest.approx(sum(out["by_category"].values()) / len(out["by_category"]))
 
@@ -296,7 +298,8 @@ def test_tensorboard_has_every_scalar_the_docs_list(first_run):
 def test_train_resumes_quietly(first_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(first_run[0], run)  # the other tests read the first run as it was
-    proc = seal(*TRAIN, "trainer.steps=1", f"resume={run}", "--quiet")
+    # The run's own config (tiny model, toy env, sync, n=4), not the default: the overrides are not repeated.
+    proc = seal("train", "trainer.steps=1", f"resume={run}", "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # --quiet: the closing note's first line alone, nothing on stderr.
     assert re.fullmatch(

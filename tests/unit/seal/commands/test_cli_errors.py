@@ -72,3 +72,12 @@ def test_overrides_are_optional_in_every_command_that_takes_them():
 
     assert build_parser().parse_args(["evaluate", "runs/x"]).overrides == []
     assert compose([]).trainer.steps >= 1
+
+
+def test_seal_bench_help_names_every_part():
+    from benchmarks.cli import PARTS
+    from seal.commands.cli import build_parser
+
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    part = next(a for a in bench._actions if a.dest == "part")
+    assert all(name in part.help for name in PARTS), part.help
