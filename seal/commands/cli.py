@@ -154,16 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     abl.set_defaults(handler="seal.commands.ablate:ablate")
 
-    env = sub.add_parser("env", help="environment tools: replay ground truth, score trajectories, show prompts")
+    env = sub.add_parser(
+        "env",
+        help="environment tools: replay ground truth, score trajectories, show prompts (every env of configs/env/)",
+    )
     env_sub = env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND")
 
     replay = env_sub.add_parser("replay-gt", help="replay every ground truth through env, verifier and diagnosis")
     replay.add_argument("--split", choices=["train", "test", "all"], default="all")
-    replay.add_argument("--format", choices=["json", "python"], default="json", dest="tool_format")
+    replay.add_argument("--format", choices=["json", "python"], default=None, dest="tool_format", help=FORMAT_HELP)
     replay.add_argument(
         "--interface", default="", help="training-interface components: lite,feedback,guidelines (default: raw)"
     )
     replay.add_argument("--json", action="store_true", help="print one JSON object")
+    replay.add_argument("overrides", nargs="*", default=[], help=ENV_OVERRIDES_HELP)
     replay.set_defaults(handler="seal.commands.env:replay_gt")
 
     score = env_sub.add_parser(
@@ -171,11 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="score trajectories from a JSONL file",
         description=(
             'One trajectory per line: {"task_id": "multi_turn_base_0", "turns": [["step text", ...], ...]} '
-            "with the assistant step texts of each user turn."
+            "with the assistant step texts of each user turn; each line is scored by the env its task id names."
         ),
     )
     score.add_argument("file", help="JSONL file ('-' for standard input)")
-    score.add_argument("--format", choices=["json", "python"], default="json", dest="tool_format")
+    score.add_argument("--format", choices=["json", "python"], default=None, dest="tool_format", help=FORMAT_HELP)
     score.add_argument("--json", action="store_true", help="one JSON object per input line")
     score.add_argument(
         "--official", action="store_true", help="also run bfcl-eval's own checker and report any disagreement"
@@ -187,13 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
         dest="instance_mismatch",
         help="when the instance_mismatch tag fires (as diagnosis.instance_mismatch; tags only, never the verdict)",
     )
+    score.add_argument("overrides", nargs="*", default=[], help=ENV_OVERRIDES_HELP)
     score.set_defaults(handler="seal.commands.env:score")
 
     show = env_sub.add_parser("show", help="print what the policy sees for a task")
     show.add_argument("task_id")
     show.add_argument("--interface", default="", help="components: lite,feedback,guidelines (default: raw)")
     show.add_argument("--guidelines", default="", help="active guideline kinds, e.g. state_aware,format")
-    show.add_argument("--format", choices=["json", "python"], default="json", dest="tool_format")
+    show.add_argument("--format", choices=["json", "python"], default=None, dest="tool_format", help=FORMAT_HELP)
+    show.add_argument("overrides", nargs="*", default=[], help=ENV_OVERRIDES_HELP)
     show.set_defaults(handler="seal.commands.env:show")
 
     model = sub.add_parser("model", help="model assets")
@@ -219,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FORMAT_HELP = "tool-call format (default: the env's, configs/env/<env>.yaml)"
+ENV_OVERRIDES_HELP = (
+    "env=NAME of configs/env/ (default: the task id's env, else the configs' default) and env.KEY=VALUE"
+)
 # Hydra's `--cfg job|hydra|all`: `seal train --cfg` prints the job's config (there is no Hydra app config to print).
 CFG_WHAT = ("job", "all", "hydra")
 

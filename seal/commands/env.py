@@ -1,4 +1,7 @@
-"""`seal env ...`: replay ground truth, score trajectory files, show prompts."""
+"""`seal env ...`: replay ground truth, score trajectory files, show prompts, on every registered
+env (env_pool/registry.py). The env is the one a task id names (its prefix), else ``env=NAME``
+among the overrides, else the configs' default (the env `seal train` trains on); its settings
+(tool format, step limit) are the configs' own, ``--format`` and overrides on top."""
 
 from __future__ import annotations
 
@@ -24,44 +27,69 @@ def _interface(components: str, guidelines: str = ""):
     return state
 
 
+def env_for(args, task_id: str | None = None, **settings: Any):
+    """The env ``args`` ask for: ``env=NAME`` among the overrides, else the env ``task_id`` belongs to,
+    else the configs' default; ``--format`` (when given) and ``settings`` on its config."""
+    from env_pool.registry import env_kind
+    from seal.config import compose, config_dir, instantiate
+
+    overrides = list(getattr(args, "overrides", []) or [])
+    named = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "env"]
+    served = sorted(p.stem for p in (config_dir() / "env").glob("*.yaml"))  # every env with a config
+    if named and named[-1] not in served:
+        raise CliError(f"env={named[-1]}: seal env serves {', '.join(served)} (configs/env/)")
+    if task_id is not None:
+        kind = env_kind(task_id)  # KeyError naming the prefixes when no env has such ids
+        if named and named[-1] != kind:
+            raise CliError(f"task {task_id} is a {kind} task, not {named[-1]}'s: leave out env={named[-1]}")
+        if not named:
+            overrides.append(f"env={kind}")
+    node = compose(overrides).env
+    if getattr(args, "tool_format", None):
+        node.tool_format = args.tool_format
+    for key, value in settings.items():
+        node[key] = value
+    return instantiate(node)
+
+
 # ------------------------------------------------------------------ replay-gt
 def replay_gt(args) -> int:
     from env_pool.base import play_scripted
-    from env_pool.bfcl.env import BfclEnv
-    from env_pool.bfcl.replay import ground_truth_turns
-    from env_pool.bfcl.tasks import CATEGORIES, get_task, split_ids
+    from env_pool.registry import category_of
 
     interface = _interface(args.interface)
-    env = BfclEnv(tool_format=args.tool_format)
-    by_cat = {c: {"tasks": 0, "reward_1": 0} for c in CATEGORIES}
+    env = env_for(args)
+    by_cat: dict[str, dict[str, int]] = {}
     tag_counts: Counter = Counter()
     failures = []
     t0 = time.perf_counter()
-    ids = split_ids(args.split)
+    ids = env.task_ids(args.split)
     for task_id in ids:
-        task = get_task(task_id)
-        result = play_scripted(env, task_id, ground_truth_turns(task, args.tool_format), interface)
-        by_cat[task.category]["tasks"] += 1
-        by_cat[task.category]["reward_1"] += result.reward
+        result = play_scripted(env, task_id, env.reference_turns(task_id), interface)
+        cat = by_cat.setdefault(category_of(task_id), {"tasks": 0, "reward_1": 0})
+        cat["tasks"] += 1
+        cat["reward_1"] += result.reward
         tag_counts.update(result.tags)
         if not result.reward:
             failures.append((task_id, result.error_type))
     seconds = time.perf_counter() - t0
     summary = {
+        "env": env.kind,
         "tasks": len(ids),
         "reward_1": sum(c["reward_1"] for c in by_cat.values()),
-        "by_category": {c: v for c, v in by_cat.items() if v["tasks"]},
+        "by_category": by_cat,
         "tags": dict(sorted(tag_counts.items())),
     }
     if args.json:
         print(json.dumps(summary))
     else:
         print(
-            f"ground-truth replay, split={args.split}, format={args.tool_format}, interface={'raw' if interface.is_raw else args.interface}"
+            f"ground-truth replay, env={env.kind}, split={args.split}, format={env.tool_format}, "
+            f"interface={'raw' if interface.is_raw else args.interface}"
         )
         print(f"{'category':<14}{'tasks':>7}{'reward 1':>10}")
-        for cat, v in summary["by_category"].items():
-            print(f"{cat:<14}{v['tasks']:>7}{v['reward_1']:>10}")
+        for cat_name, v in summary["by_category"].items():
+            print(f"{cat_name:<14}{v['tasks']:>7}{v['reward_1']:>10}")
         print(f"{'total':<14}{summary['tasks']:>7}{summary['reward_1']:>10}")
         print("tags: " + ", ".join(f"{k}={v}" for k, v in summary["tags"].items()))
         print(f"{env.stats.tool_calls} tool calls, {env.stats.steps} steps in {seconds:.2f} s")
@@ -108,14 +136,10 @@ def _turns(obj: dict[str, Any]) -> list[list[str]]:
 
 
 def score(args) -> int:
-    from env_pool.bfcl.judge import judge
-    from env_pool.bfcl.runtime import call_signatures
-    from env_pool.bfcl.tasks import get_task
-    from env_pool.tool_calls import parse_step
-
     official = None
     if args.official:
         from env_pool.bfcl.official import official_verdict as official
+    envs: dict[str, Any] = {}  # one env per kind the file's task ids name
     malformed = disagreements = 0
     for number, line in enumerate(_lines(args.file), start=1):
         if not line.strip():
@@ -134,17 +158,18 @@ def score(args) -> int:
             obj = _read_line(line)
             task_id = row["task_id"] = obj["task_id"]
             turns = _turns(obj)
-            task = get_task(task_id)
-            if len(turns) > task.num_turns:
-                raise ValueError(f"{len(turns)} turns given, {task_id} has {task.num_turns}")
-            signatures = call_signatures(task.involved_classes)  # binds positional python arguments
-            parsed = [[parse_step(s, args.tool_format, signatures) for s in turn] for turn in turns]
-            diag = judge(task, parsed, args.instance_mismatch)
-            row.update(diag.to_dict())
-            if official is not None:
-                valid, error_type = official(task, parsed)
-                row["official"] = {"reward": int(valid), "error_type": error_type}
-                disagreements += (int(valid), error_type) != (diag.reward, diag.error_type)
+            env = _scoring_env(args, task_id, envs)
+            if env.kind == "bfcl":
+                verdict, parsed = _score_bfcl(task_id, turns, env.tool_format, args.instance_mismatch)
+                row.update(verdict.to_dict())
+                if official is not None:
+                    valid, error_type = official(parsed[0], parsed[1])
+                    row["official"] = {"reward": int(valid), "error_type": error_type}
+                    disagreements += (int(valid), error_type) != (verdict.reward, verdict.error_type)
+            else:
+                if official is not None:
+                    raise ValueError(f"--official runs bfcl-eval's checker: bfcl tasks only, {task_id} is {env.kind}'s")
+                row.update(_score_played(env, task_id, turns))
         except (ValueError, KeyError) as exc:
             malformed += 1
             row["error"] = str(exc.args[0]) if exc.args else str(exc)
@@ -154,6 +179,46 @@ def score(args) -> int:
     if malformed:
         print(f"seal: {malformed} malformed line(s); the others were scored", file=sys.stderr)
     return 1 if (malformed or disagreements) else 0
+
+
+def _scoring_env(args, task_id: str, envs: dict[str, Any]):
+    from env_pool.registry import env_kind
+
+    kind = env_kind(task_id)
+    if kind not in envs:
+        try:
+            envs[kind] = env_for(args, task_id, instance_mismatch=args.instance_mismatch)
+        except CliError as exc:  # a line of another env than env= names: that line's error
+            raise ValueError(str(exc)) from None
+    return envs[kind]
+
+
+def _score_bfcl(task_id: str, turns: list[list[str]], tool_format: str, instance_mismatch: str):
+    """bfcl-eval's runner: each turn's steps decoded as given, those that decode to no call dropped,
+    judged as the official checker judges them. Returns the verdict and (task, parsed turns)."""
+    from env_pool.bfcl.judge import judge
+    from env_pool.bfcl.runtime import call_signatures
+    from env_pool.bfcl.tasks import get_task
+    from env_pool.tool_calls import parse_step
+
+    task = get_task(task_id)
+    if len(turns) > task.num_turns:
+        raise ValueError(f"{len(turns)} turns given, {task_id} has {task.num_turns}")
+    signatures = call_signatures(task.involved_classes)  # binds positional python arguments
+    parsed = [[parse_step(s, tool_format, signatures) for s in turn] for turn in turns]
+    return judge(task, parsed, instance_mismatch), (task, parsed)
+
+
+def _score_played(env, task_id: str, turns: list[list[str]]) -> dict[str, Any]:
+    """Another env's verdict: the step texts played through the env (a turn ends where the env
+    ends it: a step without a call), fewer turns than the task has ending the episode cut off."""
+    from env_pool.base import play_scripted
+
+    expected = len(env.reference_turns(task_id))  # KeyError naming an unknown id
+    if len(turns) > expected:
+        raise ValueError(f"{len(turns)} turns given, {task_id} has {expected}")
+    result = play_scripted(env, task_id, turns)
+    return {k: getattr(result, k) for k in ("reward", "tags", "labels", "progress", "error_type")}
 
 
 def _print_score_row(row: dict[str, Any], as_json: bool) -> None:
@@ -170,19 +235,19 @@ def _print_score_row(row: dict[str, Any], as_json: bool) -> None:
 
 # ----------------------------------------------------------------------- show
 def show(args) -> int:
-    from env_pool.bfcl.env import BfclEnv
-    from env_pool.bfcl.tasks import get_task
+    from env_pool.registry import category_of
 
     interface = _interface(args.interface, args.guidelines)
-    env = BfclEnv(tool_format=args.tool_format)
-    task = get_task(args.task_id)
+    env = env_for(args, args.task_id)
+    turns = len(env.reference_turns(args.task_id))  # one entry per user turn; KeyError for an unknown id
     messages = env.reset(args.task_id, interface)
     print(
-        f"# {task.id} ({task.category}), format={args.tool_format}, interface v{interface.version}: {json.dumps(interface.to_dict())}"
+        f"# {args.task_id} ({category_of(args.task_id)}), env={env.kind}, format={env.tool_format}, "
+        f"interface v{interface.version}: {json.dumps(interface.to_dict())}"
     )
     for m in messages:
         print(f"\n=== {m['role']} (turn 0) ===\n{m['content']}")
-    for turn in range(1, task.num_turns):
+    for turn in range(1, turns):
         for m in env.user_messages(turn):
             print(f"\n=== {m['role']} (turn {turn}) ===\n{m['content']}")
     return 0

@@ -75,7 +75,10 @@ def test_score_text_mode_reads_stdin():
         (("env", "show", "multi_turn_nope_3"), "unknown BFCL task id"),
         (("env", "show", "multi_turn_base_0", "--interface", "lite,magic"), "unknown interface component"),
         (("env", "score", "/no/such/file.jsonl"), "no such file"),
-        (("train", "env=nope"), "bad config"),
+        (("train", "env=nope"), "env=nope: no such option (the env options are bfcl shopping "),
+        (("env", "show", "shop_0", "env=toy"), "task shop_0 is a shopping task, not toy's: leave out env=toy"),
+        (("env", "replay-gt", "env=nope"), "env=nope: seal env serves bfcl, shopping, "),
+        (("env", "show", "foo_1"), "no environment has task id 'foo_1' (task ids start with multi_turn_, shop_, toy_"),
     ],
 )
 def test_user_errors_are_one_line(args, fragment):
@@ -101,10 +104,33 @@ def test_show_lets_a_person_diff_raw_and_training():
 
 
 def test_replay_gt_json_shape():
-    proc = seal("env", "replay-gt", "--split", "test", "--json")
+    proc = seal("env", "replay-gt", "env=bfcl", "--split", "test", "--json")
     out = json.loads(proc.stdout)
     assert proc.returncode == 0 and out["tasks"] == out["reward_1"] == 400
     assert out["by_category"] == {
         c: {"tasks": 100, "reward_1": 100} for c in ("base", "miss_func", "miss_param", "long_context")
     }
     assert set(out["tags"]) == {"pass", "correct_abstention"}
+
+
+@pytest.mark.parametrize(("env", "tasks", "categories"), [("shopping", 480, 3), ("toy", 300, 3)])
+def test_every_env_command_serves_the_built_in_envs(tmp_path, env, tasks, categories):
+    from env_pool.shopping.env import ShoppingEnv
+    from env_pool.toy.env import ToyToolEnv
+
+    proc = seal("env", "replay-gt", f"env={env}", "--json")
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["env"] == env and out["tasks"] == out["reward_1"] == tasks
+    assert len(out["by_category"]) == categories
+    first = f"{'shop' if env == 'shopping' else 'toy'}_0"
+    shown = seal("env", "show", first)  # the task id names its env
+    assert shown.returncode == 0 and shown.stdout.startswith(f"# {first} (") and f"env={env}" in shown.stdout
+    assert "=== user (turn 0) ===" in shown.stdout
+    reference = (ShoppingEnv("python") if env == "shopping" else ToyToolEnv()).reference_turns(first)
+    lines = [{"task_id": first, "turns": reference}, {"task_id": first, "turns": [["I cannot help with that."]]}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = [json.loads(line) for line in seal("env", "score", str(path), "--json").stdout.splitlines()]
+    assert [r["reward"] for r in rows] == [1, 0] and rows[0]["error"] is None and rows[1]["tags"]
+    official = seal("env", "score", str(path), "--official", "--json")
+    assert official.returncode == 1 and "bfcl-eval's checker: bfcl tasks only" in official.stdout
