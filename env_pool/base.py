@@ -103,10 +103,21 @@ class EpisodeStateError(RuntimeError):
 
 
 class Environment(abc.ABC):
+    """The episode API (docs/custom-environment.md). ``kind`` names the environment in
+    trajectories and errors. The built-in environments are listed in env_pool/registry.py; one
+    from elsewhere also sets ``task_prefix`` (every one of its task ids starts with it) and
+    ``category_of``, which is how the registry finds a task's environment and category."""
+
     kind: str = "base"
+    task_prefix: str = ""
 
     def __init__(self) -> None:
         self.stats = EnvStats()
+
+    @classmethod
+    def category_of(cls, task_id: str) -> str:
+        """The category of one of this environment's task ids; a KeyError names an unknown id."""
+        raise NotImplementedError(f"{cls.__name__} sets task_prefix and must define category_of")
 
     @abc.abstractmethod
     def task_ids(self, split: str = "all") -> list[str]: ...

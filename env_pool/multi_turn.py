@@ -29,27 +29,42 @@ from typing import Any, Protocol
 
 from env_pool import tags as T
 from env_pool.base import Environment, EpisodeResult, EpisodeStateError, Message, Outcome, StepResult, TokenCounter
+from env_pool.contract import check_verdict
 from env_pool.interface.feedback import parse_failure_hint
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from env_pool.tool_calls import FORMATS, ParsedStep, Signatures, ToolCall, parse_step
 
 
 class Task(Protocol):
-    id: str
-    category: str
+    """What the step loop reads of a task (read-only: a frozen dataclass is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def category(self) -> str: ...
 
     @property
     def num_turns(self) -> int: ...
 
 
 class Verdict(Protocol):
-    """What an env's verifier says about a finished episode."""
+    """What an env's verifier says about a finished episode (read-only: a frozen dataclass is one)."""
 
-    reward: int
-    progress: float
-    tags: Sequence[str]  # released vocabulary, one per user turn
-    labels: Sequence[str]  # paper vocabulary, one per user turn
-    error_type: str | None
+    @property
+    def reward(self) -> int: ...  # 0 or 1
+
+    @property
+    def progress(self) -> float: ...
+
+    @property
+    def tags(self) -> Sequence[str]: ...  # released vocabulary, one per user turn
+
+    @property
+    def labels(self) -> Sequence[str]: ...  # paper vocabulary, one per user turn
+
+    @property
+    def error_type(self) -> str | None: ...
 
 
 class MultiTurnEnv(Environment):
@@ -135,7 +150,8 @@ class MultiTurnEnv(Environment):
 
     def step(self, assistant_text: str) -> StepResult:
         if self._task is None or self._done:
-            raise EpisodeStateError("step() needs an episode in progress: call reset() first")
+            state = "no episode yet" if self._task is None else f"{self._task.id} ended ({self._outcome_name()})"
+            raise EpisodeStateError(f"{type(self).__name__}.step: {state}; call reset() first")
         t0 = time.perf_counter()
         turn = self._turn
         parsed = parse_step(assistant_text, self.tool_format, self._signatures())
@@ -191,6 +207,7 @@ class MultiTurnEnv(Environment):
         if self._result is None:
             t0 = time.perf_counter()
             verdict = self._judge()
+            check_verdict(self, verdict.reward, verdict.tags, verdict.labels)
             task = self._task
             self._result = EpisodeResult(
                 env=self.kind,
@@ -214,6 +231,9 @@ class MultiTurnEnv(Environment):
         return self._result
 
     # ---------------------------------------------------------- helpers
+    def _outcome_name(self) -> str:
+        return (self._outcome or Outcome.ABORTED).value
+
     def _check_context(self) -> None:
         if self.token_counter is None or self._done:
             return

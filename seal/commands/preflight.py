@@ -76,6 +76,7 @@ def check(cfg) -> None:
     trainer = check_pipeline_config(
         cfg
     )  # the pipeline's own checks (the trainer group typed, learner size, guideline_policy)
+    _check_env_class(cfg)  # before it is built: a missing method is one line naming it
     built = {group: _build(cfg, group) for group in CHEAP}
     _build_queue(cfg, trainer)
     _check_signatures(cfg)
@@ -89,7 +90,8 @@ def check(cfg) -> None:
     _check_resume(cfg, trainer)
     from seal.run.task_fit import training_pool
 
-    training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
+    pool = training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
+    _check_env_episode(built["env"], pool[0])
     _check_cluster(cfg)
     from seal.runtime.plan import check_fits
 
@@ -130,6 +132,35 @@ def _check_integers(cfg) -> None:
         value = OmegaConf.select(cfg, key)
         if not _is_int(value):
             raise ValueError(f"{key} must be an integer, got {value!r}")
+
+
+def _check_env_class(cfg) -> None:
+    """The env's class keeps the contract (env_pool/contract.py); its module imports here, so
+    every process of the run can import it the same way (PYTHONPATH, or installed)."""
+    import importlib
+
+    from env_pool.contract import check_env_class
+    from env_pool.registry import ENVIRONMENTS, environments
+
+    target = str(cfg.env._target_)
+    module, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(
+            f"env._target_={target} does not import ({exc}): put its folder on PYTHONPATH or install it "
+            "(docs/custom-environment.md)"
+        ) from None
+    check_env_class(cls, environments(), ENVIRONMENTS)
+
+
+def _check_env_episode(env, task_id: str) -> None:
+    """One task played as a correct agent and as one that never calls: the verdicts, the
+    categories and the end of an episode keep the contract."""
+    from env_pool.contract import check_episode
+    from env_pool.registry import category_of
+
+    check_episode(env, task_id, category_of(task_id))
 
 
 def _build(cfg, group: str):

@@ -24,6 +24,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "evaluation": {"weights", "replay", "env_pool", "rollout"},
     "seal": {"weights", "replay", "env_pool", "rollout", "learner", "actors", "evaluation"},
     "benchmarks": {"weights", "replay", "env_pool", "rollout", "learner", "actors", "evaluation", "seal"},
+    # A user's environment (docs/custom-environment.md) needs the env contract and nothing else.
+    "examples": {"env_pool"},
 }
 # Inside seal/: commands wire run and runtime; a run drives the runtime; the runtime knows neither.
 SEAL_WINGS_MAY_IMPORT: dict[str, set[str]] = {
