@@ -195,3 +195,33 @@ def test_gpu_recipes_recompute_every_micro_batch_as_their_plan_assumes(recipe):
     config's 2048-token threshold (the CPU default's short shopping groups) must not reach them."""
     lc = compose([f"recipe={recipe}"]).learner.cfg
     assert lc.gradient_checkpointing is True and lc.gradient_checkpointing_min_tokens == 0
+
+
+def _leaves(node, prefix: str = "") -> set[str]:
+    if not isinstance(node, dict):
+        return {prefix[:-1]}
+    return {leaf for key, value in node.items() if key != "defaults" for leaf in _leaves(value, f"{prefix}{key}.")}
+
+
+def test_the_learner_options_are_one_base_and_their_backend():
+    """Every learner setting is written once, in configs/learner/base/learner.yaml; zero2, zero3
+    and torch select it and say only their backend (so `lr` cannot drift between them)."""
+    import yaml
+
+    base = _leaves(yaml.safe_load((config_dir() / "learner" / "base" / "learner.yaml").read_text()))
+    assert "cfg.lr" in base and "cfg.loss.kl_coef" in base
+    for option in ("zero2", "zero3", "torch"):
+        own = yaml.safe_load((config_dir() / "learner" / f"{option}.yaml").read_text())
+        assert own["defaults"] == ["base/learner@_here_", "_self_"], option
+        assert _leaves(own) == {"cfg.backend", "cfg.zero_stage"}, option
+    composed = {o: compose([f"learner={o}"]).learner.cfg for o in ("zero2", "zero3", "torch")}
+    assert [(c.backend, c.zero_stage) for c in composed.values()] == [("deepspeed", 2), ("deepspeed", 3), ("torch", 0)]
+    assert (
+        len(
+            {
+                OmegaConf.to_yaml(c).replace(f"zero_stage: {c.zero_stage}", "").replace(c.backend, "")
+                for c in composed.values()
+            }
+        )
+        == 1
+    )
