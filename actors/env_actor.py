@@ -101,6 +101,7 @@ class EnvActor:
             seed=job.seed,
             stats=stats,
             lockstep=self.lockstep,
+            deadline_s=job.episode_deadline_s,
         )
         t_send = time.perf_counter()
         for traj in trajectories:
@@ -125,6 +126,7 @@ class EnvActor:
             env_steps=sum(t.num_steps for t in trajectories),
             tool_calls=sum(t.num_tool_calls for t in trajectories),
             rewards=tuple(float(t.reward) for t in trajectories),
+            faults=tuple(t.infra_fault.kind if t.infra_fault else "" for t in trajectories),
         )
 
     def _generator_for(self, name: str):

@@ -85,13 +85,18 @@ def build_samples(
     zero_var = 0
     scales = []
     for group in groups:
-        adv = grpo_advantages([t.reward for t in group])
+        # Stand-ins for infra-faulted members (replay/queue.py: nothing generated) are outside the
+        # group's statistics: GRPO over the members the policy played, advantage 0 for the rest.
+        adv = grpo_advantages([t.reward for t in group if not t.padding])
         zero_var += adv.zero_variance
         factor = group_weights.get(group[0].group_id, 1.0)
-        for t, a in zip(group, adv.advantages):
+        played = iter(adv.advantages)
+        for t in group:
+            a = 0.0 if t.padding else next(played)
             tags = t.tags if cfg.vocabulary == "released" else t.labels
             scale = trajectory_scale(tags, weights, lo=cfg.scale_min, hi=cfg.scale_max) if cfg.enabled else 1.0
-            scales.append(scale)
+            if not t.padding:
+                scales.append(scale)
             samples.append(
                 Sample(
                     t.token_ids,
@@ -105,12 +110,13 @@ def build_samples(
                     tuple(t.policy_versions),
                 )
             )
-    n = len(samples)
+    played_rewards = [t.reward for g in groups for t in g if not t.padding]
+    n = len(played_rewards)
     stats = BatchStats(
         len(groups),
-        n,
+        len(samples),
         zero_var,
         sum(scales) / n if n else 1.0,
-        sum(t.reward for g in groups for t in g) / n if n else 0.0,
+        sum(played_rewards) / n if n else 0.0,
     )
     return samples, stats

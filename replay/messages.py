@@ -10,7 +10,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+# 2: ``infra_fault`` (typed) replaces the free-text ``error``; ``padding`` marks a group's stand-ins.
+SCHEMA_VERSION = 2
+
+# Why an episode ended because of the system, not the policy (docs/main-job.md, "Infra faults"):
+# the generator failed a request, the engine refused one, the episode ran past
+# trainer.episode_deadline_s, or the environment's own code raised (a tool's error reply to the
+# model is benchmark feedback, never one of these).
+INFRA_FAULT_KINDS = ("generation_error", "engine_rejected", "deadline", "env_error")
+
+
+@dataclass(frozen=True)
+class InfraFault:
+    """An episode ended by the system: it never contributes a reward, an advantage or a group statistic."""
+
+    kind: str  # one of INFRA_FAULT_KINDS
+    message: str  # the first error, one line
+
+    def __post_init__(self) -> None:
+        if self.kind not in INFRA_FAULT_KINDS:
+            raise ValueError(f"infra fault kind {self.kind!r}, expected one of {', '.join(INFRA_FAULT_KINDS)}")
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -45,10 +67,20 @@ class Trajectory:
     num_tool_calls: int
     num_steps: int
     timings: dict[str, float] = field(default_factory=dict)  # generate_s, env_s, judge_s, total_s
-    error: str | None = None  # a process error (the episode still ends with a record)
+    # Set when the system ended the episode (the episode still ends with a record): its reward is
+    # not the policy's, so the replay queue keeps it out of every group statistic (replay/queue.py).
+    infra_fault: InfraFault | None = None
     start_version: int = 0  # the generator's policy version when the episode began
     num_parse_errors: int = 0  # assistant steps whose tool calls did not parse
+    # A stand-in the replay queue puts in an infra-failed member's place when the group trains on
+    # the rest: the prompt alone, nothing generated, outside the group's statistics (learner/batch.py).
+    padding: bool = False
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def error(self) -> str | None:
+        """The infra fault as one line (``kind: message``), or None."""
+        return None if self.infra_fault is None else str(self.infra_fault)
 
     @property
     def policy_version(self) -> int:
@@ -88,6 +120,7 @@ class Trajectory:
         d["policy_versions"] = self.policy_versions
         d["num_generated_tokens"] = self.num_generated_tokens
         d["num_tokens"] = len(self.token_ids)
+        d["error"] = self.error
         return d
 
     @classmethod
@@ -97,6 +130,8 @@ class Trajectory:
         known = set(cls.__dataclass_fields__)
         fields = {k: v for k, v in d.items() if k in known}
         fields["segments"] = [Segment(**s) for s in d["segments"]]
+        if fields.get("infra_fault") is not None:
+            fields["infra_fault"] = InfraFault(**fields["infra_fault"])
         return cls(**fields)
 
 
@@ -148,6 +183,9 @@ class GroupJob:
     seed: int
     attempt: int = 0
     generator: str = ""  # the generator replica (Ray actor name) the router chose; "" = the env actor's default
+    # Wall-clock budget of each episode (trainer.episode_deadline_s): past it the episode ends as an
+    # infra fault of kind "deadline". None: no budget.
+    episode_deadline_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,3 +211,4 @@ class GroupReport:
     env_steps: int
     tool_calls: int
     rewards: tuple[float, ...] = ()  # per rollout, in rollout order: the driver's progress line shows them
+    faults: tuple[str, ...] = ()  # per rollout: its infra fault's kind, "" for none (its reward is not the policy's)

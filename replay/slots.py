@@ -1,26 +1,31 @@
 """Bookkeeping of the training stream: which task slot is where.
 
 Slot k is the k-th group the run asks for (task ``task_ids[k % len]``). A slot
-is dispatched as a GroupJob; if its producer dies, the job is re-issued under
-a new group id (same slot); it ends either consumed by the learner (exactly
-once, or an error is raised), dropped as stale or filtered out for zero reward
-variance (both counted). Admission bounds staleness at the source: with policy
+is dispatched as a GroupJob; if its producer dies, or too many of its episodes
+end by an infra fault, the job is re-issued under a new group id (same slot); it
+ends either consumed by the learner (exactly once, or an error is raised), dropped
+as stale, filtered out for zero reward variance, or given up after
+``max_attempts`` failures that were not crashes (one log line names the task and
+its first error; the run stops only when more slots were given up than trained). Admission bounds staleness at the source: with policy
 version v acknowledged by the generator, slots up to
 (v + max_staleness + 1) * groups_per_step + oversample (plus one for each slot
-dropped or filtered: the refill) may start; in sync mode (max_staleness 0,
-oversample 0) that is exactly one batch ahead, so generation and learning
-alternate.
+dropped, filtered or given up: the refill) may start; in sync mode (max_staleness 0,
+and no oversampling: seal/config.py TrainerConfig) that is exactly one batch
+ahead, so generation and learning alternate and every group generated trains.
 
 Pure logic (no Ray, no sockets), so its exactly-once property is tested alone.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from replay.messages import GroupJob
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +35,7 @@ class SlotCounters:
     consumed: int = 0
     dropped: int = 0
     filtered: int = 0
+    given_up: int = 0  # slots whose task failed max_attempts times for reasons other than a crash
 
 
 class SlotLedger:
@@ -42,6 +48,7 @@ class SlotLedger:
         seed: int,
         max_attempts: int = 5,
         oversample: int = 0,
+        episode_deadline_s: float | None = None,
     ) -> None:
         if not task_ids:
             raise ValueError("no tasks")
@@ -54,6 +61,7 @@ class SlotLedger:
         self.max_staleness = max_staleness
         self.seed = seed
         self.max_attempts = max_attempts
+        self.episode_deadline_s = episode_deadline_s  # travels with every job (GroupJob.episode_deadline_s)
         self.next_slot = 0
         self.base = 0  # slots finished before this ledger started (resume)
         self.base_version = 0  # the policy version then
@@ -63,15 +71,15 @@ class SlotLedger:
         self.in_flight: dict[str, GroupJob] = {}  # group id -> job
         self.retry: deque[GroupJob] = deque()
         self.errors: dict[int, int] = {}  # slot -> failures not caused by a crash
+        self.first_error: dict[int, str] = {}  # slot -> the first of them, for the give-up line
         self.counters = SlotCounters()
 
     # ------------------------------------------------------------ dispatch
     def admitted(self, acked_version: int) -> int:
         """Slots that may have started by now."""
         steps = acked_version - self.base_version + self.max_staleness + 1
-        return (
-            self.base + steps * self.groups_per_step + self.oversample + self.counters.dropped + self.counters.filtered
-        )
+        c = self.counters
+        return self.base + steps * self.groups_per_step + self.oversample + c.dropped + c.filtered + c.given_up
 
     def next_job(self, acked_version: int) -> GroupJob | None:
         """A re-issue first, else the next slot if admitted."""
@@ -97,6 +105,7 @@ class SlotLedger:
             n=self.n,
             seed=self.seed * 1_000_003 + slot * 7919 + attempt * 104_729,
             attempt=attempt,
+            episode_deadline_s=self.episode_deadline_s,
         )
 
     def starts_epoch(self, job: GroupJob) -> bool:
@@ -107,19 +116,43 @@ class SlotLedger:
         """The producer reported the group sent (it now waits in the replay queue)."""
         return self.in_flight[group_id]
 
-    def failed(self, group_id: str, crash: bool = False) -> GroupJob:
+    def failed(self, group_id: str, crash: bool = False, error: str = "") -> GroupJob | None:
         """The producer failed (``crash``: its process died, which says nothing
-        about the task): the slot goes back, under a new group id. A task that
-        itself fails ``max_attempts`` times stops the run with its name."""
+        about the task) or the group's episodes ended by infra faults (``error``:
+        the first): the slot goes back, under a new group id. A slot that fails
+        ``max_attempts`` times otherwise than by a crash is given up (None; one log
+        line); more slots given up than trained stops the run (the system, not a
+        task, is failing)."""
         job = self.in_flight.pop(group_id)
         if not crash:
             self.errors[job.slot] = self.errors.get(job.slot, 0) + 1
+            self.first_error.setdefault(job.slot, error or "no error text")
             if self.errors[job.slot] >= self.max_attempts:
-                raise RuntimeError(f"task slot {job.slot} ({job.task_id}) failed {self.max_attempts} times; giving up")
+                self._give_up(job)
+                return None
         retry = self._job(job.slot, job.attempt + 1)
         self.retry.append(retry)
         self.counters.reissued += 1
         return retry
+
+    def _give_up(self, job: GroupJob) -> None:
+        self.lost.add(job.slot)
+        self.counters.given_up += 1
+        first = self.first_error.pop(job.slot, "")
+        self.errors.pop(job.slot, None)
+        self._advance()
+        log.warning(
+            "task %s (slot %d) given up after %d attempts failed for the system's reasons; first error: %s",
+            job.task_id,
+            job.slot,
+            self.max_attempts,
+            first,
+        )
+        if self.counters.given_up > self.counters.consumed + self.max_attempts:
+            raise RuntimeError(
+                f"{self.counters.given_up} task slots given up against {self.counters.consumed} trained: "
+                f"the system keeps failing (last: {job.task_id}: {first}); see the run log"
+            )
 
     def consumed(self, group_id: str) -> int:
         job = self.in_flight.pop(group_id, None)

@@ -280,9 +280,17 @@ class ReplayServer:
         with self._lock:
             return self.queue.abandon(group_id)
 
-    def drain_dropped(self) -> list[str]:
+    def drain_dropped(self) -> list[Group]:
         with self._lock:
             return self.queue.drain_dropped()
+
+    def drain_faulted(self) -> list[Group]:
+        with self._lock:
+            return self.queue.drain_faulted()
+
+    def undecided_tokens(self) -> dict[str, int]:
+        with self._lock:
+            return self.queue.undecided_tokens()
 
     def expired(self) -> list[tuple[str, str]]:
         with self._lock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from replay.messages import SCHEMA_VERSION, Control, Segment, Trajectory
+from replay.messages import SCHEMA_VERSION, Control, InfraFault, Segment, Trajectory
 
 # What travels as msgpack: the trajectory stream and the control socket. Interface updates and
 # tag summaries cross between actors through Ray, which pickles them.
@@ -42,6 +42,7 @@ def encode(message: Any) -> bytes:
         # element (about 10 ms for 2K tokens) only for them to be replaced.
         body = {f.name: getattr(message, f.name) for f in fields(message) if f.name not in _ARRAY_NAMES}
         body["segments"] = [asdict(seg) for seg in message.segments]
+        body["infra_fault"] = None if message.infra_fault is None else asdict(message.infra_fault)
         for name, dtype in _ARRAYS:
             body[name] = np.asarray(getattr(message, name), dtype=dtype).tobytes()
     else:
@@ -75,6 +76,8 @@ def decode(frame: bytes) -> Any:
                     raise WireError(f"{name} must be raw {dtype} bytes")
                 body[name] = np.frombuffer(raw, dtype=dtype).tolist()
             body["segments"] = [Segment(**s) for s in body["segments"]]
+            if body.get("infra_fault") is not None:  # a map {kind, message}; an unknown kind is refused
+                body["infra_fault"] = InfraFault(**body["infra_fault"])
             message = Trajectory(**body)
             message.validate()
             return message

@@ -5,18 +5,25 @@ engine they advance in lockstep, so every generation call is one batch (and
 the shared prompt prefix is computed once, then served from vLLM's prefix
 cache); with a continuous-batching engine each episode sends its next turn
 as soon as its env step is done (``lockstep=False``).
+
+An episode the system ends (a failed or refused generation request, the
+episode's wall-clock deadline, an exception from the environment's own code)
+still ends with a record, marked with its ``InfraFault``: the replay queue keeps
+it out of every reward statistic. A lost generator replica is different: the
+whole group is re-issued elsewhere (GeneratorUnavailable propagates).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from env_pool.base import Environment, Outcome
+from env_pool.base import Environment, EpisodeResult, Outcome
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
-from replay.messages import Segment, Trajectory
+from replay.messages import InfraFault, Segment, Trajectory
 from rollout.chat import ChatTokenizer, Message
 from rollout.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 
@@ -36,7 +43,11 @@ class _Episode:
     generate_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    error: str | None = None
+    fault: InfraFault | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.fault is None and not self.env.done
 
     def add(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
         self.token_ids.extend(ids)
@@ -68,6 +79,7 @@ def run_group(
     seed: int | None = None,
     stats: GroupStats | None = None,
     lockstep: bool = True,
+    deadline_s: float | None = None,
 ) -> list[Trajectory]:
     """n rollouts of ``task_id``; each ends with a record, whatever happens.
 
@@ -75,10 +87,14 @@ def run_group(
     (a blocking engine serves the group together). False: each episode runs on
     its own thread and sends its next turn as soon as its env step is done, so
     with a continuous-batching engine no episode waits for its siblings' turns.
+    ``deadline_s``: each episode's wall-clock budget; past it the episode ends as
+    an infra fault of kind ``deadline`` (a generation call still waiting is left behind).
     """
     if n < 1:
         raise ValueError(f"a group needs n >= 1 rollouts, got {n}")
-    return run_episodes(make_env, generator, chat, [task_id] * n, sampling, interface, group_id, seed, stats, lockstep)
+    return run_episodes(
+        make_env, generator, chat, [task_id] * n, sampling, interface, group_id, seed, stats, lockstep, deadline_s
+    )
 
 
 def run_episodes(
@@ -92,33 +108,40 @@ def run_episodes(
     seed: int | None = None,
     stats: GroupStats | None = None,
     lockstep: bool = True,
+    deadline_s: float | None = None,
 ) -> list[Trajectory]:
     """One episode per entry of ``task_ids`` (a group repeats one task; a frozen
     evaluation plays many tasks), played together as run_group describes: with a
     blocking engine every generation step of every episode is one batch."""
     if not task_ids:
         raise ValueError("run_episodes needs at least one task id")
+    if deadline_s is not None and deadline_s <= 0:
+        raise ValueError(f"an episode deadline must be > 0 seconds, got {deadline_s}")
     group_id = group_id or uuid.uuid4().hex[:12]
     start_version = generator.policy_version
     t_start = time.perf_counter()
+    play = _Play(generator, chat, sampling, group_id, seed, None if deadline_s is None else t_start + deadline_s)
     episodes = []
     for i, task_id in enumerate(task_ids):
         ep = _Episode(env=make_env(), index=i)
-        ep.before = ep.env.reset(task_id, interface)
-        if not ep.env.done:
+        try:
+            ep.before = ep.env.reset(task_id, interface)
+        except Exception as exc:  # the env's own code (a benchmark's tool errors are replies, never raised)
+            _fault(ep, "env_error", exc)
+        if ep.active:
             ep.add(chat.prompt_ids(ep.before), 0)
         ep.prompt_length = len(ep.token_ids)
         episodes.append(ep)
 
     if lockstep:
-        _play_lockstep(episodes, generator, chat, sampling, group_id, seed)
+        _play_lockstep(episodes, play)
     else:
-        _play_independently(episodes, generator, chat, sampling, group_id, seed)
+        _play_independently(episodes, play)
 
     total = time.perf_counter() - t_start
     trajectories = []
-    for ep in episodes:
-        res = ep.env.result()
+    for ep, task_id in zip(episodes, task_ids):
+        res = _result(ep, task_id)
         traj = Trajectory(
             task_id=res.task_id,
             category=res.category,
@@ -146,7 +169,7 @@ def run_episodes(
                 "judge_s": res.judge_seconds,
                 "total_s": total,
             },
-            error=ep.error,
+            infra_fault=ep.fault,
             start_version=start_version,
             num_parse_errors=res.num_parse_errors,
         )
@@ -160,30 +183,116 @@ def run_episodes(
     return trajectories
 
 
-def _request(
-    ep: _Episode, generator: Generator, sampling: SamplingConfig, group_id: str, seed: int | None, step: int
-) -> GenerationRequest | None:
+@dataclass(frozen=True)
+class _Play:
+    """What every turn of one group's episodes shares."""
+
+    generator: Generator
+    chat: ChatTokenizer
+    sampling: SamplingConfig
+    group_id: str
+    seed: int | None
+    deadline: float | None  # perf_counter() past which an episode ends as an infra fault; None: no budget
+
+    def generate(self, requests: list[GenerationRequest]):
+        """The generator's outputs, or _DeadlinePassed once the episodes' budget is spent
+        (the call then goes on in the background; its output is never read)."""
+        if self.deadline is None:
+            return self.generator.generate(requests, self.sampling)
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            raise _DeadlinePassed()
+        box: dict[str, object] = {}
+
+        def call() -> None:
+            try:
+                box["out"] = self.generator.generate(requests, self.sampling)
+            except BaseException as exc:  # handed to the episode's thread below
+                box["exc"] = exc
+
+        worker = threading.Thread(target=call, name=f"generate-{self.group_id}", daemon=True)
+        worker.start()
+        worker.join(left)
+        if worker.is_alive():
+            raise _DeadlinePassed()
+        if "exc" in box:
+            raise box["exc"]  # type: ignore[misc]
+        return box["out"]
+
+
+class _DeadlinePassed(Exception):
+    """The episode's wall-clock budget (trainer.episode_deadline_s) ran out."""
+
+
+def _request(ep: _Episode, play: _Play, step: int) -> GenerationRequest | None:
     """The episode's next generation request, or None when no room is left (the episode ends)."""
-    room = generator.max_model_len - len(ep.token_ids)
+    room = play.generator.max_model_len - len(ep.token_ids)
     if room < MIN_NEW_TOKENS:
         ep.env.end(Outcome.CONTEXT_OVERFLOW)
         return None
-    req_seed = None if seed is None else seed * 1_000_003 + ep.index * 1009 + step
+    req_seed = None if play.seed is None else play.seed * 1_000_003 + ep.index * 1009 + step
     return GenerationRequest(
-        f"{group_id}-{ep.index}-{step}", ep.token_ids, min(sampling.max_new_tokens, room), req_seed
+        f"{play.group_id}-{ep.index}-{step}", ep.token_ids, min(play.sampling.max_new_tokens, room), req_seed
     )
 
 
-def _failed(ep: _Episode, exc: Exception) -> None:
-    """A generator failure ends the episode with a named error."""
-    ep.error = f"generation failed: {exc.__class__.__name__}: {exc}"
-    ep.env.end(Outcome.ABORTED)
+def _fault(ep: _Episode, kind: str, exc: BaseException | None) -> None:
+    """The system ended the episode: marked (never a reward of the policy), the env told where it can be."""
+    message = "past its wall-clock deadline" if exc is None else f"{exc.__class__.__name__}: {exc}"
+    ep.fault = InfraFault(kind, " ".join(message.split())[:500])
+    try:
+        ep.env.end(Outcome.ABORTED)
+    except Exception:  # an env whose own code raised may not end cleanly; the record says why
+        pass
 
 
-def _apply(
-    ep: _Episode, req: GenerationRequest, out, chat: ChatTokenizer, sampling: SamplingConfig, elapsed: float
-) -> None:
+def _generation_failed(ep: _Episode, exc: Exception) -> None:
+    """A generation request that failed: refused by the engine (a bad request: ValueError,
+    TypeError, also as Ray's wrapped cause) or an engine error on the request."""
+    if isinstance(exc, _DeadlinePassed):
+        _fault(ep, "deadline", None)
+    else:
+        _fault(ep, "engine_rejected" if isinstance(exc, (ValueError, TypeError)) else "generation_error", exc)
+
+
+def _result(ep: _Episode, task_id: str) -> EpisodeResult:
+    """The env's verdict; for an episode the env's own code broke, a placeholder (an infra fault
+    is never scored: the replay queue keeps it out of every statistic)."""
+    try:
+        return ep.env.result()
+    except Exception:
+        if ep.fault is None:
+            raise
+    from env_pool.registry import category_of
+
+    try:
+        category = category_of(task_id)
+    except Exception:  # an id no registry knows: the env's own naming is broken too
+        category = "unknown"
+    return EpisodeResult(
+        env=ep.env.kind,
+        task_id=task_id,
+        category=category,
+        reward=0,
+        success=False,
+        progress=0.0,
+        tags=[],
+        labels=[],
+        error_type=None,
+        outcome=Outcome.ABORTED.value,
+        interface_version=0,
+        num_steps=0,
+        num_tool_calls=0,
+        num_parse_errors=0,
+        turns=[],
+        env_seconds=0.0,
+        judge_seconds=0.0,
+    )
+
+
+def _apply(ep: _Episode, req: GenerationRequest, out, play: _Play, elapsed: float) -> None:
     """One generated turn into the episode: its tokens (a segment per policy version), the env's step, the reply."""
+    chat, sampling = play.chat, play.sampling
     ep.generate_s += elapsed
     ep.prompt_tokens += out.prompt_tokens
     ep.cached_tokens += out.cached_prompt_tokens
@@ -191,7 +300,11 @@ def _apply(
     ep.add(out.token_ids, 1, out.logprobs)
     ep.segments.extend(Segment(start + s.start, start + s.end, s.version) for s in out.version_spans())
     text, ended = chat.completion_text(out.token_ids)
-    result = ep.env.step(text)
+    try:
+        result = ep.env.step(text)
+    except Exception as exc:  # the env's own code raised: the system's fault, not the policy's
+        _fault(ep, "env_error", exc)
+        return
     new_messages = [] if result.done else result.messages
     ep.add(chat.continuation_ids(ep.before, text, ended, new_messages), 0)
     ep.before = ep.before + [{"role": "assistant", "content": text}] + list(new_messages)
@@ -199,52 +312,50 @@ def _apply(
         ep.env.end(Outcome.CONTEXT_OVERFLOW)  # cut by the context, not by the budget
 
 
-def _play_lockstep(episodes, generator, chat, sampling, group_id, seed) -> None:
+def _play_lockstep(episodes: list[_Episode], play: _Play) -> None:
     step = 0
     while True:
-        active = [ep for ep in episodes if not ep.env.done]
+        active = [ep for ep in episodes if ep.active]
         if not active:
             return
-        requests = [
-            (ep, r) for ep in active if (r := _request(ep, generator, sampling, group_id, seed, step)) is not None
-        ]
+        requests = [(ep, r) for ep in active if (r := _request(ep, play, step)) is not None]
         if not requests:
             continue
         t0 = time.perf_counter()
         try:
-            outputs = generator.generate([r for _, r in requests], sampling)
+            outputs = play.generate([r for _, r in requests])
         except GeneratorUnavailable:
             raise  # the whole group is re-issued elsewhere
         except Exception as exc:
             for ep, _ in requests:
-                _failed(ep, exc)
+                _generation_failed(ep, exc)
             continue
         elapsed = (time.perf_counter() - t0) / len(requests)
         for (ep, req), out in zip(requests, outputs):
-            _apply(ep, req, out, chat, sampling, elapsed)
+            _apply(ep, req, out, play, elapsed)
         step += 1
 
 
-def _play_independently(episodes, generator, chat, sampling, group_id, seed) -> None:
+def _play_independently(episodes: list[_Episode], play: _Play) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    def play(ep: _Episode) -> None:
+    def run(ep: _Episode) -> None:
         step = 0
-        while not ep.env.done:
-            req = _request(ep, generator, sampling, group_id, seed, step)
+        while ep.active:
+            req = _request(ep, play, step)
             if req is None:
                 return
             t0 = time.perf_counter()
             try:
-                out = generator.generate([req], sampling)[0]
+                out = play.generate([req])[0]
             except GeneratorUnavailable:
                 raise
             except Exception as exc:
-                _failed(ep, exc)
+                _generation_failed(ep, exc)
                 return
-            _apply(ep, req, out, chat, sampling, time.perf_counter() - t0)
+            _apply(ep, req, out, play, time.perf_counter() - t0)
             step += 1
 
-    with ThreadPoolExecutor(len(episodes), thread_name_prefix=f"episode-{group_id}") as pool:
-        for future in [pool.submit(play, ep) for ep in episodes]:
+    with ThreadPoolExecutor(len(episodes), thread_name_prefix=f"episode-{play.group_id}") as pool:
+        for future in [pool.submit(run, ep) for ep in episodes]:
             future.result()  # GeneratorUnavailable: the group is re-issued (the other episodes finish first)

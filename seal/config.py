@@ -121,7 +121,9 @@ class TrainerConfig:
     per_category_guidelines: bool
     skip_overlong: bool
     filter_groups: Literal["none", "zero_variance"]
-    oversample: int = _at_least(0)
+    oversample: int = _at_least(0)  # async mode only (admission_oversample)
+    min_group_size: int | None = _at_least(1, "null: the whole group")
+    episode_deadline_s: float | None = field(metadata={"above": 0, "why": "null: no deadline"})
     fill_patience: int = _at_least(1, "batches of filtered groups")
     unfilled: Literal["skip", "partial"]
     weight_canary: bool
@@ -158,6 +160,13 @@ class TrainerConfig:
     @property
     def sync(self) -> bool:
         return self.mode == "sync"
+
+    @property
+    def admission_oversample(self) -> int:
+        """Groups admitted beyond the staleness bound: none in sync mode, where a group admitted
+        ahead of its batch could only wait out the next update and be dropped as stale (every
+        group generated trains, or is filtered and refilled, or fails and is re-issued)."""
+        return 0 if self.sync else self.oversample
 
     @property
     def staleness(self) -> int:
@@ -234,6 +243,14 @@ def _checked(key: str, hint: Any, value: Any, meta: Mapping[str, Any]) -> Any:
         value = float(value)
     if hint == (str | None) and value is not None and not isinstance(value, str):
         raise ValueError(f"{key} must be a path or null, got {value!r}")
+    if hint == (int | None) and value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{key} must be an integer or null, got {value!r}")
+    if hint == (float | None) and value is not None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{key} must be a number of seconds or null, got {value!r}")
+        value = float(value)
+    if value is None:
+        return value
     why = f" ({meta['why']})" if meta.get("why") else ""
     if "min" in meta and value < meta["min"]:
         raise ValueError(f"{key} must be >= {meta['min']}{why}, got {value!r}")

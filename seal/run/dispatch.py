@@ -2,12 +2,20 @@
 one generator replica (its prefix cache serves every turn and rollout of the group), and
 the job's report, or its failure, comes back here. The trajectories themselves travel to
 the replay server on their own stream (replay/transport.py); the report only counts them.
+
+A group whose episodes the system ended (infra faults) with too few members left to train
+(trainer.min_group_size; replay/queue.py) is re-issued here through the slot ledger, like a
+group lost with a crashed actor; a task that keeps failing that way is given up (replay/slots.py).
+A step's generation figures describe the groups the step decided, so before its row the step
+waits (bounded) for those groups' reports: ``settle``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from replay.messages import GroupJob, GroupReport
@@ -21,6 +29,13 @@ if TYPE_CHECKING:
     from seal.runtime.publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
+
+# A decided group's report is at most a moment behind its trajectories (the env actor returns it
+# once they are handed to the transport): a minute means the actor is gone.
+SETTLE_TIMEOUT_S = 60.0
+# At the run's end the groups still playing are waited for this long, so their tokens are counted
+# (in_flight_end) instead of left with the actors; past it they count as unattributed.
+END_DRAIN_TIMEOUT_S = 300.0
 
 
 class Dispatcher:
@@ -39,6 +54,7 @@ class Dispatcher:
         self.window, self.progress = window, progress
         self.max_new_tokens, self.filter_zero_variance = max_new_tokens, filter_zero_variance
         self.jobs: dict[Any, tuple[GroupJob, str]] = {}  # job ref -> (job, env actor name)
+        self.given_up: set[str] = set()  # group ids failed here: a late report of one is not the group's
 
     def fill(self) -> None:
         """A job for every idle env actor, while the ledger admits one at the acknowledged version."""
@@ -70,10 +86,42 @@ class Dispatcher:
                 self._done(ref)
 
     def expire(self) -> None:
-        """Groups whose rollouts did not all arrive in time are given up; their slots re-issued."""
+        """Groups whose rollouts did not all arrive in time are given up, and groups left with too few
+        members by infra faults; their slots re-issued (or, after the ledger's bound, given up)."""
         for gid, _task in self.replay.expired():
             if gid in self.ledger.in_flight:
-                self.ledger.failed(gid)
+                self.given_up.add(gid)
+                self.ledger.failed(gid, error=f"group {gid} past trainer.reissue_after_s")
+        for group in self.replay.drain_faulted():
+            self.window.decide("infra_failed", group)
+            if group.group_id in self.ledger.in_flight:
+                self.given_up.add(group.group_id)
+                self.ledger.failed(group.group_id, error=str(group.faulted[0].infra_fault))
+
+    def settle(self, group_ids: Iterable[str], timeout_s: float = SETTLE_TIMEOUT_S) -> list[str]:
+        """Wait (at most ``timeout_s``) for the jobs of ``group_ids`` to come back, and take their
+        reports; returns the group ids still out."""
+        import ray
+
+        wanted = set(group_ids)
+        refs = [ref for ref, (job, _) in self.jobs.items() if job.group_id in wanted]
+        deadline = time.monotonic() + timeout_s
+        while refs and (left := deadline - time.monotonic()) > 0:
+            ready, refs = ray.wait(refs, num_returns=len(refs), timeout=left)
+            self.collect(ready)
+        return [job.group_id for ref, (job, _) in self.jobs.items() if ref in refs]
+
+    def drain(self, timeout_s: float = END_DRAIN_TIMEOUT_S) -> list[str]:
+        """The run's end: every job in flight comes back (bounded), none starts; the group ids still out."""
+        out = self.settle([job.group_id for job, _ in self.jobs.values()], timeout_s)
+        if out:
+            log.warning(
+                "the run ends with %d groups still playing after %.0f s (%s): their tokens count as unattributed",
+                len(out),
+                timeout_s,
+                ", ".join(out),
+            )
+        return out
 
     def _done(self, ref) -> None:
         import ray
@@ -100,14 +148,16 @@ class Dispatcher:
             )
             self.window.note_failure(exc)
             if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
-                self.ledger.failed(job.group_id, crash=crash)
+                self.given_up.add(job.group_id)
+                self.ledger.failed(job.group_id, crash=crash, error=f"{exc.__class__.__name__}: {exc}")
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.actors.crashed(name)
             if isinstance(exc, GeneratorUnavailable):
                 self.actors.generators.replica_lost(job.generator)
                 self.publisher.check(force=True)
             return
-        if job.group_id in self.ledger.in_flight:
+        if job.group_id not in self.given_up:  # its fate may already be decided: the report still describes it
             self.window.add_report(report)
-            equal = self.filter_zero_variance and len(set(report.rewards)) == 1
+            played = [r for r, fault in zip(report.rewards, report.faults or [""] * len(report.rewards)) if not fault]
+            equal = self.filter_zero_variance and len(set(played)) == 1
             self.progress.group_done(report, filtered=equal, in_flight=len(self.jobs))

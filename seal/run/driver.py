@@ -70,7 +70,13 @@ class Pipeline:
         record_storage(run_dir, self.storage)
         self._owns_ray = not ray.is_initialized()  # tests share one Ray session across pipelines
         self.ledger = SlotLedger(
-            self.task_ids, cfg.n, t.groups_per_step, t.staleness, cfg.seed, oversample=t.oversample
+            self.task_ids,
+            cfg.n,
+            t.groups_per_step,
+            t.staleness,
+            cfg.seed,
+            oversample=t.admission_oversample,
+            episode_deadline_s=t.episode_deadline_s,
         )
         queue = ReplayQueue(
             cfg.n,
@@ -79,6 +85,7 @@ class Pipeline:
             stale_policy=t.stale_policy,
             reissue_after_s=t.reissue_after_s,
             filter_groups=t.filter_groups,
+            min_group_size=t.min_group_size,
         )
         self.window = StepWindow(
             t.mode,
@@ -205,7 +212,13 @@ class Pipeline:
                 outcome = self.learning.advance()
                 if outcome is None:
                     continue
-                row = self.window.row(outcome, self._facts(), time.perf_counter())
+                last = self.state.step >= target  # the run's end closes the token books: groups playing come back
+                if last:
+                    self.dispatch.drain()
+                self.dispatch.settle(self.window.awaiting_reports())  # a step's figures are its groups' (step_metrics)
+                undecided = self.replay.undecided_tokens() if last else None
+                row = self.window.row(outcome, self._facts(), time.perf_counter(), undecided)
+                self.state.count_tokens(0, row.pop("_rollout_tokens"))
                 history.append(row)
                 runlog.write(row, row.pop("_interface"))
                 self.progress.step_done(row)
@@ -241,6 +254,7 @@ class Pipeline:
             env_actors=self.actors.target_env,
             filtered_total=counters.filtered,
             reissued=counters.reissued,
+            given_up=counters.given_up,
             replay=self.replay.counters(),
             control_unauthorized=self.control.unauthorized if self.control else 0,
             weight_rounds_failed=len(self.actors.learners.survivable_failures),
@@ -293,6 +307,8 @@ def check_pipeline_config(cfg) -> TrainerConfig:
     learner group's size against its backend, and the guideline policy (built in the coordinator
     actor: it fails here, before anything starts). Returns the trainer group."""
     trainer = TrainerConfig.of(cfg)
+    if trainer.min_group_size is not None and trainer.min_group_size > cfg.n:
+        raise ValueError(f"trainer.min_group_size={trainer.min_group_size} is more than a group's n={cfg.n} rollouts")
     world = cfg.learner.get("world_size", 1)
     if not isinstance(world, int) or world < 1:
         raise ValueError(f"learner.world_size must be an integer >= 1, got {world!r}")

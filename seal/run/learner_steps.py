@@ -77,17 +77,18 @@ class LearnerSteps:
         filtered = self.replay.drain_filtered()
         for g in filtered:
             self.ledger.filtered(g.group_id)
-            self.window.add_filtered(g)
+            self.window.decide("filtered", g)
         if filtered:
-            self._record_tags([t for g in filtered for t in g.trajectories])
+            self._record_tags([t for g in filtered for t in g.members])
 
     def _maybe_train(self) -> StepOutcome | None:
         """Hand a ready batch to the learner; the outcome of a step skipped for want of groups
         with reward variance, else None."""
         t = self.trainer
         groups = self.replay.take_batch()
-        for gid in self.replay.drain_dropped():
-            self.ledger.dropped(gid)
+        for g in self.replay.drain_dropped():
+            self.ledger.dropped(g.group_id)
+            self.window.decide("stale_dropped", g)
         self._drain_filtered()
         partial = False
         if groups is None and self.window.filtered_count >= t.fill_patience * t.groups_per_step:
@@ -112,12 +113,13 @@ class LearnerSteps:
             )
         if groups is None:
             return None
-        trajs = [tr for g in groups for tr in g.trajectories]
+        trajs = [tr for g in groups for tr in g.trajectories]  # infra-faulted members' places hold stand-ins
         for g in groups:
             self.ledger.consumed(g.group_id)
+            self.window.decide("trained", g)
         # Tags of what the learner trains on go to the coordinator first, then
         # its tag weights (an object ref: resolved by Ray, coordinator -> learner).
-        self._record_tags(trajs)
+        self._record_tags([tr for g in groups for tr in g.members])
         weights_ref = self.actors.coordinator.step_weights.remote()
         group_weights = {g.group_id: g.weight for g in groups if g.weight < 1.0}
         ref = self.actors.learners.train(trajs, weights_ref, group_weights, self.state.version, partial)
@@ -156,7 +158,5 @@ class LearnerSteps:
         if self.trainer.sync:  # generation waits for the new weights and interface; async goes on
             self.publisher.wait(refs)
         interface = bounded_get(round_ref, COORDINATOR_TIMEOUT_S, f"coordinator end_round of step {state.step}")
-        state.count_tokens(
-            result["sequence_tokens"], sum(r.prompt_tokens + r.generated_tokens for r in self.window.reports)
-        )
+        state.count_tokens(result["sequence_tokens"], 0)  # the rollout tokens: from the step's row (driver)
         return StepOutcome(groups, result, interface, t_learn)

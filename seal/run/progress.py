@@ -109,6 +109,10 @@ def guideline_change(before: Sequence[str] | None, after: Sequence[str]) -> str:
 def group_done_text(report, filtered: bool) -> str:
     rate = report.generated_tokens / report.wall_s if report.wall_s > 0 else 0.0
     note = "; equal rewards: filtered" if filtered else ""
+    faults = [k for k in report.faults if k]
+    if faults:  # those rewards are not the policy's: out of every statistic (docs/main-job.md, "Infra faults")
+        kinds = ", ".join(sorted(set(faults)))
+        note += f"; {len(faults)} of {len(report.faults)} episodes ended by an infra fault ({kinds}): not scored"
     return (
         f"{report.group_id} done on {report.actor} in {duration(report.wall_s)}: {rewards_text(report.rewards)}{note}, "
         f"{report.generated_tokens} tokens ({rate:.1f} tok/s), policy v{report.start_version}, "

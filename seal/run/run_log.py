@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from replay.token_ledger import BUCKETS
+
 SCALARS = (
     "reward_mean",
     "policy_version",
@@ -64,8 +66,35 @@ SCALARS = (
     "prefix_cache_reset_refused",
     "drain_timeouts",
     "weight_rounds_failed",
+    # infra faults: episodes the system ended, never scored (replay/queue.py); slots given up (replay/slots.py)
+    "infra_failures_total",
+    "episodes_played",
+    "fault_reissued_groups",
+    "given_up",
 )
-GROUPS = ("tag_weights", "tag_fractions", "success_by_category", "reward_by_category", "wait_s", "idle_ratio")
+GROUPS = (
+    "tag_weights",
+    "tag_fractions",
+    "success_by_category",
+    "reward_by_category",
+    "wait_s",
+    "idle_ratio",
+    "infra_failures",
+    "tokens",
+)
+
+
+def stacked_tokens(tokens: Mapping[str, Any]) -> dict[str, int]:
+    """The step's token buckets as the lines of a stacked chart (TensorBoard draws lines, not areas):
+    line k is the sum of the first k buckets, so the band between two lines is one bucket and the
+    top line is every token the step attributed."""
+    out, total = {}, 0
+    for k, bucket in enumerate(BUCKETS, 1):
+        total += int(tokens.get(bucket) or 0)
+        out[f"{k}_{'' if k == 1 else '+'}{bucket}"] = total
+    return out
+
+
 # TensorBoard's Custom Scalars tab (http://localhost:6006/#custom_scalars, which the closing note
 # names): what a user asks first (is it learning, per category; before vs after on the raw
 # interface) above the engine-room charts. Each chart is a regex over the tags written here
@@ -103,6 +132,17 @@ LAYOUT = {
         "step seconds and waits": ["Multiline", [r"train/step_s", r"wait_s/.*"]],
         "idle ratio per stage": ["Multiline", [r"idle_ratio/.*"]],
     },
+    "5 where the generated tokens went": {
+        # replay/token_ledger.py: every generated token in one bucket, by the step that decided its group
+        "generated tokens by fate, stacked (each line adds a bucket; tokens/generated: the engine's count)": [
+            "Multiline",
+            [r"tokens_stacked/.*", r"tokens/generated"],
+        ],
+        "infra failures by kind (episodes the system ended, never scored)": [
+            "Multiline",
+            [r"infra_failures/.*", r"train/infra_failures_total"],
+        ],
+    },
 }
 
 
@@ -131,6 +171,8 @@ class RunLog:
             for k, v in (row.get(group) or {}).items():
                 if v is not None:
                     self._writer.add_scalar(f"{group}/{k}", v, step)
+        for k, v in stacked_tokens(row.get("tokens") or {}).items():
+            self._writer.add_scalar(f"tokens_stacked/{k}", v, step)
         self._writer.add_text("interface/active_guidelines", ", ".join(row["active_guidelines"]) or "none", step)
         self._writer.flush()
 

@@ -4,17 +4,31 @@ Throughputs are pipeline figures over the window between two learner steps
 (generated tokens per wall second, not per generator-busy second); waits are
 summed per stage; idle ratios say how much of the window each stage had
 nothing to do. Counters (dropped, reissued, rejected, ...) are cumulative.
+
+Generation figures (groups, tokens, prefix-cache hits, env time) describe the groups
+the step decided (trained, filtered, dropped as stale, re-issued for infra faults),
+whenever their reports arrived: a group is attributed to one step, never to the one
+its report happened to land in. Episodes the system ended (infra faults) are counted
+by kind and never enter a reward figure; the wasted-token ledger (replay/token_ledger.py)
+says where each generated token went.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replay.messages import GroupReport
+from replay.messages import INFRA_FAULT_KINDS, GroupReport
+from replay.token_ledger import TokenLedger, run_totals
+
+log = logging.getLogger(__name__)
+
+# How a group decided in a step ended: the token bucket its members go to.
+FATES = ("trained", "filtered", "stale_dropped", "infra_failed")
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,7 @@ class RunFacts:
     env_actors: int  # the target count
     filtered_total: int  # slots whose groups the filter set aside (the ledger's counter)
     reissued: int
+    given_up: int  # slots given up after max_attempts failures for the system's reasons (the ledger's counter)
     replay: Mapping[str, Any]  # the replay server's counters (dropped_stale, rejected, unauthorized, ...)
     control_unauthorized: int  # refused handshakes on the control socket
     weight_rounds_failed: int  # weight rounds a replica left, since the start
@@ -54,33 +69,72 @@ class StepWindow:
         self.learner_world_size = learner_world_size
         self.devices = learner_world_size + generator_replicas
         self._reset(time.perf_counter())
+        self._books()
         self._gen_busy0: float | None = None
 
     def _reset(self, now: float) -> None:
         self.started = now
-        self.reports: list[GroupReport] = []
         self.failures: Counter[str] = Counter()
-        self.filtered: list = []  # replay.queue.Group set aside for zero reward variance
+        self.decided: dict[str, list] = {fate: [] for fate in FATES}  # replay.queue.Group by fate, this step
+
+    def _books(self) -> None:
+        """What lives across steps: reports by group, the token ledger, infra-fault kinds seen."""
+        self.reports: dict[str, GroupReport] = {}  # by group id, until the step deciding the group takes it
+        self.tokens = TokenLedger()
+        self.fault_kinds_seen: set[str] = set()
+        self._lost_tokens0 = 0  # the replay queue's lost_tokens at the last row
+        self._gen_count0: int | None = None  # the replicas' generated_tokens at the last row
+
+    @property
+    def filtered(self) -> list:
+        return self.decided["filtered"]
 
     @property
     def filtered_count(self) -> int:
-        return len(self.filtered)
+        return len(self.decided["filtered"])
 
     def add_filtered(self, group) -> None:
-        self.filtered.append(group)
+        self.decide("filtered", group)
+
+    def decide(self, fate: str, group) -> None:
+        """A group's fate, in the step that decided it: its tokens to their bucket, its infra faults counted."""
+        self.decided[fate].append(group)
+        self.tokens.add_group(fate, group)
+        for t in group.faulted:
+            kind = t.infra_fault.kind
+            if kind not in self.fault_kinds_seen:
+                self.fault_kinds_seen.add(kind)
+                log.warning(
+                    "infra fault %s, first of its kind in this run (task %s, group %s): %s; such episodes are "
+                    "not scored (counted as infra_failures)",
+                    kind,
+                    t.task_id,
+                    t.group_id,
+                    t.infra_fault.message,
+                )
+
+    def awaiting_reports(self) -> list[str]:
+        """Groups decided this step whose report has not come back yet."""
+        return [g.group_id for gs in self.decided.values() for g in gs if g.group_id not in self.reports]
 
     def add_report(self, report: GroupReport) -> None:
-        self.reports.append(report)
+        self.reports[report.group_id] = report
 
     def note_failure(self, exc: BaseException) -> None:
         self.failures[type(exc).__name__] += 1
 
-    def row(self, outcome: StepOutcome, facts: RunFacts, now: float) -> dict[str, Any]:
-        """The step's row; ``now``: when it ended (the next window starts there)."""
+    def row(
+        self, outcome: StepOutcome, facts: RunFacts, now: float, undecided: Mapping[str, int] | None = None
+    ) -> dict[str, Any]:
+        """The step's row; ``now``: when it ended (the next window starts there). ``undecided``: at the
+        run's end, the replay queue's groups no fate reached (group id -> tokens): the row then also
+        closes the run's token books (``tokens_run``)."""
         wall = max(now - self.started, 1e-9)
-        reports, groups = self.reports, outcome.groups
-        trained = [t for g in groups for t in g.trajectories]
-        filtered = [t for g in self.filtered for t in g.trajectories]
+        groups = outcome.groups  # decided "trained" when the learner took them (seal/run/learner_steps.py)
+        decided = [g for gs in self.decided.values() for g in gs]
+        reports = [self.reports.pop(g.group_id) for g in decided if g.group_id in self.reports]
+        trained = [t for g in groups for t in g.members]
+        filtered = [t for g in self.filtered for t in g.members]
         # Everything this step consumed: the batch and the groups the filter set aside.
         trajs = trained + filtered
         tags = Counter(tag for t in trajs for tag in t.tags)
@@ -88,6 +142,7 @@ class StepWindow:
         by_cat: dict[str, list] = defaultdict(list)
         for t in trajs:
             by_cat[t.category].append(t)
+        faults = Counter(t.infra_fault.kind for g in decided for t in g.faulted)
         replicas = facts.replicas
         busy = sum(r["busy_s"] for r in replicas.values()) if len(replicas) == facts.replica_count else None
         gen_idle = None
@@ -140,7 +195,7 @@ class StepWindow:
             "prefix_cache_hit_rate": sum(r.cached_prompt_tokens for r in reports) / prompt if prompt else 0.0,
             "env_steps_per_s": sum(r.env_steps for r in reports) / env_s if env_s else 0.0,
             "env_tool_calls": sum(r.tool_calls for r in reports),
-            "groups_generated": len(reports),
+            "groups_generated": len(decided),  # the groups this step decided, whatever their fate
             "learner_samples_per_s": result.get("samples_per_s"),
             "learner_tokens_per_s": result.get("tokens_per_s"),
             "publish_s": facts.publish_s,
@@ -164,14 +219,63 @@ class StepWindow:
             "replay_frames_by_peer": counters["frames_by_peer"],  # cumulative, by the IP each frame came from
             "duplicates": counters["duplicates"],
             "lost_groups": dict(self.failures),
+            # Episodes the system ended (never scored), by kind; the groups re-issued for them; slots given up.
+            "infra_failures": {k: faults[k] for k in INFRA_FAULT_KINDS},
+            "infra_failures_total": sum(faults.values()),
+            "episodes_played": sum(len(g.members) + len(g.faulted) for g in decided),
+            "fault_reissued_groups": len(self.decided["infra_failed"]),
+            "given_up": facts.given_up,
+            **self._token_books(facts, undecided),
             "generator_restores": facts.generator_restores,
             "env_actors": facts.env_actors,
             "skipped_overlong_tasks": self.skipped_overlong,
             "step_s": wall,
             "_interface": interface["state"],
+            "_rollout_tokens": sum(r.prompt_tokens + r.generated_tokens for r in reports),
         }
         self._reset(now)
         return row
+
+    def _token_books(self, facts: RunFacts, undecided: Mapping[str, int] | None) -> dict[str, Any]:
+        """``tokens``: this step's buckets and the generator's own count over the step; at the run's
+        end also ``tokens_run``: the run's buckets against the generator's count since the start."""
+        lost = int(facts.replay.get("lost_tokens", 0))
+        self.tokens.add("lost", max(0, lost - self._lost_tokens0))
+        self._lost_tokens0 = lost
+        count = None
+        if len(facts.replicas) == facts.replica_count:  # every replica answered
+            count = sum(int(r.get("generated_tokens", 0)) for r in facts.replicas.values())
+        step_generated = None
+        if count is not None and self._gen_count0 is not None and count >= self._gen_count0:
+            step_generated = count - self._gen_count0
+        elif count is not None and self._gen_count0 is None:
+            step_generated = count
+        self._gen_count0 = count if count is not None else self._gen_count0
+        out: dict[str, Any] = {}
+        if undecided is not None:
+            # Groups the end left open: a finished group by its report (whole), else what reached the queue.
+            open_ids = set(undecided) | set(self.reports)
+            self.tokens.add(
+                "in_flight_end",
+                sum(self.reports[g].generated_tokens if g in self.reports else undecided[g] for g in open_ids),
+            )
+        out["tokens"] = {**self.tokens.close_step(), "generated": step_generated}
+        if undecided is not None:
+            out["tokens_run"] = self.tokens.totals(count)
+        return out
+
+
+def sum_token_books(rows) -> dict[str, Any] | None:
+    """The run's token books over its invocations (a resumed run starts new ones): each invocation's
+    last row carries ``tokens_run``; None when no row does."""
+    books = [r["tokens_run"] for r in rows if r.get("tokens_run")]
+    if not books:
+        return None
+    buckets = Counter()
+    for b in books:
+        buckets.update({k: v for k, v in b.items() if k not in ("attributed", "generated", "unattributed")})
+    counts = [b.get("generated") for b in books]
+    return run_totals(buckets, None if None in counts else sum(counts))
 
 
 # The learner's off-policy and loss statistics copied into the row (learner/step_stats.py).

@@ -17,12 +17,15 @@ included) and the paths; `seal/commands/train.py` prints it and writes the file.
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from evaluation.before_after import held_in_record
+from replay.token_ledger import BUCKETS, reached_gradient
 from seal.run.progress import duration
+from seal.run.step_metrics import sum_token_books
 from seal.runtime.storage import resume_checkpoint
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -192,6 +195,40 @@ def verdict(final: Mapping[str, Any]) -> str:
     return f"on unseen test tasks, {final['after']} vs {final['before']}: " + "; ".join(parts)
 
 
+def infra_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The run's episodes the system ended (never scored), by kind, against every episode played."""
+    kinds: Counter[str] = Counter()
+    for r in rows:
+        kinds.update({k: int(v) for k, v in (r.get("infra_failures") or {}).items() if v})
+    played = sum(int(r.get("episodes_played") or 0) for r in rows)
+    total = sum(kinds.values())
+    reissued = sum(int(r.get("fault_reissued_groups") or 0) for r in rows)
+    given_up = max((int(r.get("given_up") or 0) for r in rows), default=0)
+    if not total:
+        return f"none of {played} episodes ended by the system"
+    by_kind = ", ".join(f"{k} {n}" for k, n in kinds.most_common())
+    return (
+        f"{total} of {played} episodes ({total / played:.1%}) ended by the system, not scored ({by_kind}); "
+        f"{reissued} groups re-issued, {given_up} tasks given up"
+    )
+
+
+def tokens_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Where the generated tokens went (replay/token_ledger.py), from each invocation's closing books."""
+    books = sum_token_books(rows)
+    if books is None:
+        return "not counted (a run from before the token ledger)"
+    share = reached_gradient(books)
+    head = f"{share:.0%} of generated tokens reached a gradient" if share is not None else "no tokens generated"
+    parts = ", ".join(f"{b.replace('_', ' ')} {books[b]}" for b in BUCKETS if books[b] or b == "trained")
+    engine = (
+        f"; the engine generated {books['generated']}, {books['unattributed']} unattributed"
+        if books["generated"] is not None
+        else ""
+    )
+    return f"{head} ({parts}){engine}"
+
+
 def _row(label: str, text: str) -> str:
     return f"{label:<{LABEL_WIDTH}} {text}"
 
@@ -249,6 +286,12 @@ def summary_text(
             f"v{start_policy} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
             f"steps skipped, {filtered} groups filtered (equal rewards)",
         ),
+    ]
+    if any("episodes_played" in r for r in rows):  # rows from before the infra-fault counts have none
+        lines.append(_row("infra faults", infra_text(rows)))
+    if any(r.get("tokens_run") for r in rows):
+        lines.append(_row("tokens", tokens_text(rows)))
+    lines += [
         _row("throughput", f"{gen / gen_s if gen_s else 0.0:.1f} generated tokens/s, {learner}"),
         _row(
             "TensorBoard",

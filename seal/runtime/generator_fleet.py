@@ -135,11 +135,13 @@ class GeneratorFleet:
             options["scheduling_strategy"] = strategy
             self.chosen_nodes[name] = node
         if self.is_async:
-            from actors.generation.async_vllm_engine import AsyncVllmGenerator
+            from hydra.utils import get_class
 
+            # The class _target_ names: the async engine or a subclass of it (generator_spec.is_async_engine).
+            engine = get_class(self.spec["_target_"])
             kwargs = {k: v for k, v in self.spec.items() if k != "_target_"}
             handle = (
-                ray.remote(AsyncVllmGenerator)
+                ray.remote(engine)
                 .options(**options)
                 .remote(**kwargs, await_weights=await_weights, setup=res.pinned(dict))
             )

@@ -172,3 +172,34 @@ def test_apatch_clip_range_is_config():
     for lo, hi in [(0.0, 1.0), (-1.0, 2.0), (2.0, 1.0)]:
         with pytest.raises(ValueError, match="0 < scale_min <= scale_max"):
             APatchConfig(scale_min=lo, scale_max=hi)
+
+
+@given(
+    rewards=st.lists(st.sampled_from([0.0, 1.0, 0.5]), min_size=2, max_size=8),
+    faulted=st.sets(st.integers(0, 7), max_size=6),
+)
+def test_group_statistics_with_members_removed_equal_grpo_over_the_rest(rewards, faulted):
+    """Infra-faulted members leave the group (replay/queue.py puts stand-ins in their places): the
+    advantages of the rest are GRPO's over the rest alone, and the stand-ins carry none."""
+    from dataclasses import replace
+
+    from learner.batch import build_samples
+    from replay.messages import InfraFault
+    from replay.queue import stand_in
+
+    group = [_trajectory(i, r, []) for i, r in enumerate(rewards)]
+    gone = {i for i in faulted if i < len(group)}
+    rest = [t for t in group if t.rollout_index not in gone]
+    if not rest:
+        return
+    members = [
+        stand_in(rest[0], replace(t, infra_fault=InfraFault("generation_error", "x"))) if t.rollout_index in gone else t
+        for t in group
+    ]
+    samples, stats = build_samples(members, BASE)
+    expected = iter(grpo_advantages([t.reward for t in rest]).advantages)
+    for t, s in zip(members, samples):
+        assert s.raw_advantage == (0.0 if t.padding else pytest.approx(next(expected)))
+        assert (s.num_tokens == 0) == t.padding  # a stand-in has nothing to train
+    assert stats.reward_mean == pytest.approx(sum(t.reward for t in rest) / len(rest))
+    assert stats.zero_variance_groups == grpo_advantages([t.reward for t in rest]).zero_variance

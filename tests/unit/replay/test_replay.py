@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.messages import Control, Segment, Trajectory
+from replay.messages import SCHEMA_VERSION, Control, InfraFault, Segment, Trajectory
 from replay.queue import ReplayQueue
 from replay.wire import WireError, decode, encode
 
@@ -48,6 +49,7 @@ def traj(group="g0", index=0, version=0, reward=1.0, n_tokens=12) -> Trajectory:
     "message",
     [
         traj(),
+        replace(traj(), infra_fault=InfraFault("engine_rejected", "ValueError: prompt longer than the model")),
         Control("scale", {"env": 6}),
     ],
 )
@@ -68,8 +70,8 @@ def test_token_arrays_travel_as_raw_bytes():
         (b"\xc1garbage", "not msgpack"),
         (msgpack.packb([1, 2]), "map with keys"),
         (msgpack.packb({"v": 99, "kind": "control", "body": {"command": "x"}}), "schema version"),
-        (msgpack.packb({"v": 1, "kind": "nope", "body": {}}), "unknown message kind"),
-        (msgpack.packb({"v": 1, "kind": "control", "body": {"cmd": "x"}}), "bad control body"),
+        (msgpack.packb({"v": SCHEMA_VERSION, "kind": "nope", "body": {}}), "unknown message kind"),
+        (msgpack.packb({"v": SCHEMA_VERSION, "kind": "control", "body": {"cmd": "x"}}), "bad control body"),
     ],
 )
 def test_malformed_frames_are_rejected_with_a_reason(frame, reason):
@@ -174,3 +176,57 @@ def test_no_filter_keeps_every_group_and_partial_takes_what_is_ready():
     assert q.take_batch(partial=True) is None  # nothing ready: still None
     with pytest.raises(ValueError, match="filter_groups"):
         ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="dapo")
+
+
+def test_the_infra_fault_is_typed_on_the_wire_and_an_unknown_kind_is_refused():
+    faulted = replace(traj(), infra_fault=InfraFault("deadline", "past its wall-clock deadline"))
+    body = msgpack.unpackb(encode(faulted), raw=False)["body"]
+    assert body["infra_fault"] == {"kind": "deadline", "message": "past its wall-clock deadline"}
+    assert decode(encode(faulted)).error == "deadline: past its wall-clock deadline" and traj().error is None
+    assert Trajectory.from_dict(faulted.to_dict()) == faulted
+    body["infra_fault"]["kind"] = "policy_was_bad"
+    frame = msgpack.packb({"v": SCHEMA_VERSION, "kind": "trajectory", "body": body}, use_bin_type=True)
+    with pytest.raises(WireError, match="infra fault kind 'policy_was_bad'"):
+        decode(frame)
+
+
+def fault(t: Trajectory, kind: str = "generation_error") -> Trajectory:
+    return replace(t, infra_fault=InfraFault(kind, "boom"))
+
+
+def test_faulted_members_leave_the_statistics_and_a_short_group_is_handed_back():
+    q = ReplayQueue(group_size=4, groups_per_batch=1, min_group_size=3, filter_groups="zero_variance")
+    # one fault: three members left, enough; rewards 1 1 0 among them (the fault's 0 is not counted)
+    for i, r in enumerate((1.0, 1.0, 0.0)):
+        q.add(traj("ok", i, reward=r))
+    q.add(fault(traj("ok", 3, reward=0.0)))
+    (group,) = q.take_batch()
+    assert [t.rollout_index for t in group.trajectories] == [0, 1, 2, 3] and group.trajectories[3].padding
+    assert group.trajectories[3].num_generated_tokens == 0 and group.trajectories[3].infra_fault is None
+    assert [t.rollout_index for t in group.members] == [0, 1, 2] and [t.rollout_index for t in group.faulted] == [3]
+    # two faults: two left, fewer than 3: handed back for re-issue, never batched
+    for i in range(4):
+        q.add(fault(traj("short", i)) if i < 2 else traj("short", i, reward=float(i % 2)))
+    assert q.take_batch() is None and [g.group_id for g in q.drain_faulted()] == ["short"] and q.drain_faulted() == []
+    # one fault whose removal leaves equal rewards: the filter judges the members the policy played
+    for i in range(3):
+        q.add(traj("flat", i, reward=1.0))
+    q.add(fault(traj("flat", 3, reward=0.0)))
+    assert [g.group_id for g in q.drain_filtered()] == ["flat"]
+    assert (q.stats.infra_failed, q.stats.fault_reissued, q.stats.filtered) == (4, 1, 1)
+
+
+def test_every_generated_token_of_the_queue_is_decided_lost_or_undecided():
+    now = [0.0]
+    q = ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=10, clock=lambda: now[0])
+    q.add(traj("late", 0))
+    now[0] = 10.0
+    assert [gid for gid, _ in q.expired()] == ["late"] and q.stats.lost_tokens == 4
+    q.add(traj("late", 1))  # the straggler of a group given up
+    assert q.stats.lost_tokens == 8
+    q.add(traj("open", 0))
+    q.add(traj("done", 0))
+    q.add(traj("done", 1))
+    assert q.undecided_tokens() == {"open": 4, "done": 8}
+    q.abandon("open")
+    assert q.stats.lost_tokens == 12 and q.undecided_tokens() == {"done": 8}

@@ -39,16 +39,35 @@ def test_a_crash_reissues_the_slot_under_a_new_group_id_and_new_seed():
         ledger.consumed(job.group_id)  # the abandoned group never counts
 
 
-def test_a_task_that_keeps_failing_stops_the_run_but_crashes_do_not_count():
+def test_a_task_that_keeps_failing_is_given_up_in_one_line_but_crashes_do_not_count(caplog):
     ledger = SlotLedger(TASKS, n=2, groups_per_step=1, max_staleness=0, seed=0, max_attempts=2)
     job = ledger.next_job(0)
     for _ in range(5):
         job = ledger.failed(job.group_id, crash=True)
         ledger.next_job(0)
-    job = ledger.failed(job.group_id)
+    job = ledger.failed(job.group_id, error="env_error: RuntimeError: tool server down")
     ledger.next_job(0)
-    with pytest.raises(RuntimeError, match="slot 0 \\(t0\\) failed 2 times"):
-        ledger.failed(job.group_id)
+    assert ledger.failed(job.group_id, error="env_error: again") is None  # the second failure: given up
+    assert ledger.counters.given_up == 1 and ledger.low == 1  # the slot is accounted for ...
+    assert ledger.next_job(0).slot == 1  # ... and refilled
+    (line,) = [r.getMessage() for r in caplog.records if "given up" in r.getMessage()]
+    assert line == (
+        "task t0 (slot 0) given up after 2 attempts failed for the system's reasons; "
+        "first error: env_error: RuntimeError: tool server down"
+    )
+
+
+def test_more_slots_given_up_than_trained_stops_the_run():
+    ledger = SlotLedger(TASKS, n=2, groups_per_step=1, max_staleness=0, seed=0, max_attempts=1)
+    assert ledger.failed(ledger.next_job(0).group_id, error="generation_error: x") is None
+    with pytest.raises(RuntimeError, match="2 task slots given up against 0 trained: the system keeps failing"):
+        ledger.failed(ledger.next_job(0).group_id, error="generation_error: x")
+
+
+def test_jobs_carry_the_episode_deadline():
+    ledger = SlotLedger(TASKS, n=2, groups_per_step=1, max_staleness=0, seed=0, episode_deadline_s=30.0)
+    job = ledger.next_job(0)
+    assert job.episode_deadline_s == 30.0 and ledger.failed(job.group_id).episode_deadline_s == 30.0
 
 
 def test_epoch_boundaries_and_dropped_slots_free_admission():

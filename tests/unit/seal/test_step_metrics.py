@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
-from replay.messages import GroupReport, Segment, Trajectory
-from seal.run.step_metrics import RunFacts, StepOutcome, StepWindow
+from replay.messages import GroupReport, InfraFault, Segment, Trajectory
+from replay.queue import Group as QueueGroup
+from replay.queue import stand_in
+from seal.run.step_metrics import RunFacts, StepOutcome, StepWindow, sum_token_books
 
 REPLAY = {
     "dropped_stale": 1,
@@ -17,10 +19,8 @@ REPLAY = {
 }
 
 
-@dataclass
-class Group:
-    trajectories: list
-    staleness: int = 0
+def Group(trajectories: list, staleness: int = 0, faulted: tuple = ()) -> QueueGroup:
+    return QueueGroup(trajectories[0].group_id, trajectories, staleness, 1.0, faulted)
 
 
 def traj(group: str, reward: float, version: int = 0, category: str = "base") -> Trajectory:
@@ -49,7 +49,7 @@ def traj(group: str, reward: float, version: int = 0, category: str = "base") ->
     )
 
 
-def report(group: str) -> GroupReport:
+def report(group: str, generated: int = 8) -> GroupReport:
     return GroupReport(
         slot=0,
         group_id=group,
@@ -60,7 +60,7 @@ def report(group: str) -> GroupReport:
         start_version=0,
         prompt_tokens=16,
         cached_prompt_tokens=8,
-        generated_tokens=8,
+        generated_tokens=generated,
         generate_s=1.0,
         env_s=0.5,
         send_s=0.1,
@@ -70,15 +70,16 @@ def report(group: str) -> GroupReport:
     )
 
 
-def facts(step: int, version: int, busy: float) -> RunFacts:
-    replicas = {"gen-0": {"busy_s": busy, "requests": 4}}
+def facts(step: int, version: int, busy: float, generated: int = 0, lost: int = 0) -> RunFacts:
+    replicas = {"gen-0": {"busy_s": busy, "requests": 4, "generated_tokens": generated}}
     return RunFacts(
         step=step,
         policy_version=version,
         env_actors=2,
         filtered_total=1,
         reissued=0,
-        replay=REPLAY,
+        given_up=0,
+        replay={**REPLAY, "lost_tokens": lost},
         control_unauthorized=1,
         weight_rounds_failed=0,
         publish_s=0.25,
@@ -94,6 +95,7 @@ def test_a_trained_step_and_a_skipped_one():
     start = window.started
     window.add_report(report("g1"))
     batch = [Group([traj("g1", 1.0), traj("g1", 0.0)], staleness=1)]
+    window.decide("trained", batch[0])  # when the learner took it (seal/run/learner_steps.py)
     result = {"sequence_tokens": 24, "loss": 0.5, "seconds": 1.0}
     interface = {"interface_version": 0, "active_guidelines": [], "state": {"version": 0}}
     row = window.row(StepOutcome(batch, result, interface, 1.5), facts(1, 1, busy=1.0), start + 4.0)
@@ -116,5 +118,67 @@ def test_a_trained_step_and_a_skipped_one():
     window.add_filtered(Group([traj("g2", 0.0), traj("g2", 0.0)]))
     row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, busy=3.0), start + 8.0)
     assert row["skipped"] and row["trained_groups"] == 0 and row["filtered_groups"] == 1 and row["loss"] is None
-    assert row["tokens_per_s_per_device"] == 0.0 and row["groups_generated"] == 0
+    assert row["tokens_per_s_per_device"] == 0.0 and row["groups_generated"] == 1  # the filtered group
     assert row["idle_ratio"]["generator"] == 0.5  # 2 busy seconds of the 4-second window
+
+
+def test_generation_figures_belong_to_the_step_that_decided_the_group_whatever_the_report_order():
+    """A report landing after its group trained (or before the group decided) counts in the deciding step."""
+    window = StepWindow("sync", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
+    interface = {"interface_version": 0, "active_guidelines": [], "state": {}}
+    result = {"sequence_tokens": 24, "seconds": 1.0}
+    window.add_report(report("g2", generated=40))  # an early report: g2 is decided in step 2
+    g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
+    window.decide("trained", g1)
+    assert window.awaiting_reports() == ["g1"]  # the driver settles it before the row
+    window.add_report(report("g1", generated=8))
+    row = window.row(StepOutcome([g1], result, interface, 1.0), facts(1, 1, 1.0), window.started + 2.0)
+    assert row["groups_generated"] == 1 and row["gen_tokens_per_s"] == 8 / 2.0
+    g2 = Group([traj("g2", 1.0), traj("g2", 0.0)])
+    window.decide("trained", g2)
+    row = window.row(StepOutcome([g2], result, interface, 1.0), facts(2, 2, 2.0), window.started + 2.0)
+    assert row["groups_generated"] == 1 and row["gen_tokens_per_s"] == 40 / 2.0
+
+
+def fault(t: Trajectory, kind: str = "generation_error") -> Trajectory:
+    return replace(t, infra_fault=InfraFault(kind, "boom"))
+
+
+def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
+    window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
+    interface = {"interface_version": 0, "active_guidelines": [], "state": {}}
+    good, bad = traj("g1", 1.0), fault(traj("g1", 0.0), "env_error")
+    trained = Group([good, stand_in(good, bad)], faulted=(bad,))
+    window.decide("trained", trained)
+    window.decide("infra_failed", Group([traj("g2", 1.0)], faulted=(fault(traj("g2", 0.0)), fault(traj("g2", 0.0)))))
+    row = window.row(
+        StepOutcome([trained], {"sequence_tokens": 9, "seconds": 1.0}, interface, 1.0),
+        facts(1, 1, 1.0, generated=5 * 4),
+        window.started + 1.0,
+    )
+    assert row["reward_mean"] == 1.0 and row["trained_reward_mean"] == 1.0  # the faulted 0 is not the policy's
+    assert row["infra_failures"] == {"generation_error": 2, "engine_rejected": 0, "deadline": 0, "env_error": 1}
+    assert row["infra_failures_total"] == 3 and row["episodes_played"] == 5 and row["fault_reissued_groups"] == 1
+    # 4 generated tokens per trajectory: 1 trained, 1 faulted in the trained group, 3 in the re-issued one
+    assert row["tokens"]["trained"] == 4 and row["tokens"]["infra_failed"] == 16 and row["tokens"]["generated"] == 20
+
+
+def test_the_token_books_add_up_and_close_with_what_the_end_left_open():
+    window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
+    interface = {"interface_version": 0, "active_guidelines": [], "state": {}}
+    g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
+    window.decide("trained", g1)
+    window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
+    window.decide("stale_dropped", Group([traj("g3", 1.0), traj("g3", 0.0)]))
+    row = window.row(StepOutcome([g1], {"sequence_tokens": 9}, interface, 1.0), facts(1, 1, 1.0, 24), 1.0)
+    assert "tokens_run" not in row
+    window.add_report(report("g5", generated=8))  # finished, its trajectories still on the way
+    g4 = Group([traj("g4", 1.0), traj("g4", 0.0)])
+    window.decide("trained", g4)
+    end = facts(2, 2, 2.0, generated=24 + 8 + 3 + 5 + 8, lost=3)
+    row = window.row(StepOutcome([g4], {"sequence_tokens": 9}, interface, 1.0), end, 2.0, {"g6": 5})
+    books = row["tokens_run"]
+    assert (books["trained"], books["filtered"], books["stale_dropped"], books["lost"]) == (16, 8, 8, 3)
+    assert books["in_flight_end"] == 8 + 5 and books["attributed"] == books["generated"] == 48
+    assert books["unattributed"] == 0 and row["tokens"]["generated"] == 48 - 24
+    assert sum_token_books([{"tokens_run": books}, {}, {"tokens_run": books}])["generated"] == 96

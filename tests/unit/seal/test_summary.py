@@ -224,3 +224,36 @@ def test_the_verdict_says_worse_when_the_whole_interval_is_below_zero():
 
     assert "held-in (all): worse" in verdict(_final((-0.3, -0.01)))
     assert "held-in (all): no change" in verdict(_final((-0.3, 0.01)))
+
+
+def test_the_note_says_how_many_episodes_the_system_ended_and_where_the_tokens_went():
+    from seal.run.summary import infra_text, tokens_text
+
+    books = {
+        "trained": 600,
+        "stale_dropped": 0,
+        "filtered": 200,
+        "update_aborted": 0,
+        "infra_failed": 150,
+        "lost": 0,
+        "in_flight_end": 50,
+        "attributed": 1000,
+        "generated": 1000,
+        "unattributed": 0,
+    }
+    steps = [
+        {"infra_failures": {"generation_error": 2, "env_error": 0}, "episodes_played": 8, "fault_reissued_groups": 1},
+        {"infra_failures": {"env_error": 1}, "episodes_played": 12, "given_up": 1, "tokens_run": books},
+    ]
+    assert infra_text(steps) == (
+        "3 of 20 episodes (15.0%) ended by the system, not scored (generation_error 2, env_error 1); "
+        "1 groups re-issued, 1 tasks given up"
+    )
+    assert tokens_text(steps) == (
+        "60% of generated tokens reached a gradient (trained 600, filtered 200, infra failed 150, "
+        "in flight end 50); the engine generated 1000, 0 unattributed"
+    )
+    assert infra_text([{"episodes_played": 4}]) == "none of 4 episodes ended by the system"
+    assert tokens_text([{}]) == "not counted (a run from before the token ledger)"
+    text = summary_text([{**r, **s} for r, s in zip(rows()[1:], steps)], "r", 1.0, [], checkpoint=True, curves=True)
+    assert f"\ninfra faults     {infra_text(steps)}\ntokens           {tokens_text(steps)}\nthroughput" in text

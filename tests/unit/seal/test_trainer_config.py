@@ -40,6 +40,7 @@ def test_defaults_are_the_yamls():
     assert (t.checkpoint_every, t.checkpoint_keep, t.snapshot_every, t.storage) == (5, 2, 0, None)
     assert (t.weight_canary, t.canary_max_logprob_diff, t.fill_patience, t.oversample) == (True, 1.0, 3, 1)
     assert isinstance(t.reissue_after_s, float) and not t.sync and t.staleness == 1
+    assert (t.min_group_size, t.episode_deadline_s, t.admission_oversample) == (None, None, 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.steps = 3  # type: ignore[misc]
 
@@ -49,6 +50,9 @@ def test_defaults_are_the_yamls():
     [
         (["trainer.steps=7", "trainer.groups_per_step=4"], lambda t: (t.steps, t.groups_per_step) == (7, 4)),
         (["trainer.mode=sync", "trainer.max_staleness=0"], lambda t: t.sync and t.staleness == 0),
+        # sync mode generates what it trains: the oversample setting is async's
+        (["trainer.mode=sync", "trainer.oversample=2"], lambda t: t.oversample == 2 and t.admission_oversample == 0),
+        (["trainer.episode_deadline_s=90"], lambda t: t.episode_deadline_s == 90.0),
         (
             ["trainer.mode=sync"],
             lambda t: t.sync and t.staleness == 0 and t.max_staleness == 1,
@@ -99,6 +103,10 @@ def test_overrides_recipes_and_ablations_reach_it(overrides, check):
         ({"skip_overlong": 1}, "trainer.skip_overlong must be true or false, got 1"),
         ({"filter_groups": "all"}, "trainer.filter_groups must be none or zero_variance, got 'all'"),
         ({"oversample": -1}, "trainer.oversample must be >= 0, got -1"),
+        ({"min_group_size": 0}, "trainer.min_group_size must be >= 1 (null: the whole group), got 0"),
+        ({"min_group_size": 2.5}, "trainer.min_group_size must be an integer or null, got 2.5"),
+        ({"episode_deadline_s": 0}, "trainer.episode_deadline_s must be > 0, got 0.0"),
+        ({"episode_deadline_s": "1m"}, "trainer.episode_deadline_s must be a number of seconds or null, got '1m'"),
         ({"fill_patience": 0}, "trainer.fill_patience must be >= 1 (batches of filtered groups), got 0"),
         ({"unfilled": "wait"}, "trainer.unfilled must be skip or partial, got 'wait'"),
         ({"canary_max_logprob_diff": 0}, "trainer.canary_max_logprob_diff must be > 0, got 0.0"),
