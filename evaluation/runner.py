@@ -1,8 +1,9 @@
 """Running a snapshot on a view's tasks: raw interface, greedy, one rollout per
-task, results cached so a repeated `seal evaluate` only runs what is missing.
+task, the tasks of a view played together (one engine batch per generation step), results
+cached so a repeated `seal evaluate` only runs what is missing.
 
 The cache is RUN_DIR/evaluation/cache/<snapshot>.jsonl, one line per finished
-task, appended as each task ends (an interrupted evaluation keeps what it
+task, appended as each batch of tasks ends (an interrupted evaluation keeps what it
 did). A line is reused only when everything that decides the rollout matches:
 the snapshot's weights, the env config, the sampling settings and the seed
 (hashed into ``key``). Greedy decoding makes a task's result a function of
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -113,18 +114,62 @@ def run_task(
             process_error=f"crash: {exc.__class__.__name__}: {exc}",
             outcome="aborted",
         )
+    return _task_result(traj, snapshot, view, time.perf_counter() - t0)
+
+
+def play_tasks(
+    make_env: Callable[[], Any],
+    generator: Any,
+    chat: Any,
+    task_ids: Sequence[str],
+    sampling: Any,
+    *,
+    snapshot: str,
+    view: str,
+    seed: int,
+) -> list[TaskResult]:
+    """The tasks' greedy rollouts under the raw interface, played together as the closing
+    evaluation plays them (rollout/play.py run_episodes: one engine batch per generation step).
+    An exception out of the batch as a whole (not the engine going away) plays the tasks again one
+    at a time, so a task that crashes costs only its own result."""
+    from env_pool.interface.state import RAW_INTERFACE
+    from rollout.generator import GeneratorUnavailable
+    from rollout.play import run_episodes
+
+    t0 = time.perf_counter()
+    try:
+        trajectories = run_episodes(
+            make_env,
+            generator,
+            chat,
+            list(task_ids),
+            replace(sampling, seed=seed),
+            RAW_INTERFACE,
+            group_id=f"eval-{snapshot}-{view}",
+            seed=seed,
+        )
+    except GeneratorUnavailable:
+        raise
+    except Exception:  # noqa: BLE001 - each task again on its own; run_task records a crash as its result
+        return [
+            run_task(make_env, generator, chat, t, sampling, snapshot=snapshot, view=view, seed=seed) for t in task_ids
+        ]
+    return [_task_result(traj, snapshot, view, time.perf_counter() - t0) for traj in trajectories]
+
+
+def _task_result(traj: Any, snapshot: str, view: str, wall_s: float) -> TaskResult:
     generated = traj.num_generated_tokens
     return TaskResult(
         snapshot=snapshot,
         view=view,
-        task_id=task_id,
+        task_id=traj.task_id,
         category=traj.category,
         success=traj.success,
         reward=traj.reward,
         tool_calls=traj.num_tool_calls,
         generated_tokens=generated,
         prompt_tokens=len(traj.token_ids) - generated,  # opening prompt plus every observation fed back
-        wall_s=traj.timings.get("total_s", time.perf_counter() - t0),
+        wall_s=traj.timings.get("total_s", wall_s),
         process_error=traj.error,
         outcome=traj.outcome,
     )
@@ -136,20 +181,30 @@ def run_view(
     cache: ResultCache,
     key: str,
     view: str,
-    runner: Callable[[str], TaskResult],
-    progress: Callable[[int], None] | None = None,
+    runner: Callable[[list[str]], list[TaskResult]],
+    batch: int = 1,
+    progress: Callable[[int, bool], None] | None = None,
 ) -> list[TaskResult]:
-    """Results of a view's tasks: cached ones as they are, the others run and cached."""
-    out = []
-    for task_id in tasks:
-        hit = cache.get(key, task_id, view)
-        if hit is None:
-            hit = runner(task_id)
-            cache.put(key, hit)
-        out.append(hit)
+    """Results of a view's tasks: cached ones as they are, the others run ``batch`` at a time
+    (``runner`` takes a list of task ids) and cached as each batch ends (an interrupted evaluation
+    keeps what it did). ``progress(count, ran)``: ``count`` more tasks done, run or from the cache."""
+    tasks = list(tasks)
+    found = {t: cache.get(key, t, view) for t in tasks}
+    hits = sum(r is not None for r in found.values())
+    if progress is not None and hits:
+        progress(hits, False)
+    todo = [t for t in tasks if found[t] is None]
+    for start in range(0, len(todo), max(1, batch)):
+        chunk = todo[start : start + max(1, batch)]
+        results = runner(chunk)
+        if [r.task_id for r in results] != chunk:
+            raise ValueError(f"the runner of view {view} answered {len(results)} results for {len(chunk)} tasks")
+        for result in results:
+            cache.put(key, result)
+            found[result.task_id] = result
         if progress is not None:
-            progress(1)
-    return out
+            progress(len(chunk), True)
+    return [found[t] for t in tasks]  # type: ignore[misc]
 
 
 def missing(tasks_by_view: Mapping[str, Iterable[str]], cache: ResultCache, keys: Mapping[str, str]) -> int:

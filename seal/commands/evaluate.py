@@ -5,8 +5,10 @@ Evaluation reads the run (config.yaml, snapshots/, metrics.jsonl) and writes
 only under RUN_DIR/evaluation and RUN_DIR/report: it never touches the
 checkpoint, the capability state or the interface, and nothing it runs feeds
 back into training. Every task is run with the raw benchmark interface at
-temperature 0 (one greedy rollout), one snapshot at a time: the engine is
-closed before the next snapshot's weights are loaded.
+temperature 0 (one greedy rollout), a view's tasks BATCH_TASKS at a time played
+together as the closing evaluation plays its tasks (one engine batch per
+generation step), with a progress line per batch and the time left; one snapshot
+at a time: the engine is closed before the next snapshot's weights are loaded.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from seal.console import results, stdout_to_stderr
+from seal.console import results as result_stream
+from seal.console import stdout_to_stderr
 
 EVAL_DIR, REPORT_DIR = "evaluation", "report"
+ENGINE_LOG = "evaluate.log"  # the engine's own output (vLLM's start-up and warnings), under EVAL_DIR
+# Tasks of a view played together, one engine batch per generation step (as the closing evaluation
+# plays its tasks), cached as each batch ends: a progress line and an interrupted run's results per batch.
+BATCH_TASKS = 64
 # These shape training too (the training pool leaves them out): evaluating a
 # run with other values would validate on tasks it trained on.
 TRAINING_KEYS = ("evaluation.validation_size", "evaluation.heldout_categories")
@@ -109,62 +116,142 @@ def _views(cfg, eval_cfg, records, names, groups_per_step: int):
     return views, env_of, pool
 
 
-def _run_snapshot(cfg, run_dir: Path, record: dict[str, Any], views, env_of, sampling) -> tuple[list, dict[str, Any]]:
-    """Every runnable view on one snapshot; the engine starts only when the
-    cache lacks a result, and is closed before returning."""
+class EvalProgress:
+    """One line on stderr per batch of tasks played: where the evaluation is, and an estimate of
+    the time left over every snapshot's uncached tasks from the rate so far (cached ones are free)."""
+
+    def __init__(self, to_play: int) -> None:
+        self.to_play, self.played, self.started = to_play, 0, time.perf_counter()
+
+    def line(self, snapshot: str, view: str, done: int, tasks: int, ran: bool, count: int) -> None:
+        self.played += count if ran else 0
+        elapsed = time.perf_counter() - self.started
+        left = self.to_play - self.played
+        eta = (
+            f"about {_duration(elapsed / self.played * left)} left"
+            if self.played and left
+            else ("done" if not left else "estimating")
+        )
+        how = "played" if ran else "from the cache"
+        print(
+            f"evaluate {snapshot} {view}: {done}/{tasks} tasks ({count} {how}); {self.played}/{self.to_play} "
+            f"to play in {_duration(elapsed)}, {eta}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def _snapshot_keys(cfg, record: dict[str, Any], views, env_of, sampling) -> dict[str, str]:
+    """The cache key of each view on one snapshot: what decides a greedy rollout."""
+    from evaluation.runner import settings_key
+
+    # record["weights"] (relative to the run, or the base model's name) keeps the cache valid if the run moves.
+    return {
+        v.name: settings_key(
+            weights=record["weights"],
+            env=env_of[v.name],
+            sampling=asdict(sampling),
+            seed=int(cfg.seed),
+            interface="raw",
+        )
+        for v in views
+    }
+
+
+def _run_snapshot(
+    cfg, run_dir: Path, record: dict[str, Any], views, env_of, sampling, progress: EvalProgress
+) -> tuple[list, dict[str, Any]]:
+    """Every runnable view on one snapshot, each view's tasks played BATCH_TASKS at a time; the
+    engine starts only when the cache lacks a result (its own output to evaluate.log), and is
+    closed before returning."""
     from omegaconf import OmegaConf
-    from tqdm import tqdm
 
     from evaluation.ood_runner import OodRunner
     from evaluation.ood_views import is_harness
-    from evaluation.runner import ResultCache, missing, run_task, run_view, settings_key
+    from evaluation.runner import ResultCache, missing, play_tasks, run_view
     from seal.config import instantiate
+    from seal.console import output_to_file
     from seal.run.snapshots import snapshot_weights
 
     name, weights, seed = record["name"], snapshot_weights(run_dir, record), int(cfg.seed)
     cache = ResultCache(run_dir / EVAL_DIR / "cache", name)
-    # record["weights"] (relative to the run, or the base model's name) keeps the cache valid if the run moves.
-    keys = {
-        v.name: settings_key(
-            weights=record["weights"], env=env_of[v.name], sampling=asdict(sampling), seed=seed, interface="raw"
-        )
-        for v in views
-    }
+    keys = _snapshot_keys(cfg, record, views, env_of, sampling)
     todo = missing({v.name: v.task_ids for v in views}, cache, keys)
+    log = run_dir / EVAL_DIR / ENGINE_LOG
     started, generator, chat, results, ood = time.perf_counter(), None, None, [], None
     try:
         if todo:
             from rollout.chat import ChatTokenizer
             from seal.runtime.generator_spec import local_generator
 
-            print(f"{name}: starting the engine on {weights} for {todo} tasks", file=sys.stderr, flush=True)
-            generator = local_generator(cfg.generator, model_path=weights)
+            print(
+                f"{name}: starting the engine on {weights} for {todo} tasks (its own output: {log})",
+                file=sys.stderr,
+                flush=True,
+            )
+            with output_to_file(log):
+                generator = local_generator(cfg.generator, model_path=weights)
             chat = ChatTokenizer(generator.tokenizer)
             ood = OodRunner(
                 generator, sampling, snapshot=name, seed=seed, details=run_dir / EVAL_DIR / "ood" / f"{name}.jsonl"
             )
-        with tqdm(
-            total=sum(len(v.task_ids) for v in views), desc=f"evaluate {name}", unit="task", file=sys.stderr
-        ) as bar:
-            for view in views:
-                env_node = OmegaConf.create(env_of[view.name])
-                make_env = lambda node=env_node: instantiate(node)  # noqa: E731 - one env per episode
-                runner = lambda task_id, view=view.name, make_env=make_env: run_task(  # noqa: E731
-                    make_env, generator, chat, task_id, sampling, snapshot=name, view=view, seed=seed
-                )
-                if is_harness(env_of[view.name]):  # tau2 / BFCL memory: the harness drives the episode
-                    runner = lambda task_id, view=view.name: ood.run(env_of[view], view, task_id)  # noqa: E731
-                results += run_view(
-                    view.task_ids, cache=cache, key=keys[view.name], view=view.name, runner=runner, progress=bar.update
-                )
+        for view in views:
+            env_node = OmegaConf.create(env_of[view.name])
+            make_env = lambda node=env_node: instantiate(node)  # noqa: E731 - one env per episode
+
+            def runner(task_ids, view=view.name, make_env=make_env):
+                with output_to_file(log):
+                    if is_harness(env_of[view]):  # tau2 / BFCL memory: the harness drives each episode
+                        assert ood is not None  # a task to run means the engine and its harness runner started
+                        return [ood.run(env_of[view], view, t) for t in task_ids]
+                    return play_tasks(
+                        make_env, generator, chat, task_ids, sampling, snapshot=name, view=view, seed=seed
+                    )
+
+            done = 0
+
+            def step(count: int, ran: bool, view=view) -> None:
+                nonlocal done
+                done += count
+                progress.line(name, view.name, done, len(view.task_ids), ran, count)
+
+            results += run_view(
+                view.task_ids,
+                cache=cache,
+                key=keys[view.name],
+                view=view.name,
+                runner=runner,
+                batch=BATCH_TASKS,
+                progress=step,
+            )
     finally:
         if ood is not None:
             ood.close()
         if generator is not None:
-            generator.close()
+            with output_to_file(log):
+                generator.close()
             del generator
             gc.collect()  # free the engine's memory before the next snapshot's
     return results, {"wall_s": time.perf_counter() - started, "tasks_run": todo}
+
+
+def _to_play(cfg, run_dir: Path, records, views, env_of, sampling) -> int:
+    """Tasks the cache cannot answer, over every snapshot: what the time left is estimated for."""
+    from evaluation.runner import ResultCache, missing
+
+    return sum(
+        missing(
+            {v.name: v.task_ids for v in views},
+            ResultCache(run_dir / EVAL_DIR / "cache", r["name"]),
+            _snapshot_keys(cfg, r, views, env_of, sampling),
+        )
+        for r in records
+    )
 
 
 def evaluate(args) -> int:
@@ -201,8 +288,9 @@ def evaluate(args) -> int:
         if not runnable:
             raise CliError("no view can be run: " + "; ".join(f"{v.name}: {v.unavailable}" for v in views))
         results, timings = [], {}
+        progress = EvalProgress(_to_play(cfg, run_dir, records, runnable, env_of, sampling))
         for record in records:  # one snapshot, one engine, at a time
-            got, timings[record["name"]] = _run_snapshot(cfg, run_dir, record, runnable, env_of, sampling)
+            got, timings[record["name"]] = _run_snapshot(cfg, run_dir, record, runnable, env_of, sampling, progress)
             results += got
 
     roles = {v.role: v.name for v in runnable}
@@ -256,14 +344,14 @@ def evaluate(args) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     write_task_csv(results, out / "results.csv")
     if args.json:
-        print(json.dumps(summary), file=results())
+        print(json.dumps(summary), file=result_stream())
     else:
         print_summary(summary, out)
     return 0
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:
-    stream = results()
+    stream = result_stream()
     views = list(summary["view_tasks"])
     sizes = ", ".join(f"{v} {info['tasks']} tasks" for v, info in summary["view_tasks"].items())
     print(f"evaluation (raw interface, greedy): {sizes}", file=stream)

@@ -25,9 +25,9 @@ def test_cache_reuses_matching_results_only_and_survives_a_torn_line(tmp_path):
     key, other = settings_key(weights="w", seed=0), settings_key(weights="w", seed=1)
     calls = []
 
-    def runner(task_id):
-        calls.append(task_id)
-        return result(task_id, task_id == "toy_0")
+    def runner(task_ids):
+        calls.extend(task_ids)
+        return [result(t, t == "toy_0") for t in task_ids]
 
     cache = ResultCache(tmp_path, "A_0")
     first = run_view(["toy_0", "toy_1"], cache=cache, key=key, view="id", runner=runner)
@@ -42,6 +42,35 @@ def test_cache_reuses_matching_results_only_and_survives_a_torn_line(tmp_path):
     assert missing({"id": ["toy_0", "toy_1"], "v2": ["toy_0", "toy_2"]}, again, {"id": key, "v2": other}) == 2
     run_view(["toy_0"], cache=again, key=other, view="id", runner=runner)
     assert calls[-1] == "toy_0" and len(calls) == 3
+
+
+def test_a_view_plays_its_uncached_tasks_in_batches_and_caches_each_batch(tmp_path):
+    key, batches, seen = settings_key(weights="w"), [], []
+
+    def runner(task_ids):
+        batches.append(list(task_ids))
+        if "toy_4" in task_ids:
+            raise KeyboardInterrupt  # the user stops it mid-view
+        return [result(t, True) for t in task_ids]
+
+    cache = ResultCache(tmp_path, "A_0")
+    cache.put(key, result("toy_1", False))
+    tasks = [f"toy_{i}" for i in range(6)]
+    with pytest.raises(KeyboardInterrupt):
+        run_view(
+            tasks,
+            cache=cache,
+            key=key,
+            view="id",
+            runner=runner,
+            batch=2,
+            progress=lambda n, ran: seen.append((n, ran)),
+        )
+    assert batches == [["toy_0", "toy_2"], ["toy_3", "toy_4"]] and seen == [(1, False), (2, True)]
+    again = ResultCache(tmp_path, "A_0")  # the finished batch was kept
+    assert missing({"id": tasks}, again, {"id": key}) == 3
+    out = run_view(tasks, cache=again, key=key, view="id", runner=lambda ids: [result(t, True) for t in ids], batch=64)
+    assert [r.task_id for r in out] == tasks and [r.success for r in out] == [True, False, True, True, True, True]
 
 
 def _write_run_config(run_dir, *overrides, drop_evaluation=False):
