@@ -22,7 +22,7 @@ from seal.runtime.memory import (
 from seal.runtime.plan import build_plan, check_fits, learner_alternatives
 from seal.runtime.plan_layout import Demand, layout_problems, nodes_from_ray, place
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def spec(name: str) -> ModelSpec:

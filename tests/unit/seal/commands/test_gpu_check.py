@@ -12,7 +12,7 @@ import pytest
 
 from seal.commands.gpu_check import Row, check_names, main, summary_counts, table
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def _no_cuda() -> None:
