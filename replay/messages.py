@@ -145,6 +145,16 @@ class InterfaceUpdate:
 
 
 @dataclass(frozen=True)
+class RoundEnd:
+    """Coordinator -> driver, closing a learner step's round: the training interface now in force."""
+
+    interface_version: int
+    active_guidelines: tuple[str, ...]
+    pushed_to: int  # env actors the new version went to (0: the interface did not change)
+    state: dict[str, Any]  # InterfaceState.to_dict(), written with the step's row
+
+
+@dataclass(frozen=True)
 class TagSummary:
     """Env/rollout side -> coordinator: tags of one finished trajectory."""
 

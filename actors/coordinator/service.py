@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.coordinator.coordinator import Coordinator
-from replay.messages import InterfaceUpdate, TagSummary
+from replay.messages import InterfaceUpdate, RoundEnd, TagSummary
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class CoordinatorService:
     def step_weights(self) -> dict[str, float]:
         return self.coordinator.step_weights()
 
-    def end_round(self, wait: bool = False, timeout_s: float = 60.0) -> dict[str, Any]:
+    def end_round(self, wait: bool = False, timeout_s: float = 60.0) -> RoundEnd:
         """Omega_{t+1} = Evolve(Omega_t, C_t), pushed to the env actors."""
         import ray
 
@@ -67,12 +67,7 @@ class CoordinatorService:
                         ray.get(ref)
                     except ray.exceptions.RayActorError:  # a dead actor reads the interface when it restarts
                         log.warning("an env actor died before taking interface v%d", state.version)
-        return {
-            "interface_version": state.version,
-            "active_guidelines": list(state.active_guidelines),
-            "pushed_to": pushed,
-            "state": state.to_dict(),
-        }
+        return RoundEnd(state.version, tuple(state.active_guidelines), pushed, state.to_dict())
 
     def end_epoch(self) -> None:
         self.coordinator.end_epoch()

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replay.messages import INFRA_FAULT_KINDS, GroupReport
+from replay.messages import INFRA_FAULT_KINDS, GroupReport, RoundEnd
 from replay.token_ledger import TokenLedger, run_totals
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class StepOutcome:
 
     groups: list  # the batch trained on (replay.queue.Group); empty for a step skipped for want of reward variance
     result: Mapping[str, Any] | None  # the learner's; None for a skipped step
-    interface: Mapping[str, Any]  # the coordinator's end-of-round answer
+    interface: RoundEnd  # the coordinator's end-of-round answer
     t_learn: float  # seconds the learner took
 
 
@@ -188,8 +188,8 @@ class StepWindow:
             "weight_rounds_failed": facts.weight_rounds_failed,
             "tag_weights": result.get("tag_weights"),
             "tag_fractions": {k: v / total_tags for k, v in sorted(tags.items())},
-            "interface_version": interface["interface_version"],
-            "active_guidelines": interface["active_guidelines"],
+            "interface_version": interface.interface_version,
+            "active_guidelines": list(interface.active_guidelines),
             "gen_tokens_per_s": sum(r.generated_tokens for r in reports) / wall,
             **facts.fleet,
             "prefix_cache_hit_rate": sum(r.cached_prompt_tokens for r in reports) / prompt if prompt else 0.0,
@@ -230,7 +230,7 @@ class StepWindow:
             "env_actors": facts.env_actors,
             "skipped_overlong_tasks": self.skipped_overlong,
             "step_s": wall,
-            "_interface": interface["state"],
+            "_interface": interface.state,
             "_rollout_tokens": sum(r.prompt_tokens + r.generated_tokens for r in reports),
         }
         self._reset(now)

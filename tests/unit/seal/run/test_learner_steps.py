@@ -164,7 +164,7 @@ def test_a_step_the_filter_keeps_empty_is_skipped_without_a_new_version(steps):
     deliver(s, sender, (1.0, 1.0))
     outcome = s.advance()
     assert outcome is not None and outcome.groups == [] and outcome.result is None
-    assert outcome.interface["interface_version"] >= 0  # the round closed all the same
+    assert outcome.interface.interface_version >= 0  # the round closed all the same
     assert (s.state.step, s.state.version) == (1, 0) and s.publisher.published == [] and not s.actors.learners.calls
     assert s.ledger.counters.filtered == 2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from replay.messages import GroupReport, InfraFault, Segment, Trajectory
+from replay.messages import GroupReport, InfraFault, RoundEnd, Segment, Trajectory
 from replay.queue import Group as QueueGroup
 from replay.queue import stand_in
 from seal.run.step_metrics import RunFacts, StepOutcome, StepWindow, sum_token_books
@@ -97,7 +97,7 @@ def test_a_trained_step_and_a_skipped_one():
     batch = [Group([traj("g1", 1.0), traj("g1", 0.0)], staleness=1)]
     window.decide("trained", batch[0])  # when the learner took it (seal/run/learner_steps.py)
     result = {"sequence_tokens": 24, "loss": 0.5, "seconds": 1.0}
-    interface = {"interface_version": 0, "active_guidelines": [], "state": {"version": 0}}
+    interface = RoundEnd(0, (), 0, {"version": 0})
     row = window.row(StepOutcome(batch, result, interface, 1.5), facts(1, 1, busy=1.0), start + 4.0)
     assert (row["step"], row["policy_version"], row["mode"], row["skipped"], row["trained_groups"]) == (
         1,
@@ -125,7 +125,7 @@ def test_a_trained_step_and_a_skipped_one():
 def test_generation_figures_belong_to_the_step_that_decided_the_group_whatever_the_report_order():
     """A report landing after its group trained (or before the group decided) counts in the deciding step."""
     window = StepWindow("sync", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = {"interface_version": 0, "active_guidelines": [], "state": {}}
+    interface = RoundEnd(0, (), 0, {})
     result = {"sequence_tokens": 24, "seconds": 1.0}
     window.add_report(report("g2", generated=40))  # an early report: g2 is decided in step 2
     g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
@@ -146,7 +146,7 @@ def fault(t: Trajectory, kind: str = "generation_error") -> Trajectory:
 
 def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
     window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = {"interface_version": 0, "active_guidelines": [], "state": {}}
+    interface = RoundEnd(0, (), 0, {})
     good, bad = traj("g1", 1.0), fault(traj("g1", 0.0), "env_error")
     trained = Group([good, stand_in(good, bad)], faulted=(bad,))
     window.decide("trained", trained)
@@ -165,7 +165,7 @@ def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
 
 def test_the_token_books_add_up_and_close_with_what_the_end_left_open():
     window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = {"interface_version": 0, "active_guidelines": [], "state": {}}
+    interface = RoundEnd(0, (), 0, {})
     g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
     window.decide("trained", g1)
     window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
