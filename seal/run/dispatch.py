@@ -98,9 +98,9 @@ class Dispatcher:
                 self.given_up.add(group.group_id)
                 self.ledger.failed(group.group_id, error=str(group.faulted[0].infra_fault))
 
-    def settle(self, group_ids: Iterable[str], timeout_s: float = SETTLE_TIMEOUT_S) -> list[str]:
+    def settle(self, group_ids: Iterable[str], timeout_s: float = SETTLE_TIMEOUT_S, warn: bool = True) -> list[str]:
         """Wait (at most ``timeout_s``) for the jobs of ``group_ids`` to come back, and take their
-        reports; returns the group ids still out."""
+        reports; returns the group ids still out (``warn``: named in a log line)."""
         import ray
 
         wanted = set(group_ids)
@@ -109,11 +109,20 @@ class Dispatcher:
         while refs and (left := deadline - time.monotonic()) > 0:
             ready, refs = ray.wait(refs, num_returns=len(refs), timeout=left)
             self.collect(ready)
-        return [job.group_id for ref, (job, _) in self.jobs.items() if ref in refs]
+        out = [job.group_id for ref, (job, _) in self.jobs.items() if ref in refs]
+        if out and warn:
+            log.warning(
+                "no report in %.0f s from the env actors of %d groups this step decided (%s): the step's "
+                "generation figures leave them out",
+                timeout_s,
+                len(out),
+                ", ".join(out),
+            )
+        return out
 
     def drain(self, timeout_s: float = END_DRAIN_TIMEOUT_S) -> list[str]:
         """The run's end: every job in flight comes back (bounded), none starts; the group ids still out."""
-        out = self.settle([job.group_id for job, _ in self.jobs.values()], timeout_s)
+        out = self.settle([job.group_id for job, _ in self.jobs.values()], timeout_s, warn=False)
         if out:
             log.warning(
                 "the run ends with %d groups still playing after %.0f s (%s): their tokens count as unattributed",

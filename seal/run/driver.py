@@ -236,13 +236,13 @@ class Pipeline:
         import ray
 
         refs = self.dispatch.refs() + list(self.publisher.in_flight) + self.learning.refs()
-        if not refs:
+        if refs:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.1)
+            self.dispatch.collect(ready)
+            self.publisher.collect(ready)
+        else:
             time.sleep(0.05)
-            return
-        ready, _ = ray.wait(refs, num_returns=1, timeout=0.1)
-        self.dispatch.collect(ready)
-        self.publisher.collect(ready)
-        self.dispatch.expire()
+        self.dispatch.expire()  # also with nothing out: a group short of members by infra faults waits for it
 
     def _facts(self) -> RunFacts:
         fleet = self.actors.generators
