@@ -34,7 +34,7 @@ from seal.run.dispatch import Dispatcher
 from seal.run.learner_steps import LearnerSteps
 from seal.run.progress import Progress, engines_text
 from seal.run.run_log import RunLog
-from seal.run.run_state import RunState
+from seal.run.run_state import DriverState, RunState
 from seal.run.step_metrics import RunFacts, StepWindow, replica_metrics
 from seal.run.task_fit import select_tasks
 from seal.runtime.actor_set import ActorSet
@@ -126,9 +126,13 @@ class Pipeline:
 
     def _start(self, resume: Path | None) -> None:
         t, actors = self.trainer, self.actors
-        resumed = actors.learners.load_checkpoint(str(resume_checkpoint(resume))) if resume is not None else None
+        resumed = (
+            DriverState.from_dict(actors.learners.load_checkpoint(str(resume_checkpoint(resume))))
+            if resume is not None
+            else None
+        )
         actors.start_coordinator(
-            resumed["coordinator"] if resumed else None,
+            resumed.coordinator if resumed else None,
             closed_loop=t.closed_loop,
             per_category=t.per_category_guidelines,
         )
@@ -136,7 +140,7 @@ class Pipeline:
             self.run_dir, self.storage, actors, self.progress, str(self.cfg.model.path), t.checkpoint_keep, resumed
         )
         if resumed:
-            self.ledger.restore(resumed["slots"], self.state.version)
+            self.ledger.restore(resumed.slots, self.state.version)
             self.replay.set_policy_version(self.state.version)
         self.publisher = self.publisher_type(
             fleet=actors.generators,

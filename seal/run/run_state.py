@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,38 @@ if TYPE_CHECKING:
 TOTALS = ("wall_s", "update_tokens", "rollout_tokens")
 
 
+@dataclass(frozen=True)
+class DriverState:
+    """The driver's part of a checkpoint, beside the learner's own state: where the run stood.
+    Written by ``RunState.checkpoint`` (learner rank 0 keeps it as JSON in learner.json), read back
+    by `resume=RUN_DIR`."""
+
+    step: int  # learner steps done
+    policy_version: int
+    coordinator: dict[str, Any]  # CoordinatorService.state_dict(): capability state, tag weights, interface
+    slots: dict[str, Any]  # SlotLedger.state(): the task stream's position
+    totals: dict[str, float]  # cumulative cost (TOTALS), carried across resumes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, extra: Mapping[str, Any]) -> DriverState:
+        """From a checkpoint's extra state; one line naming what is missing (a checkpoint not written by `seal train`)."""
+        missing = [f.name for f in fields(cls) if f.name not in extra and f.name != "totals"]
+        if missing:
+            raise ValueError(
+                f"the checkpoint holds no driver state {', '.join(missing)}: was it written by seal train?"
+            )
+        return cls(
+            step=int(extra["step"]),
+            policy_version=int(extra["policy_version"]),
+            coordinator=dict(extra["coordinator"]),
+            slots=dict(extra["slots"]),
+            totals={k: float(v) for k, v in dict(extra.get("totals", {})).items()},  # older checkpoints: none
+        )
+
+
 class RunState:
     def __init__(
         self,
@@ -31,15 +64,15 @@ class RunState:
         progress: Progress,
         model_path: str,
         checkpoint_keep: int,
-        resumed: Mapping[str, Any] | None,
+        resumed: DriverState | None,
     ) -> None:
         """``resumed``: the driver's part of the checkpoint the learner loaded (None: a fresh run)."""
         self.run_dir, self.storage, self.actors, self.progress = run_dir, storage, actors, progress
         self.model_path, self.checkpoint_keep = model_path, checkpoint_keep
-        self.step = int(resumed["step"]) if resumed else 0
-        self.version = int(resumed["policy_version"]) if resumed else 0
+        self.step = resumed.step if resumed else 0
+        self.version = resumed.policy_version if resumed else 0
         # Cumulative cost, carried across resumes (snapshot records report it).
-        self.totals: dict[str, float] = dict(resumed.get("totals", {})) if resumed else {}
+        self.totals: dict[str, float] = dict(resumed.totals) if resumed else {}
         for key in TOTALS:
             self.totals.setdefault(key, 0.0)
         self.started = time.perf_counter()
@@ -60,14 +93,8 @@ class RunState:
             COORDINATOR_TIMEOUT_S,
             f"coordinator state_dict for the checkpoint of step {self.step}",
         )
-        extra = {
-            "coordinator": coordinator,
-            "step": self.step,
-            "policy_version": self.version,
-            "slots": slots,
-            "totals": self._totals_now(),
-        }
-        self.actors.learners.save_checkpoint(str(path), extra, keep=self.checkpoint_keep)
+        extra = DriverState(self.step, self.version, coordinator, dict(slots), self._totals_now())
+        self.actors.learners.save_checkpoint(str(path), extra.to_dict(), keep=self.checkpoint_keep)
         return path
 
     def needs_base_snapshot(self) -> bool:

@@ -18,7 +18,7 @@ from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.state import InterfaceState
 from replay.messages import TagSummary
 from seal.run.progress import Progress
-from seal.run.run_state import RunState
+from seal.run.run_state import DriverState, RunState
 from seal.run.snapshots import read_snapshots
 from tests.conftest import local_ray
 
@@ -85,14 +85,19 @@ def test_a_checkpoint_resumes_the_run_where_it_stood(tmp_path, coordinator):
     path = run.checkpoint({"next_slot": 7, "done": [5]})
     assert path == tmp_path / "checkpoints" / "latest"
 
-    resumed = actors.learners.load_checkpoint(str(path))
-    assert resumed["coordinator"] == ray.get(coordinator.state_dict.remote(), timeout=60)
-    assert resumed["slots"] == {"next_slot": 7, "done": [5]}
+    resumed = DriverState.from_dict(actors.learners.load_checkpoint(str(path)))  # through JSON, as learner.json
+    assert resumed.coordinator == ray.get(coordinator.state_dict.remote(), timeout=60)
+    assert resumed.slots == {"next_slot": 7, "done": [5]}
     again = state(tmp_path, tmp_path, actors, resumed)
     assert (again.step, again.version) == (3, 2)
     again.count_tokens(update=1, rollout=2)
     assert (again.totals["update_tokens"], again.totals["rollout_tokens"]) == (101, 402)
-    assert again.totals["wall_s"] == resumed["totals"]["wall_s"] > 0  # wall time carries across the resume
+    assert again.totals["wall_s"] == resumed.totals["wall_s"] > 0  # wall time carries across the resume
+
+
+def test_a_checkpoint_without_driver_state_is_one_line():
+    with pytest.raises(ValueError, match="holds no driver state coordinator, slots: was it written by seal train"):
+        DriverState.from_dict({"step": 1, "policy_version": 1})
 
 
 def test_snapshots_are_indexed_in_order_on_the_weights_they_stand_for(tmp_path, coordinator):
