@@ -39,6 +39,10 @@ class LearnerConfig:
     # loss's is_* settings correcting for the behaviour/proximal gap). The release's default.
     old_logprobs: str = "recompute"
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (learner/loss.py)
+    # How scored tokens' log p and entropy come out of the output head: chunked (a chunk of rows at a
+    # time, no [tokens x vocabulary] tensor kept for the backward: learner/token_logprobs.py) | full
+    # (the whole vocabulary's logits, as a plain forward gives them: the reference the tests compare with).
+    logprob_head: str = "chunked"
     # DeepSpeed offload to host memory: optimizer state (ZeRO-2/3), parameters (ZeRO-3 only).
     offload_optimizer: bool = False
     offload_param: bool = False
@@ -60,6 +64,8 @@ class LearnerConfig:
             raise ValueError(f"zero_stage must be 0..3, got {self.zero_stage}")
         if self.old_logprobs not in ("behaviour", "recompute"):
             raise ValueError(f"old_logprobs must be behaviour or recompute, got {self.old_logprobs!r}")
+        if self.logprob_head not in ("chunked", "full"):
+            raise ValueError(f"logprob_head must be chunked or full, got {self.logprob_head!r}")
         if self.loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)}; got {self.loss_agg!r}")
         if self.mini_batch_groups < 1 or self.micro_batch_size < 1 or self.gradient_checkpointing_min_tokens < 0:

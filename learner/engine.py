@@ -20,7 +20,9 @@ from typing import Any
 from learner.batch import Sample, build_samples
 from learner.config import LearnerConfig
 from learner.micro_batches import MicroBatch, collate, plan_mini_batches
+from learner.phases import NO_PHASES, PhaseBox
 from learner.process_group import init_distributed
+from learner.reference import build_reference
 from learner.weights_out import WeightsOut
 from replay.messages import Trajectory
 
@@ -62,6 +64,10 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         self.timeout_s, self.step_timeout_s = timeout_s, step_timeout_s
         self.model_path = model_path
         self.step = 0  # optimizer steps taken
+        # Seconds per phase of a step when a bench sets a PhaseClock (learner/phases.py). In a box the
+        # optimizer's timed step can hold without holding the learner: a cycle would keep a ZeRO-3
+        # learner's HfDeepSpeedConfig alive after its last use, and later models would load partitioned.
+        self._phase_box = PhaseBox(NO_PHASES)
         self.device = torch.device(cfg.device)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -84,38 +90,39 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             self.optimizer = self._make_optimizer(self.model.parameters())
             self.engine = None
         # The KL reference: none at all when the KL term is off (a full model copy for nothing).
-        self.ref = self._build_reference(model_path) if cfg.loss.kl_coef else None
-
-    def _build_reference(self, model_path: str):
-        """The frozen initial weights. Under ZeRO-3 partitioned like the policy (loaded while the
-        policy's HfDeepSpeedConfig is alive, then a DeepSpeed engine without optimizer, as OpenRLHF
-        does): no rank holds a full copy. Otherwise a plain module."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        if self.cfg.shared_prefix:
-            from learner.packing import use_shared_prefix_attention
-
-            use_shared_prefix_attention(ref)
-        if self._hf_ds_config is None:
-            return ref.to(self.device).eval()
-        import deepspeed
-
-        from learner.ds_config import reference_config
-
-        engine, *_ = deepspeed.initialize(model=ref, config=reference_config(self.cfg, self.dtype))
-        engine.module.eval()
-        return engine
+        self.ref = (
+            build_reference(model_path, self.cfg, self.dtype, self.device, self._hf_ds_config)
+            if cfg.loss.kl_coef
+            else None
+        )
 
     def _make_optimizer(self, params):
         import torch
 
         if self.cfg.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=self.cfg.lr, momentum=0.0, weight_decay=self.cfg.weight_decay)
-        return torch.optim.AdamW(params, lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay)
+            optimizer = torch.optim.SGD(params, lr=self.cfg.lr, momentum=0.0, weight_decay=self.cfg.weight_decay)
+        else:
+            # fused: one kernel over each tensor for the whole update (CPU and CUDA), instead of a dozen
+            # elementwise passes over ZeRO's flat partition: a third of the optimizer's time on CPU.
+            optimizer = torch.optim.AdamW(
+                params, lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay, fused=True
+            )
+        step, box = optimizer.step, self._phase_box  # DeepSpeed's ZeRO optimizer calls this one
+
+        def timed_step(*args, **kwargs):
+            with box.clock.phase("optimizer"):
+                return step(*args, **kwargs)
+
+        optimizer.step = timed_step
+        return optimizer
+
+    @property
+    def phases(self) -> Any:
+        return self._phase_box.clock
+
+    @phases.setter
+    def phases(self, clock: Any) -> None:
+        self._phase_box.clock = clock
 
     def _init_deepspeed(self, model_path: str) -> None:
         import deepspeed
@@ -147,6 +154,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         self.model.train()
 
     def _prepare_policy_model(self, model) -> None:
+        from learner.scoring_head import check_plain_head
+
+        check_plain_head(model)
         if self.cfg.shared_prefix:  # the reference model gets the same in __init__
             from learner.packing import use_shared_prefix_attention
 
@@ -193,68 +203,61 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             return "none"
         return "grad" if self.cfg.loss.entropy_coef else "metric"
 
-    def _forward_logprobs(self, model, ids, attention, mask):
-        """log p of each next token at the scored positions (mask 1; 0 elsewhere), and the entropy there.
+    def _logprobs(self, model, micro: Sequence[Sample], batch: MicroBatch):
+        """(log p, entropy, tokens forwarded) of one micro-batch: [B, T] each (0 where not scored;
+        entropy None for the reference). Packed when its samples share a group (learner/packing.py).
 
-        Logits are computed only at the columns some sequence scores
-        (``logits_to_keep``): BFCL prompts are ~95% of a sequence, and full
-        logits of a 7K-token sequence are 1.4 GB.
-        """
+        Only the scored tokens meet the output head: the forward keeps the hidden states of the
+        positions some scored token needs (``logits_to_keep``), and the head turns those into log p
+        and entropy of exactly the scored (sample, position, target) triples (learner/scoring_head.py),
+        never holding the whole vocabulary's logits for the backward."""
         import torch
-        import torch.nn.functional as F
 
-        forward = self.engine if (model is self.model and self.engine is not None) else model
-        keep = mask.any(dim=0).nonzero().squeeze(1)  # logit column j predicts token j + 1
-        logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
+        from learner.scoring_head import scoring_head
+
+        policy = model is self.model
+        with self.phases.phase("collate"):
+            packed = self._pack(micro)
+            where = batch.mask.bool()
+            sample, column = where.nonzero(as_tuple=True)
+            targets = batch.ids[sample, column + 1]
+            if packed is None:
+                keep = where.any(dim=0).nonzero().squeeze(1)  # hidden column j predicts token j + 1
+                rows, needed = sample, column
+                inputs = {"input_ids": batch.ids, "attention_mask": batch.attention}
+                forwarded = sum(len(s.token_ids) for s in micro)
+            else:
+                needed = packed.logit_index[sample, column]
+                keep = torch.unique(needed)
+                rows = torch.tensor(packed.sample_row, dtype=torch.long, device=batch.ids.device)[sample]
+                inputs, forwarded = packed.forward_kwargs(), packed.packed_tokens
+            positions = torch.searchsorted(keep, needed)
+        logp = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.ids.device)
         if keep.numel() == 0:
-            return logp, None
-        with self._autocast():
-            logits = forward(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits
-        logits = logits.float()  # [B, K, V]; log-softmax in fp32 whatever the forward ran in
-        targets = ids[:, keep + 1]
-        picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-        logp[:, keep] = picked.view(targets.shape)
+            return logp, None, forwarded
+        if policy and self.cfg.gradient_checkpointing:  # chosen from this micro-batch's length
+            self._set_checkpointing(model, forwarded >= self.cfg.gradient_checkpointing_min_tokens)
+        forward = self.engine if (policy and self.engine is not None) else model
+        phase = "policy_forward" if policy else "reference_forward"
+        head = scoring_head(
+            getattr(model, "module", model),
+            rows,
+            positions,
+            targets,
+            self.cfg.logprob_head,
+            self.phases.phase,
+            "logprobs" if policy else phase,
+        )
+        with self.phases.phase(phase), self._autocast(), head:
+            scored = forward(**inputs, logits_to_keep=keep).logits  # [N, 2]: log p, entropy
+        logp = logp.index_put((sample, column), scored[:, 0])
         mode = self._entropy_mode(model)
         if mode == "none":
-            return logp, None
-        with torch.set_grad_enabled(mode == "grad" and torch.is_grad_enabled()):
-            source = logits if mode == "grad" else logits.detach()
-            ent = -(torch.softmax(source, -1) * torch.log_softmax(source, -1)).sum(-1)
-        entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
-        entropy[:, keep] = ent
-        return logp, entropy
-
-    def _forward_logprobs_packed(self, model, packed, ids, mask):
-        """``_forward_logprobs`` for a packed micro-batch (learner/packing.py): same outputs, [B, T]."""
-        import torch
-
-        from learner.packing import needed_positions, packed_token_logprobs
-
-        forward = self.engine if (model is self.model and self.engine is not None) else model
-        kept = needed_positions(packed, mask)
-        if kept.numel() == 0:
-            return torch.zeros(mask.shape, dtype=torch.float32, device=ids.device), None
-        with self._autocast():
-            logits = forward(**packed.forward_kwargs(), logits_to_keep=kept).logits
-        logits = logits.float()  # [R, K, V]
-        mode = self._entropy_mode(model)
-        logp, entropy = packed_token_logprobs(logits, kept, packed, ids[:, 1:], mask, with_entropy=mode == "grad")
-        if mode == "metric":
-            with torch.no_grad():
-                _, entropy = packed_token_logprobs(logits.detach(), kept, packed, ids[:, 1:], mask, with_entropy=True)
-        return logp, entropy
-
-    def _logprobs(self, model, micro: Sequence[Sample], ids, attention, mask):
-        """(logp, entropy, tokens forwarded) for one micro-batch, packed when its samples share a group."""
-        packed = self._pack(micro)
-        if model is self.model and self.cfg.gradient_checkpointing:  # chosen from this micro-batch's length
-            tokens = packed.packed_tokens if packed is not None else ids.numel()
-            self._set_checkpointing(model, tokens >= self.cfg.gradient_checkpointing_min_tokens)
-        if packed is not None:
-            logp, entropy = self._forward_logprobs_packed(model, packed, ids, mask)
-            return logp, entropy, packed.packed_tokens
-        logp, entropy = self._forward_logprobs(model, ids, attention, mask)
-        return logp, entropy, sum(len(s.token_ids) for s in micro)
+            return logp, None, forwarded
+        entropy = torch.zeros_like(logp).index_put(
+            (sample, column), scored[:, 1] if mode == "grad" else scored[:, 1].detach()
+        )
+        return logp, entropy, forwarded
 
     def _pack(self, samples: Sequence[Sample]):
         """Packed rows for a micro-batch, or None when no two of its samples share a group."""
@@ -285,8 +288,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         with torch.no_grad():
             for mini in plan[1:]:
                 for micro in mini:
-                    ids, attention, mask, _, _ = self._collate(micro)
-                    logp, _, _ = self._logprobs(self.model, micro, ids, attention, mask)
+                    with self.phases.phase("collate"):
+                        batch = self._collate(micro)
+                    logp, _, _ = self._logprobs(self.model, micro, batch)
                     for row, s in enumerate(micro):
                         out[id(s)] = logp[row].detach()
         return out
@@ -298,12 +302,45 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         the world size (DeepSpeed averages gradients over ranks), 0 for a padding micro-batch."""
         import torch
 
+        with self.phases.phase("collate"):
+            batch = self._collate(micro)
+        logp, entropy, forwarded = self._logprobs(self.model, micro, batch)
+        with torch.no_grad():
+            ref_logp = self._logprobs(self.ref, micro, batch)[0] if self.cfg.loss.kl_coef else None
+        with self.phases.phase("loss"):
+            loss = self._micro_loss(
+                micro, batch, logp, entropy, ref_logp, mini_tokens, mini_sequences, proximal, stats, loss_scale
+            )
+        with self.phases.phase("backward"):
+            if self.engine is not None:
+                # The caller owns the boundary: the last micro-batch of a mini-batch, however many it holds.
+                self.engine.set_gradient_accumulation_boundary(is_last)
+                self.engine.backward(loss, scale_wrt_gas=False)
+            else:
+                loss.backward()
+        if self.engine is not None:
+            with self.phases.phase("zero_bookkeeping"):  # the optimizer's own step inside counts as "optimizer"
+                self.engine.step()
+        return forwarded if loss_scale else 0
+
+    def _micro_loss(
+        self,
+        micro,
+        batch: MicroBatch,
+        logp,
+        entropy,
+        ref_logp,
+        mini_tokens,
+        mini_sequences,
+        proximal,
+        stats,
+        loss_scale: float,
+    ):
+        import torch
+
         from learner.loss import aggregation_weights, off_policy_weights, policy_loss
 
-        ids, attention, mask, behaviour, adv = self._collate(micro)
-        logp, entropy, forwarded = self._logprobs(self.model, micro, ids, attention, mask)
-        with torch.no_grad():
-            ref_logp = self._logprobs(self.ref, micro, ids, attention, mask)[0] if self.cfg.loss.kl_coef else None
+        mask, behaviour = batch.mask, batch.behaviour
         # pi_old: vLLM's behaviour logprobs, or the learner's own at the start of the step.
         if self.cfg.old_logprobs == "recompute":
             if id(micro[0]) in proximal:
@@ -317,7 +354,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         loss, m = policy_loss(
             logp,
             old,
-            adv.expand_as(logp),
+            batch.advantages.expand_as(logp),
             mask,
             self.cfg.loss,
             ref_logp,
@@ -327,18 +364,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             is_weights=is_w,
         )
         if not loss_scale:  # padding (learner/group.py): the same calls as the other ranks, no gradient
-            loss, forwarded = loss * 0.0, 0
-        else:
-            loss = loss * loss_scale if loss_scale != 1.0 else loss
-            stats.add_micro(m, micro, behaviour, logp.detach() * mask if old is behaviour else old, mask, is_w, cut)
-        if self.engine is not None:
-            # The caller owns the boundary: the last micro-batch of a mini-batch, however many it holds.
-            self.engine.set_gradient_accumulation_boundary(is_last)
-            self.engine.backward(loss, scale_wrt_gas=False)
-            self.engine.step()
-        else:
-            loss.backward()
-        return forwarded
+            return loss * 0.0
+        stats.add_micro(m, micro, behaviour, logp.detach() * mask if old is behaviour else old, mask, is_w, cut)
+        return loss * loss_scale if loss_scale != 1.0 else loss
 
     def train_batch(
         self,
@@ -392,9 +420,10 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
                     loss_scale=scale,
                 )
             if self.engine is None:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                with self.phases.phase("zero_bookkeeping"):
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
                 step_stats.grad_norm(float(grad_norm))
             else:
                 step_stats.grad_norm(float(self.engine.get_global_grad_norm() or 0.0))

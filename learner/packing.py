@@ -6,12 +6,14 @@ times. Packed, a row holds the common prefix once, then each rollout's own
 continuation, with position ids that restart each continuation at the prefix
 length. Attention (``shared_prefix_attention``, registered with transformers
 as ``seal_shared_prefix``) runs in two parts per row: the prefix causally on
-its own (SDPA's causal kernel skips the masked half), then all continuation
-queries against prefix + continuations with a mask that lets each see the
-prefix and its own earlier tokens only. One 4D mask over the whole row would
-give the same numbers but cost more than the unpacked forward: a masked SDPA
-computes every block of the square, so the prefix's half that causality
-skips would come back, and at BFCL lengths attention is most of the work.
+its own (SDPA's causal kernel skips the masked half), then each continuation's
+queries against the prefix's keys and values and its own, the continuations
+batched side by side (one SDPA call, a mask per continuation: the prefix and
+its own earlier tokens). A masked SDPA computes every block of its square, so
+one mask over the whole row would cost the square of the row (the prefix's
+causal half back), and one over all continuations together the square of the
+group's whole continuation length; side by side each continuation costs what
+it would unpacked, c x (prefix + c), and the prefix is computed once.
 
 Every token thus sees exactly the context it had in its own sequence, so the
 log-probabilities are the unpacked ones (up to float summation order), and the
@@ -31,13 +33,17 @@ LAYOUT_KWARG = "seal_packed_rows"  # forward kwarg transformers passes down to t
 
 @dataclass(frozen=True)
 class RowLayout:
-    """One packed row: ``prefix`` shared tokens, ``length`` real tokens, and
-    ``continuation_mask`` [length - prefix, length] (True: may attend) for the
-    continuation queries."""
+    """One packed row: ``prefix`` shared tokens, ``length`` real tokens. Its n continuations side by
+    side, c = the longest: ``continuation_index`` [n, c], the row position of each continuation's
+    j-th token (padding repeats a valid position); ``continuation_mask`` [n, 1, c, prefix + c] (True:
+    may attend): each query sees the prefix and its own continuation causally; ``continuation_valid``
+    [n * c], the flat indices of the real (not padding) queries, in row order."""
 
     prefix: int
     length: int
-    continuation_mask: Any
+    continuation_index: Any = None
+    continuation_mask: Any = None
+    continuation_valid: Any = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +120,7 @@ def pack_shared_prefix(token_ids: Sequence[Sequence[int]], groups: Sequence[Any]
     for r, (prefix, conts, length) in enumerate(plans):
         ids[r, :prefix] = torch.tensor(token_ids[conts[0][0]][:prefix], dtype=torch.long)
         pos[r, :prefix] = torch.arange(prefix)
-        cmask = torch.zeros((length - prefix, length), dtype=torch.bool)
-        cmask[:, :prefix] = True
+        spans = []
         for i, off in conts:
             seq = token_ids[i]
             c = len(seq) - prefix
@@ -123,11 +128,31 @@ def pack_shared_prefix(token_ids: Sequence[Sequence[int]], groups: Sequence[Any]
             if c:
                 ids[r, off : off + c] = torch.tensor(seq[prefix:], dtype=torch.long)
                 pos[r, off : off + c] = torch.arange(prefix, len(seq))
-                cmask[off - prefix : off - prefix + c, off : off + c] = torch.ones((c, c), dtype=torch.bool).tril()
+                spans.append((off, c))
             j = torch.arange(len(seq) - 1)
             logit_index[i, : len(seq) - 1] = torch.where(j < prefix, j, off + j - prefix)
-        rows.append(RowLayout(prefix, length, cmask.to(device)))
+        rows.append(_row_layout(prefix, length, spans, device))
     return PackedRows(ids.to(device), pos.to(device), rows, sample_row, logit_index.to(device))
+
+
+def _row_layout(prefix: int, length: int, spans: list[tuple[int, int]], device: Any) -> RowLayout:
+    """The side-by-side layout of a row's continuations (``spans``: (offset, length) each)."""
+    import torch
+
+    if not spans:
+        return RowLayout(prefix, length)
+    widest = max(c for _, c in spans)
+    index = torch.zeros((len(spans), widest), dtype=torch.long)
+    mask = torch.zeros((len(spans), 1, widest, prefix + widest), dtype=torch.bool)
+    valid = torch.zeros((len(spans), widest), dtype=torch.bool)
+    mask[:, :, :, :prefix] = True
+    for n, (off, c) in enumerate(spans):
+        index[n, :c] = torch.arange(off, off + c)
+        index[n, c:] = off  # padding queries and keys: never read, never attended to
+        mask[n, 0, :c, prefix : prefix + c] = torch.ones((c, c), dtype=torch.bool).tril()
+        mask[n, 0, c:, prefix] = True  # a padding query attends somewhere: no all-masked row (NaN)
+        valid[n, :c] = True
+    return RowLayout(prefix, length, index.to(device), mask.to(device), valid.flatten().nonzero().squeeze(1).to(device))
 
 
 def shared_prefix_attention(
@@ -165,23 +190,71 @@ def shared_prefix_attention(
                 **kwargs,
             )
             parts.append(out)
-        if row.length > row.prefix:
-            out, _ = sdpa_attention_forward(
-                module,
-                q[:, :, row.prefix : row.length],
-                k[:, :, : row.length],
-                v[:, :, : row.length],
-                row.continuation_mask[None, None],
-                dropout=dropout,
-                scaling=scaling,
-                is_causal=False,
-                **kwargs,
-            )
-            parts.append(out)
+        if row.continuation_index is not None:
+            parts.append(_continuations(module, q[0], k[0], v[0], row, dropout, scaling, kwargs))
         if width > row.length:  # padding of a shorter row: never read
             parts.append(query.new_zeros((1, width - row.length, query.shape[1], query.shape[3])))
         outputs.append(torch.cat(parts, dim=1))
     return torch.cat(outputs, dim=0), None
+
+
+def _continuations(module, q, k, v, row: RowLayout, dropout: float, scaling: float | None, kwargs) -> Any:
+    """The continuations' attention outputs [length - prefix, H, D] in row order, from one row's
+    q [H, W, D] and k/v [KVH, W, D]: each continuation's queries against the prefix and itself."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    index = row.continuation_index  # [n, c]
+    n = index.shape[0]
+    if q.device.type == "cpu" and row.prefix and not dropout:
+        return _split_continuations(q, k, v, row, scaling)
+
+    def side_by_side(x):  # [H, W, D] -> [n, H, c, D]
+        return x[:, index].transpose(0, 1)
+
+    def with_prefix(x):  # [KVH, W, D] -> [n, KVH, prefix + c, D]
+        own = side_by_side(x)
+        shared = x[None, :, : row.prefix].expand(n, -1, -1, -1)
+        return torch.cat([shared, own], dim=2)
+
+    out, _ = sdpa_attention_forward(
+        module,
+        side_by_side(q),
+        with_prefix(k),
+        with_prefix(v),
+        row.continuation_mask,
+        dropout=dropout,
+        scaling=scaling,
+        is_causal=False,
+        **kwargs,
+    )  # [n, c, H, D]
+    return out.reshape(-1, out.shape[2], out.shape[3])[row.continuation_valid][None]
+
+
+def _split_continuations(q, k, v, row: RowLayout, scaling: float | None) -> Any:
+    """``_continuations`` on CPU: two unmasked flash blocks merged (learner/split_attention.py)."""
+    import torch
+
+    from learner.split_attention import split_continuation_attention
+
+    # SDPA runs in the autocast dtype under autocast (its kernels need one dtype); so does this.
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else q.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    repeat = q.shape[0] // k.shape[0]  # grouped-query attention: each key/value head serves `repeat` query heads
+    if repeat > 1:
+        k, v = k.repeat_interleave(repeat, dim=0), v.repeat_interleave(repeat, dim=0)
+    index, prefix = row.continuation_index, row.prefix
+    out = split_continuation_attention(
+        q[None, :, prefix : row.length],
+        k[None, :, :prefix],
+        v[None, :, :prefix],
+        q[:, index].transpose(0, 1),
+        k[:, index].transpose(0, 1),
+        v[:, index].transpose(0, 1),
+        row.continuation_valid,
+        scaling,
+    )  # [1, H, C, D]
+    return out.transpose(1, 2)
 
 
 def use_shared_prefix_attention(model) -> None:
@@ -190,37 +263,3 @@ def use_shared_prefix_attention(model) -> None:
 
     AttentionInterface.register(ATTENTION, shared_prefix_attention)
     model.set_attn_implementation(ATTENTION)
-
-
-def packed_token_logprobs(
-    logits: Any, kept: Any, packed: PackedRows, targets: Any, mask: Any, with_entropy: bool = False
-) -> tuple[Any, Any]:
-    """log p(target) per sample and column from the packed rows' logits.
-
-    ``logits``: [R, K, V] at packed positions ``kept`` (sorted, [K]);
-    ``targets``/``mask``: [B, T] (token j + 1 of sample i; 1 where scored).
-    Returns ([B, T] log-probs, 0 where not scored; [B, T] entropy or None)."""
-    import torch
-
-    lse = torch.logsumexp(logits, dim=-1)  # [R, K]
-    rows = torch.tensor(packed.sample_row, dtype=torch.long, device=logits.device)[:, None].expand_as(mask)
-    where = mask.bool()
-    r, idx = rows[where], packed.logit_index[where]
-    k = torch.searchsorted(kept, idx)
-    picked = logits[r, k, targets[where]] - lse[r, k]
-    logp = torch.zeros(mask.shape, dtype=logits.dtype, device=logits.device)
-    logp[where] = picked
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        ent = lse - (probs * logits).sum(-1)  # [R, K]: H = logsumexp - E_p[logit]
-        entropy = torch.zeros(mask.shape, dtype=logits.dtype, device=logits.device)
-        entropy[where] = ent[r, k]
-    return logp, entropy
-
-
-def needed_positions(packed: PackedRows, mask: Any) -> Any:
-    """Sorted packed positions whose logits some scored token needs (``logits_to_keep``)."""
-    import torch
-
-    return torch.unique(packed.logit_index[mask.bool()])

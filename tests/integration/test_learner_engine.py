@@ -302,8 +302,9 @@ def test_learner_scores_exactly_the_masked_tokens(tiny_path):
     lrn = learner(tiny_path, "torch", micro=2)
     batch = make_batch(6, tiny_path)
     samples, _ = build_samples(batch, RELEASED_BASE_WEIGHTS)
-    ids, attention, mask, _, _ = lrn._collate(samples[:2])
-    logp, _ = lrn._forward_logprobs(lrn.ref, ids, attention, mask)
+    micro = lrn._collate(samples[:2])
+    mask = micro.mask
+    logp, _, _ = lrn._logprobs(lrn.ref, samples[:2], micro)
     for row, sample in enumerate(samples[:2]):
         full = sequence_logprobs(lrn.ref, sample.token_ids)[1:]
         for j, m in enumerate(sample.loss_mask[1:]):

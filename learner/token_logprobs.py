@@ -1,0 +1,141 @@
+"""Log-probabilities and entropy of chosen tokens straight from the final hidden states, in chunks.
+
+The straightforward way, logits = lm_head(h) over the whole vocabulary at every scored position,
+then log-softmax, holds a [scored tokens x vocabulary] fp32 tensor (and its softmax, and the bf16
+logits under autocast) from the forward to the backward: for 900 scored tokens of a 49K-token
+vocabulary that is 177 MB per copy; for a 7B model's 152K-token vocabulary and 8K scored tokens,
+5 GB per copy. ``ChunkedTokenLogprobs`` computes the same values a chunk of rows at a time,
+keeping only the per-row log-sum-exp, and recomputes each chunk's logits in the backward: one
+more matmul of the head (2 N V D flops, a few percent of a step) buys the memory and the
+elementwise passes over the full logits.
+
+Numerics are those of the straightforward path: the head's matmul runs in the autocast dtype when
+autocast is on (bf16: the logits are rounded to bf16 as ``lm_head`` under autocast gives them),
+everything after it in fp32. Gradients flow to the hidden states and to the head's weight; the
+entropy gets a gradient too (used only when the loss has an entropy term).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Rows per chunk come from this budget for one chunk's fp32 logits: small enough to stay in the
+# caches' neighbourhood on CPU and to be noise in a GPU's memory, large enough for an efficient matmul.
+CHUNK_BYTES = 64 * 2**20
+
+
+def chunk_rows(vocab: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    return max(1, chunk_bytes // (4 * vocab))
+
+
+def _autocast_dtype(device_type: str) -> Any:
+    import torch
+
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _fn():
+    import torch
+
+    class ChunkedTokenLogprobs(torch.autograd.Function):
+        """(hidden [N, D], weight [V, D], targets [N]) -> (log p(target) [N], entropy [N]), fp32."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight, targets, compute_dtype, rows):
+            h = hidden.to(compute_dtype)
+            w = weight.to(compute_dtype)
+            n = h.shape[0]
+            logp = torch.empty(n, dtype=torch.float32, device=h.device)
+            entropy = torch.empty(n, dtype=torch.float32, device=h.device)
+            lse = torch.empty(n, dtype=torch.float32, device=h.device)
+            with torch.autocast(h.device.type, enabled=False):
+                for a in range(0, n, rows):
+                    b = min(a + rows, n)
+                    z = (h[a:b] @ w.T).float()  # [rows, V]
+                    m = torch.logsumexp(z, dim=-1)
+                    lse[a:b] = m
+                    logp[a:b] = z.gather(1, targets[a:b, None]).squeeze(1) - m
+                    # H = lse - sum_j p_j z_j
+                    entropy[a:b] = m - (torch.softmax(z, dim=-1) * z).sum(-1)
+            ctx.save_for_backward(h, w, targets, lse, entropy)
+            ctx.rows = rows
+            ctx.dtypes = (hidden.dtype, weight.dtype)
+            ctx.set_materialize_grads(False)
+            return logp, entropy
+
+        @staticmethod
+        def backward(ctx, grad_logp, grad_entropy):
+            h, w, targets, lse, entropy = ctx.saved_tensors
+            need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_h else None
+            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+            if grad_logp is None and grad_entropy is None:
+                return None, None, None, None, None
+            with torch.autocast(h.device.type, enabled=False):
+                for a in range(0, h.shape[0], ctx.rows):
+                    b = min(a + ctx.rows, h.shape[0])
+                    z = (h[a:b] @ w.T).float()
+                    p = torch.exp(z - lse[a:b, None])
+                    g = torch.zeros_like(z)
+                    if grad_logp is not None:
+                        # d log p_t / d z_j = 1[j = t] - p_j
+                        gl = grad_logp[a:b, None].float()
+                        g -= p * gl
+                        g.scatter_add_(1, targets[a:b, None], gl)
+                    if grad_entropy is not None:
+                        # d H / d z_j = -p_j (log p_j + H) = -p_j (z_j - lse + H)
+                        ge = grad_entropy[a:b, None].float()
+                        g -= ge * p * (z - lse[a:b, None] + entropy[a:b, None])
+                    g = g.to(h.dtype)
+                    if need_h:
+                        grad_h[a:b] = (g @ w).float()
+                    if need_w:
+                        grad_w += (g.T @ h[a:b]).float()
+            return (
+                grad_h.to(ctx.dtypes[0]) if need_h else None,
+                grad_w.to(ctx.dtypes[1]) if need_w else None,
+                None,
+                None,
+                None,
+            )
+
+    return ChunkedTokenLogprobs
+
+
+_FUNCTION: Any = None
+
+
+def chunked_token_logprobs(hidden: Any, weight: Any, targets: Any, chunk_bytes: int = CHUNK_BYTES) -> tuple[Any, Any]:
+    """log p(targets) and the entropy at each row of ``hidden`` [N, D] under the head ``weight`` [V, D]
+    (logits = hidden @ weight.T, no bias): two fp32 [N] tensors, differentiable in hidden and weight.
+    Under autocast the matmul runs in the autocast dtype, as ``nn.Linear`` would."""
+    import torch
+
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _fn()
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden [N, D] and weight [V, D] expected, got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"one target per row expected: {tuple(targets.shape)} for {hidden.shape[0]} rows")
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    dtype = _autocast_dtype(hidden.device.type) or torch.promote_types(hidden.dtype, weight.dtype)
+    return _FUNCTION.apply(hidden, weight, targets.long(), dtype, chunk_rows(weight.shape[0], chunk_bytes))
+
+
+def full_token_logprobs(hidden: Any, weight: Any, targets: Any) -> tuple[Any, Any]:
+    """The straightforward computation ``chunked_token_logprobs`` replaces: full logits, then
+    log-softmax and entropy in fp32 (the reference its tests hold it against)."""
+    import torch
+
+    logits = torch.nn.functional.linear(hidden, weight).float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(1, targets.long()[:, None]).squeeze(1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return picked, entropy
