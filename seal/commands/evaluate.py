@@ -117,25 +117,32 @@ def _views(cfg, eval_cfg, records, names, groups_per_step: int):
 
 
 class EvalProgress:
-    """One line on stderr per batch of tasks played: where the evaluation is, and an estimate of
-    the time left over every snapshot's uncached tasks from the rate so far (cached ones are free)."""
+    """One line on stderr per batch of tasks: where the evaluation is, and the time left over every
+    snapshot's uncached tasks at the rate of the batches played so far (engine starts and cached
+    tasks are not in the rate: a cached task costs nothing)."""
 
     def __init__(self, to_play: int) -> None:
-        self.to_play, self.played, self.started = to_play, 0, time.perf_counter()
+        self.to_play, self.played, self.playing_s = to_play, 0, 0.0
+        self.started = self.batch_started = time.perf_counter()
+
+    def batch_starts(self) -> None:
+        self.batch_started = time.perf_counter()
 
     def line(self, snapshot: str, view: str, done: int, tasks: int, ran: bool, count: int) -> None:
-        self.played += count if ran else 0
-        elapsed = time.perf_counter() - self.started
+        if ran:
+            self.played += count
+            self.playing_s += time.perf_counter() - self.batch_started
         left = self.to_play - self.played
-        eta = (
-            f"about {_duration(elapsed / self.played * left)} left"
-            if self.played and left
-            else ("done" if not left else "estimating")
-        )
+        if not left:
+            eta = "none left to play"
+        elif self.played:
+            eta = f"about {_duration(self.playing_s / self.played * left)} left"
+        else:
+            eta = "time left known after the first batch"
         how = "played" if ran else "from the cache"
         print(
-            f"evaluate {snapshot} {view}: {done}/{tasks} tasks ({count} {how}); {self.played}/{self.to_play} "
-            f"to play in {_duration(elapsed)}, {eta}",
+            f"evaluate {snapshot} {view}: {done}/{tasks} tasks ({count} {how}); played {self.played} of "
+            f"{self.to_play} in {_duration(time.perf_counter() - self.started)}; {eta}",
             file=sys.stderr,
             flush=True,
         )
@@ -205,6 +212,7 @@ def _run_snapshot(
             make_env = lambda node=env_node: instantiate(node)  # noqa: E731 - one env per episode
 
             def runner(task_ids, view=view.name, make_env=make_env):
+                progress.batch_starts()
                 with output_to_file(log):
                     if is_harness(env_of[view]):  # tau2 / BFCL memory: the harness drives each episode
                         assert ood is not None  # a task to run means the engine and its harness runner started
