@@ -22,11 +22,11 @@ from typing import Any
 from env_pool.base import Environment
 from env_pool.interface.state import InterfaceState
 from replay.auth import ClientKeys
-from replay.messages import GroupJob, GroupReport, InterfaceUpdate
+from replay.messages import GroupJob, GroupReport, GroupStats, InterfaceUpdate
 from replay.transport import TrajectorySender
 from rollout.chat import ChatTokenizer
 from rollout.generator import SamplingConfig
-from rollout.play import GroupStats, run_group
+from rollout.play import run_group
 
 COORDINATOR_TIMEOUT_S = 300.0  # reading the interface at start; the coordinator answers from memory
 
@@ -116,10 +116,7 @@ class EnvActor:
             sent=len(trajectories),
             interface_version=interface.version,
             start_version=min(t.start_version for t in trajectories),
-            prompt_tokens=stats.prompt_tokens,
-            cached_prompt_tokens=stats.cached_prompt_tokens,
-            generated_tokens=stats.generated_tokens,
-            generate_s=stats.generate_s,
+            generation=stats,
             env_s=sum(t.timings.get("env_s", 0.0) + t.timings.get("judge_s", 0.0) for t in trajectories),
             send_s=send_s,
             wall_s=time.perf_counter() - t0,

@@ -198,6 +198,21 @@ class GroupJob:
     episode_deadline_s: float | None = None
 
 
+@dataclass
+class GroupStats:
+    """What generating a group cost: counted while it plays (rollout/play.py), reported with it
+    (``GroupReport.generation``)."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prefix-cache hits
+    generated_tokens: int = 0
+    generate_s: float = 0.0  # waiting for the generator
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
 @dataclass(frozen=True)
 class GroupReport:
     """Env actor -> orchestrator, after the group's trajectories went to the
@@ -211,10 +226,7 @@ class GroupReport:
     sent: int
     interface_version: int
     start_version: int
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    generated_tokens: int
-    generate_s: float  # waiting for the generator
+    generation: GroupStats
     env_s: float  # env steps, verifier and diagnosis
     send_s: float  # handing frames to the transport (back-pressure shows here)
     wall_s: float

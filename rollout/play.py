@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from env_pool.base import Environment, EpisodeResult, Outcome
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
-from replay.messages import InfraFault, Segment, Trajectory
+from replay.messages import GroupStats, InfraFault, Segment, Trajectory
 from rollout.chat import ChatTokenizer, Message
 from rollout.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 
@@ -53,18 +53,6 @@ class _Episode:
         self.token_ids.extend(ids)
         self.loss_mask.extend([mask] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
-
-
-@dataclass
-class GroupStats:
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
-    generate_s: float = 0.0
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 def run_group(

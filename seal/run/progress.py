@@ -107,7 +107,7 @@ def guideline_change(before: Sequence[str] | None, after: Sequence[str]) -> str:
 
 
 def group_done_text(report, filtered: bool) -> str:
-    rate = report.generated_tokens / report.wall_s if report.wall_s > 0 else 0.0
+    rate = report.generation.generated_tokens / report.wall_s if report.wall_s > 0 else 0.0
     note = "; equal rewards: filtered" if filtered else ""
     faults = [k for k in report.faults if k]
     if faults:  # those rewards are not the policy's: out of every statistic (docs/main-job.md, "Infra faults")
@@ -115,7 +115,7 @@ def group_done_text(report, filtered: bool) -> str:
         note += f"; {len(faults)} of {len(report.faults)} episodes ended by an infra fault ({kinds}): not scored"
     return (
         f"{report.group_id} done on {report.actor} in {duration(report.wall_s)}: {rewards_text(report.rewards)}{note}, "
-        f"{report.generated_tokens} tokens ({rate:.1f} tok/s), policy v{report.start_version}, "
+        f"{report.generation.generated_tokens} tokens ({rate:.1f} tok/s), policy v{report.start_version}, "
         f"interface v{report.interface_version}"
     )
 
@@ -214,7 +214,7 @@ class Progress:
                 groups_batch_text(
                     len(self._batch),
                     rewards,
-                    sum(r.generated_tokens for r in self._batch),
+                    sum(r.generation.generated_tokens for r in self._batch),
                     now - self._batch_started,
                     in_flight,
                 ),

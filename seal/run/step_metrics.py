@@ -150,7 +150,7 @@ class StepWindow:
             gen_idle = max(0.0, 1.0 - (busy - self._gen_busy0) / wall)
         self._gen_busy0 = busy
         actors = max(facts.env_actors, 1)
-        prompt = sum(r.prompt_tokens for r in reports)
+        prompt = sum(r.generation.prompt_tokens for r in reports)
         env_s = sum(r.env_s for r in reports)
         counters = facts.replay
         result = outcome.result or {}
@@ -190,9 +190,11 @@ class StepWindow:
             "tag_fractions": {k: v / total_tags for k, v in sorted(tags.items())},
             "interface_version": interface.interface_version,
             "active_guidelines": list(interface.active_guidelines),
-            "gen_tokens_per_s": sum(r.generated_tokens for r in reports) / wall,
+            "gen_tokens_per_s": sum(r.generation.generated_tokens for r in reports) / wall,
             **facts.fleet,
-            "prefix_cache_hit_rate": sum(r.cached_prompt_tokens for r in reports) / prompt if prompt else 0.0,
+            "prefix_cache_hit_rate": sum(r.generation.cached_prompt_tokens for r in reports) / prompt
+            if prompt
+            else 0.0,
             "env_steps_per_s": sum(r.env_steps for r in reports) / env_s if env_s else 0.0,
             "env_tool_calls": sum(r.tool_calls for r in reports),
             "groups_generated": len(decided),  # the groups this step decided, whatever their fate
@@ -200,7 +202,7 @@ class StepWindow:
             "learner_tokens_per_s": result.get("tokens_per_s"),
             "publish_s": facts.publish_s,
             "wait_s": {
-                "generate": sum(r.generate_s for r in reports),
+                "generate": sum(r.generation.generate_s for r in reports),
                 "env": env_s,
                 "send": sum(r.send_s for r in reports),
                 "learner": outcome.t_learn,
@@ -231,7 +233,7 @@ class StepWindow:
             "skipped_overlong_tasks": self.skipped_overlong,
             "step_s": wall,
             "_interface": interface.state,
-            "_rollout_tokens": sum(r.prompt_tokens + r.generated_tokens for r in reports),
+            "_rollout_tokens": sum(r.generation.prompt_tokens + r.generation.generated_tokens for r in reports),
         }
         self._reset(now)
         return row
@@ -257,7 +259,9 @@ class StepWindow:
             open_ids = set(undecided) | set(self.reports)
             self.tokens.add(
                 "in_flight_end",
-                sum(self.reports[g].generated_tokens if g in self.reports else undecided[g] for g in open_ids),
+                sum(
+                    self.reports[g].generation.generated_tokens if g in self.reports else undecided[g] for g in open_ids
+                ),
             )
         out["tokens"] = {**self.tokens.close_step(), "generated": step_generated}
         if undecided is not None:

@@ -105,7 +105,7 @@ def test_a_group_reaches_the_stream_whole_and_the_report_counts_it(actor):
     assert env_actor.interface.version == 3  # read from the coordinator at start
     report = env_actor.run_group(job(0))
     assert (report.slot, report.group_id, report.sent, report.rewards) == (0, "g0", 2, (0.0, 0.0))
-    assert report.interface_version == 3 and report.start_version == 7 and report.generated_tokens > 0
+    assert report.interface_version == 3 and report.start_version == 7 and report.generation.generated_tokens > 0
     assert wait_for(lambda: server.ready() == 1)
     (group,) = server.take_batch()
     assert [t.rollout_index for t in group.trajectories] == [0, 1]

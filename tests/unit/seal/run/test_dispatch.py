@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from replay.messages import GroupReport
+from replay.messages import GroupReport, GroupStats
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
 from replay.transport import ReplayServer, TransportConfig
@@ -49,7 +49,20 @@ class FakeEnvActor:
         if self.fails == "replica":
             raise GeneratorUnavailable(f"generator replica {job.generator} is not running")
         return GroupReport(
-            job.slot, job.group_id, job.task_id, self.name, job.n, 0, 0, 10, 0, 8, 0.1, 0.1, 0.0, 0.2, 2, 1, (1.0, 0.0)
+            slot=job.slot,
+            group_id=job.group_id,
+            task_id=job.task_id,
+            actor=self.name,
+            sent=job.n,
+            interface_version=0,
+            start_version=0,
+            generation=GroupStats(prompt_tokens=10, generated_tokens=8, generate_s=0.1),
+            env_s=0.1,
+            send_s=0.0,
+            wall_s=0.2,
+            env_steps=2,
+            tool_calls=1,
+            rewards=(1.0, 0.0),
         )
 
     def pid(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from replay.messages import GroupJob, GroupReport
+from replay.messages import GroupJob, GroupReport, GroupStats
 from seal.run.progress import (
     Progress,
     clock,
@@ -32,10 +32,7 @@ def report(rewards=(0.0, 1.0), wall_s=40.0, tokens=200, **kw) -> GroupReport:
         sent=len(rewards),
         interface_version=1,
         start_version=2,
-        prompt_tokens=100,
-        cached_prompt_tokens=50,
-        generated_tokens=tokens,
-        generate_s=30.0,
+        generation=GroupStats(prompt_tokens=100, cached_prompt_tokens=50, generated_tokens=tokens, generate_s=30.0),
         env_s=0.1,
         send_s=0.01,
         wall_s=wall_s,

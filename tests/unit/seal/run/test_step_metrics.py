@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from replay.messages import GroupReport, InfraFault, RoundEnd, Segment, Trajectory
+from replay.messages import GroupReport, GroupStats, InfraFault, RoundEnd, Segment, Trajectory
 from replay.queue import Group as QueueGroup
 from replay.queue import stand_in
 from seal.run.step_metrics import RunFacts, StepOutcome, StepWindow, sum_token_books
@@ -58,10 +58,7 @@ def report(group: str, generated: int = 8) -> GroupReport:
         sent=2,
         interface_version=0,
         start_version=0,
-        prompt_tokens=16,
-        cached_prompt_tokens=8,
-        generated_tokens=generated,
-        generate_s=1.0,
+        generation=GroupStats(prompt_tokens=16, cached_prompt_tokens=8, generated_tokens=generated, generate_s=1.0),
         env_s=0.5,
         send_s=0.1,
         wall_s=2.0,
