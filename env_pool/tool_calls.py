@@ -188,6 +188,7 @@ def parse_python_calls(text: str, signatures: Signatures | None = None) -> list[
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise ToolCallParseError(f"not a python call list: {exc.__class__.__name__}: {exc}") from None
     body = tree.body
+    nodes: list[ast.expr]
     if isinstance(body, ast.Call):
         nodes = [body]
     elif isinstance(body, ast.List):

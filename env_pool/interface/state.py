@@ -88,7 +88,7 @@ class InterfaceState:
     def with_components(self, names: str | list[str]) -> InterfaceState:
         """Switch components on by their short names: lite, feedback, guidelines."""
         items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
-        changes: dict[str, bool] = {}
+        changes: dict[str, Any] = {}
         for name in items:
             if name not in COMPONENTS:
                 raise ValueError(f"unknown interface component {name!r}; expected some of {sorted(COMPONENTS)}")

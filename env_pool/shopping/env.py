@@ -166,9 +166,5 @@ class ShoppingEnv(MultiTurnEnv):
 
     def _judge(self) -> Verdict:
         # An episode the step limit or the context cut off fails as force-terminated.
-        return judge(
-            self._task,
-            self._turn_parsed,
-            self.instance_mismatch,  # type: ignore[arg-type]
-            cut_off=self._outcome != Outcome.COMPLETED,
-        )
+        assert self._task is not None
+        return judge(self._task, self._turn_parsed, self.instance_mismatch, cut_off=self._outcome != Outcome.COMPLETED)

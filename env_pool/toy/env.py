@@ -216,6 +216,7 @@ class ToyToolEnv(MultiTurnEnv):
         return list(TOOL_NAMES)
 
     def _execute(self, call: ToolCall, turn: int) -> str:
+        hint: str | None
         if call.name not in TOOL_NAMES:
             result = f"Error during execution: name '{call.name}' is not defined"
             hint = unknown_tool_hint(call.name, TOOL_NAMES)

@@ -275,7 +275,7 @@ def sum_token_books(rows) -> dict[str, Any] | None:
     books = [r["tokens_run"] for r in rows if r.get("tokens_run")]
     if not books:
         return None
-    buckets = Counter()
+    buckets: Counter[str] = Counter()
     for b in books:
         buckets.update({k: v for k, v in b.items() if k not in ("attributed", "generated", "unattributed")})
     counts = [b.get("generated") for b in books]
