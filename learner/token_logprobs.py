@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-# Rows per chunk come from this budget for one chunk's fp32 logits: small enough to stay in the
-# caches' neighbourhood on CPU and to be noise in a GPU's memory, large enough for an efficient matmul.
-CHUNK_BYTES = 64 * 2**20
+# Rows per chunk come from this budget for one chunk's fp32 logits (small enough to be noise beside
+# the activations), but never fewer than MIN_ROWS: a GPU's matmul wants 64 rows to fill its tiles.
+CHUNK_BYTES = 16 * 2**20
+MIN_ROWS = 64
 
 
-def chunk_rows(vocab: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    return max(1, chunk_bytes // (4 * vocab))
+def chunk_rows(vocab: int, chunk_bytes: int = CHUNK_BYTES, min_rows: int = MIN_ROWS) -> int:
+    return max(min_rows, chunk_bytes // (4 * vocab), 1)
 
 
 def _autocast_dtype(device_type: str) -> Any:
@@ -107,10 +108,11 @@ def _fn():
 _FUNCTION: Any = None
 
 
-def chunked_token_logprobs(hidden: Any, weight: Any, targets: Any, chunk_bytes: int = CHUNK_BYTES) -> tuple[Any, Any]:
+def chunked_token_logprobs(hidden: Any, weight: Any, targets: Any, rows: int | None = None) -> tuple[Any, Any]:
     """log p(targets) and the entropy at each row of ``hidden`` [N, D] under the head ``weight`` [V, D]
     (logits = hidden @ weight.T, no bias): two fp32 [N] tensors, differentiable in hidden and weight.
-    Under autocast the matmul runs in the autocast dtype, as ``nn.Linear`` would."""
+    Under autocast the matmul runs in the autocast dtype, as ``nn.Linear`` would. ``rows`` per chunk:
+    ``chunk_rows`` of the vocabulary by default."""
     import torch
 
     global _FUNCTION
@@ -126,7 +128,7 @@ def chunked_token_logprobs(hidden: Any, weight: Any, targets: Any, chunk_bytes: 
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
     dtype = _autocast_dtype(hidden.device.type) or torch.promote_types(hidden.dtype, weight.dtype)
-    return _FUNCTION.apply(hidden, weight, targets.long(), dtype, chunk_rows(weight.shape[0], chunk_bytes))
+    return _FUNCTION.apply(hidden, weight, targets.long(), dtype, rows or chunk_rows(weight.shape[0]))
 
 
 def full_token_logprobs(hidden: Any, weight: Any, targets: Any) -> tuple[Any, Any]:

@@ -32,24 +32,28 @@ micro_batch_size x response scored positions; c compute bytes, 2 in bf16, 4 in f
   norm inputs and outputs; attention scores are not stored with SDPA). With gradient
   checkpointing the layer inputs are kept, ``layers x T x hidden x 4``, plus one layer's working
   set (recomputed in backward; the reference's no-grad layer in its forward); without it every
-  layer's working set. Packed micro-batches add the shared-prefix mask, continuation tokens x
-  row tokens x (1 + c) (the boolean mask and the float bias SDPA builds from it);
+  layer's working set. Packed micro-batches on a GPU add the continuations' masks, continuation
+  tokens x (prefix + response) x (1 + c) (the boolean mask and the float bias SDPA builds from it;
+  each continuation attends to the prefix and itself); on CPU the two unmasked blocks need none;
 - policy forward (inside autocast): weight casts 2P in bf16 (autocast caches the bf16 copy of
   every weight that needs a gradient until the forward ends, so a whole bf16 model exists at its
   end; under ZeRO-3 too: the gathered parameter is released, its cast is not); under ZeRO-3 the
   gathered fp32 parameters of the module running (at most the larger of a decoder layer and the
-  embedding) and of one prefetched layer; the forward's logits ``K x vocab x c`` (only the
-  scored positions: ``logits_to_keep``);
-- loss (after autocast: the casts are freed): logits ``K x vocab x (c + 20)`` in bf16 (the
-  forward's logits, their fp32 copy, the fp32 log-softmax kept for backward, and the entropy
-  metric's three fp32 temporaries: softmax, log-softmax and their product), ``K x vocab x 20`` in
-  fp32 (the copy is the tensor itself). Backward holds less (the gradients of the logits);
+  embedding) and of one prefetched layer; the head's working set: with ``logprob_head=chunked``
+  (the default) one chunk of logits, ``min(K, rows) x vocab x 14`` (the matmul's bf16 output, its
+  fp32 copy, softmax and product; rows: 16 MB of fp32 logits, at least 64, learner/token_logprobs.py), and nothing of the vocabulary kept for
+  the loss or the backward; with ``full`` the forward's logits ``K x vocab x c``;
+- loss (after autocast: the casts are freed): chunked, nothing of the vocabulary; full: logits
+  ``K x vocab x (c + 20)`` in bf16 (the forward's logits, their fp32 copy, the fp32 log-softmax
+  kept for backward, and the entropy metric's three fp32 temporaries: softmax, log-softmax and
+  their product), ``K x vocab x 20`` in fp32 (the copy is the tensor itself). Backward holds less
+  (chunked: one chunk again; full: the gradients of the logits);
 - reference forward (KL coefficient != 0), under the policy's autocast (learner/ds_config.py
   gives both engines the same section): the reference's gathered parameters under ZeRO-3 (the
   policy's are released by then), the bf16 cast of one weight at a time (2 x the largest weight:
-  a frozen weight needs no gradient, so autocast caches no cast of it), logits ``K x vocab x
-  (4 + c + 4 + 4)`` in bf16 (the policy's kept log-softmax; the reference's logits, fp32 copy and
-  log-softmax), ``K x vocab x 12`` in fp32;
+  a frozen weight needs no gradient, so autocast caches no cast of it), the head's chunk
+  (chunked) or logits ``K x vocab x (4 + c + 4 + 4)`` in bf16 (full: the policy's kept
+  log-softmax; the reference's logits, fp32 copy and log-softmax), ``K x vocab x 12`` in fp32;
 - publish and the generator's copy (between steps): under ZeRO-3 one gathered bucket,
   max(``weight_bucket_mb``, 4 x the largest weight) (learner/weights_out.py gathers a bucket at a
   time on every rank); rank 0 copies the same to the host (``weights_out``, a host term).
@@ -149,6 +153,7 @@ class LearnerSetup:
     seq_len: int = 4096  # longest trajectory (generator.max_model_len)
     response_len: int = 1024  # scored tokens per trajectory (sampling.max_new_tokens)
     weight_bucket_mb: float = 256.0  # ZeRO-3 gathers weights out (publish, the generator's copy) this many MB at a time
+    logprob_head: str = "chunked"  # chunked (learner/token_logprobs.py) | full (whole-vocabulary logits kept)
 
     @property
     def stage(self) -> int:
@@ -212,15 +217,21 @@ def _logits_bytes_per_element(compute_bytes: int, phase: str) -> int:
 
 def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]:
     """The transient terms of each phase of a step (the module docstring), by phase."""
+    from learner.token_logprobs import chunk_rows
+
     p, stage, cb = m.params(), s.stage, DTYPE_BYTES[s.dtype]
     tokens, scored, packed = micro_batch_tokens(s)
     layer = layer_bytes_per_token(m, cb) * tokens
     activations = (m.layers * tokens * m.hidden * 4 + layer) if s.gradient_checkpointing else m.layers * layer
-    mask = scored * tokens * (1 + cb) if packed else 0
+    # The packed continuations' masks: each continuation's queries against the prefix and itself (CUDA's
+    # masked SDPA; the CPU path has none), the boolean mask and the float bias SDPA builds from it.
+    mask = scored * (tokens - scored + s.response_len) * (1 + cb) if packed and s.device != "cpu" else 0
     gathered = (max(m.layer_params(), m.embedding_params()) + m.layer_params()) * 4 if stage == 3 else 0
     largest = max(m.embedding_params(), m.hidden * m.intermediate)  # the largest single weight
 
     def logits(phase: str) -> float:
+        if s.logprob_head == "chunked":  # one chunk of fp32 logits and its softmax temporaries, nothing kept
+            return 0.0 if phase == "loss" else min(scored, chunk_rows(m.vocab)) * m.vocab * 14
         return scored * m.vocab * _logits_bytes_per_element(cb, phase)
 
     phases = {

@@ -132,6 +132,7 @@ def learner_setup(cfg) -> LearnerSetup:
         seq_len=int(cfg.generator.max_model_len),
         response_len=int(cfg.sampling.max_new_tokens),
         weight_bucket_mb=float(lc.weight_bucket_mb),
+        logprob_head=str(lc.get("logprob_head", "chunked")),
     )
 
 

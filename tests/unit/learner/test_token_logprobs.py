@@ -25,15 +25,15 @@ def _grads(fn, h, w, t, gl, ge):
     return logp.detach(), ent.detach(), h.grad, w.grad
 
 
-@pytest.mark.parametrize("chunk_bytes", [4 * 101 * 5, 4 * 101 * 37, 1])  # 8 chunks, the last short; one; a row each
-def test_values_and_gradients_equal_the_full_logits_in_fp32(chunk_bytes):
+@pytest.mark.parametrize("rows", [5, 37, 1])  # 8 chunks, the last short; one; a row each
+def test_values_and_gradients_equal_the_full_logits_in_fp32(rows):
     h, w, t = _inputs()
     g = torch.Generator().manual_seed(1)
     gl, ge = torch.randn(37, generator=g), torch.randn(37, generator=g)
     mask = torch.rand(37, generator=g) > 0.3  # scored rows only get an upstream gradient
     gl, ge = gl * mask, ge * mask
     want = _grads(full_token_logprobs, h, w, t, gl, ge)
-    got = _grads(lambda *a: chunked_token_logprobs(*a, chunk_bytes=chunk_bytes), h, w, t, gl, ge)
+    got = _grads(lambda *a: chunked_token_logprobs(*a, rows=rows), h, w, t, gl, ge)
     for a, b, name in zip(got, want, ("logp", "entropy", "grad h", "grad w")):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (name, (a - b).abs().max())
 
@@ -42,7 +42,7 @@ def test_log_probability_gradient_alone_and_no_gradient_at_all():
     h, w, t = _inputs(n=9, v=50)
     want = _grads(full_token_logprobs, h, w, t, torch.ones(9), torch.zeros(9))
     h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    logp, _ = chunked_token_logprobs(h2, w2, t, chunk_bytes=4 * 50 * 4)
+    logp, _ = chunked_token_logprobs(h2, w2, t, rows=4)
     logp.sum().backward()  # the entropy output unused: its gradient never materialises
     assert torch.allclose(h2.grad, want[2], atol=1e-5) and torch.allclose(w2.grad, want[3], atol=1e-5)
     with torch.no_grad():
@@ -54,7 +54,7 @@ def test_under_bf16_autocast_the_matmul_runs_in_bf16_like_a_linear_layer():
     h, w, t = _inputs(n=20, d=32, v=300)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = torch.nn.functional.linear(h, w)  # what lm_head gives under autocast
-        got, ent = chunked_token_logprobs(h, w, t, chunk_bytes=4 * 300 * 7)
+        got, ent = chunked_token_logprobs(h, w, t, rows=7)
     want = torch.log_softmax(logits.float(), -1).gather(1, t[:, None])[:, 0]
     assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-4)
     got.sum().backward()
@@ -70,7 +70,7 @@ def test_empty_input_and_shape_errors():
         chunked_token_logprobs(h, w, t[:3])
     with pytest.raises(ValueError, match=r"hidden \[N, D\]"):
         chunked_token_logprobs(h, w[:, :5], t)
-    assert chunk_rows(49152) == 341 and chunk_rows(10**9) == 1
+    assert chunk_rows(49152) == 85 and chunk_rows(152064) == 64 and chunk_rows(10**9, min_rows=1) == 1
 
 
 def _tiny():
