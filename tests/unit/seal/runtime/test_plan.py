@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
-
-import dataclasses
 
 import pytest
 
