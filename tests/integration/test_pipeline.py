@@ -91,6 +91,14 @@ def run(pipeline, steps):
         pipeline.close()
 
 
+def assert_tokens_accounted(rows) -> dict:
+    """The run's token books (replay/token_ledger.py): every token the engine generated is in one bucket."""
+    books = rows[-1]["tokens_run"]
+    assert books["unattributed"] == 0 and books["attributed"] == books["generated"] > 0, books
+    assert all("tokens_run" not in r for r in rows[:-1])  # the books close once, at the run's end
+    return books
+
+
 def assert_exactly_once(pipeline, groups):
     """Every slot below the low-water mark reached the learner once (a second
     delivery raises inside the ledger); none was lost to staleness."""
@@ -166,6 +174,7 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
         f"cluster.generator.cpus={gen_cpu}",
         f"cluster.learner.cpus={learn_cpu}",
         "learner.cfg.weight_bucket_mb=0.1",
+        "trainer.oversample=1",  # the default: sync mode admits no group beyond what it trains all the same
     )
     try:
         rows = p.run(2)
@@ -181,10 +190,13 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
         p.close()
     assert pinned == {"generator": {str(gen_cpu)}, "learner": {str(learn_cpu)}}
     assert all(ROW_KEYS <= set(r) and r["mode"] == "sync" and r["staleness_max"] == 0 for r in rows)
-    assert all(r["groups_generated"] == 2 for r in rows), [
-        (r["step"], r["groups_generated"]) for r in rows
-    ]  # exactly one batch generated per step
+    # Exactly one batch generated per step: a step's figures are the groups it decided, whenever their
+    # reports arrived (the driver waits for them before the row), so this cannot race.
+    assert all(r["groups_generated"] == 2 for r in rows), [(r["step"], r["groups_generated"]) for r in rows]
     assert_exactly_once(p, 4)
+    assert p.ledger.counters.dispatched == 4  # generated == trained groups
+    books = assert_tokens_accounted(rows)
+    assert books["trained"] == books["generated"] and books["in_flight_end"] == 0  # sync: all of it trained
 
 
 def _kill_when_busy(p, target: str, killed: list):
@@ -292,6 +304,8 @@ def test_zero_variance_groups_are_filtered_and_unfilled_steps_skipped(tmp_path):
     pending = {j.slot for j in p.ledger.in_flight.values()} | {j.slot for j in p.ledger.retry}
     assert len(pending) + c.filtered + c.dropped == p.ledger.next_slot
     assert (tmp_path / "metrics.jsonl").read_text().count('"skipped": true') == 2
+    books = assert_tokens_accounted(rows)  # async: the groups still playing at the end are waited for, and counted
+    assert books["filtered"] == sum(r["tokens"]["filtered"] for r in rows) > 0 and books["trained"] == 0
 
 
 @pytest.mark.slow
