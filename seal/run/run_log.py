@@ -84,6 +84,11 @@ GROUPS = (
 )
 
 
+# Every family of per-key scalars docs/main-job.md lists as FAMILY/<key>: the row's groups, and the
+# token buckets drawn stacked (stacked_tokens).
+FAMILIES = (*GROUPS, "tokens_stacked")
+
+
 def stacked_tokens(tokens: Mapping[str, Any]) -> dict[str, int]:
     """The step's token buckets as the lines of a stacked chart (TensorBoard draws lines, not areas):
     line k is the sum of the first k buckets, so the band between two lines is one bucket and the

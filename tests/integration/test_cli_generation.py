@@ -266,13 +266,13 @@ def docs_scalars() -> list[str]:
 def test_tensorboard_has_every_scalar_the_docs_list(first_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from seal.run.run_log import GROUPS, SCALARS
+    from seal.run.run_log import FAMILIES, SCALARS
 
     run, _ = first_run
     listed = docs_scalars()
     # docs/main-job.md and seal/run/run_log.py name the same scalars.
     assert sorted(t for t in listed if t.startswith("train/")) == sorted(f"train/{k}" for k in SCALARS)
-    assert sorted(t.split("/")[0] for t in listed if t.endswith(">")) == sorted(GROUPS)
+    assert sorted(t.split("/")[0] for t in listed if t.endswith(">")) == sorted(FAMILIES)
     # Two event files: the run's (seal/run/run_log.py) and the closing evaluation's (seal/run/final_eval.py).
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
