@@ -5,6 +5,7 @@ and a killed rank. One Ray session for the module."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import signal
@@ -131,7 +132,9 @@ def zero3_group(tiny_path):
 # ZeRO-2 starts a group of its own (about a minute here): slow; ZeRO-3 reuses the module's group.
 @pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage):
-    one = Learner(tiny_path, config(stage), group_size=N)
+    # The one rank computes log p the straightforward way (the whole vocabulary's logits); the group's
+    # ranks from the hidden states in chunks (the default): the same update, across ranks and paths.
+    one = Learner(tiny_path, dataclasses.replace(config(stage), logprob_head="full"), group_size=N)
     before = one.generator_weights()
     ref = one.train_batch(batch, RELEASED_BASE_WEIGHTS)
     after_one = one.generator_weights()
@@ -160,6 +163,30 @@ def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage
     assert got["scored_tokens"] == ref["scored_tokens"] and got["sequence_tokens"] == ref["sequence_tokens"]
     assert_same_update(before, after_one, after_two, f"zero{stage} 2 ranks vs 1")
     print(f"zero{stage}: worst update gap {max(update_gap(before, after_one, after_two).values()):.2e}")
+
+
+@pytest.mark.slow  # two groups of their own: about two minutes here
+@pytest.mark.parametrize("kl", [0.1, 0.0], ids=["kl", "no-kl"])
+def test_two_zero3_ranks_packed_and_chunked_make_the_straightforward_update(tiny_path, kl):
+    """2-rank ZeRO-3 with the fast path (rollouts packed, continuations side by side, chunked head)
+    against one rank forwarding each trajectory alone with the whole vocabulary's logits."""
+    shared = make_batch(4, tiny_path, shared_prompt=True) + make_batch(5, tiny_path, shared_prompt=True)[:N]
+    old_cfg = dataclasses.replace(config(3, kl_coef=kl), logprob_head="full")
+    one = Learner(tiny_path, old_cfg, group_size=N)
+    before = one.generator_weights()
+    ref = one.train_batch(shared, RELEASED_BASE_WEIGHTS)
+    after_one = one.generator_weights()
+    new_cfg = dataclasses.replace(config(3, kl_coef=kl), micro_batch_size=N, shared_prefix=True)
+    two = group(tiny_path, new_cfg)
+    try:
+        got = two.train_now(shared, RELEASED_BASE_WEIGHTS)
+        after_two = group_weights(two)
+    finally:
+        two.close()
+    assert got["forward_tokens"] < ref["forward_tokens"]  # packed: each group's prompt once
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
+    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+    assert_same_update(before, after_one, after_two, f"zero3 2 ranks packed + chunked vs 1 rank, kl {kl}")
 
 
 def test_zero3_ranks_each_hold_half_of_policy_and_reference(zero3_group):
