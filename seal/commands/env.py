@@ -38,18 +38,18 @@ def env_for(args, task_id: str | None = None, **settings: Any):
     served = sorted(p.stem for p in (config_dir() / "env").glob("*.yaml"))  # every env with a config
     if named and named[-1] not in served:
         raise CliError(f"env={named[-1]}: seal env serves {', '.join(served)} (configs/env/)")
-    if task_id is not None:
-        kind = env_kind(task_id)  # KeyError naming the prefixes when no env has such ids
-        if named and named[-1] != kind:
-            raise CliError(f"task {task_id} is a {kind} task, not {named[-1]}'s: leave out env={named[-1]}")
-        if not named:
-            overrides.append(f"env={kind}")
+    if task_id is not None and not named:
+        overrides.append(f"env={env_kind(task_id)}")  # KeyError naming the prefixes when no env has such ids
     node = compose(overrides).env
     if getattr(args, "tool_format", None):
         node.tool_format = args.tool_format
     for key, value in settings.items():
         node[key] = value
-    return instantiate(node)
+    env = instantiate(node)
+    # Checked once the named env is built: an env from outside env_pool is known by its class.
+    if task_id is not None and named and (kind := env_kind(task_id)) != env.kind:
+        raise CliError(f"task {task_id} is a {kind} task, not {named[-1]}'s: leave out env={named[-1]}")
+    return env
 
 
 # ------------------------------------------------------------------ replay-gt
