@@ -226,6 +226,8 @@ def _request(ep: _Episode, play: _Play, step: int) -> GenerationRequest | None:
 
 def _fault(ep: _Episode, kind: str, exc: BaseException | None) -> None:
     """The system ended the episode: marked (never a reward of the policy), the env told where it can be."""
+    cause = getattr(exc, "cause", None)  # a remote generator's error (Ray's RayTaskError) names its cause
+    exc = cause if isinstance(cause, BaseException) else exc
     message = "past its wall-clock deadline" if exc is None else f"{exc.__class__.__name__}: {exc}"
     ep.fault = InfraFault(kind, " ".join(message.split())[:500])
     try:

@@ -9,22 +9,9 @@ from __future__ import annotations
 import pytest
 
 from seal.config import compose
-from seal.run.run_dir import create_run_dir
 from seal.run.task_fit import select_tasks
 from tests.conftest import local_ray
-from tests.integration.test_pipeline import assert_tokens_accounted
-
-BASE = [
-    "env=toy",
-    "model=tiny",
-    "learner=torch",
-    "sampling.max_new_tokens=32",
-    "n=4",
-    "trainer.mode=sync",
-    "trainer.groups_per_step=2",
-    "cluster.env_actors=2",
-    "trainer.checkpoint_every=0",
-]
+from tests.integration.test_pipeline import assert_tokens_accounted, make_pipeline
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,21 +20,16 @@ def ray_session():
         yield
 
 
-def pipeline(run_dir, *overrides):
-    from seal.run.driver import Pipeline
-
-    args = [*BASE, *overrides]
-    cfg = compose(args)
-    return Pipeline(cfg, create_run_dir(str(run_dir), cfg, args))
-
-
-def test_faults_of_the_system_never_reach_the_learner_and_every_token_is_accounted_for(tmp_path):
-    args = [*BASE, "trainer.filter_groups=none", "trainer.oversample=0"]
-    task_ids, _ = select_tasks(compose(args))
+def test_faults_of_the_system_never_reach_the_learner_and_every_token_is_accounted_for(tmp_path, caplog):
+    task_ids, _ = select_tasks(compose(["env=toy", "model=tiny"]))
     bad_task = task_ids[2]  # slot 2's task (no generator fault there): every episode of it raises
-    p = pipeline(
+    p = make_pipeline(  # test_pipeline's toy setup, in sync mode with the default oversample (1)
         tmp_path,
-        "trainer.filter_groups=none",
+        "trainer.mode=sync",
+        "trainer.groups_per_step=2",
+        "cluster.env_actors=2",
+        "trainer.checkpoint_every=0",
+        "trainer.oversample=1",
         "trainer.min_group_size=3",
         "generator._target_=tests.integration.faults.FaultyAsyncGenerator",
         "env._target_=tests.integration.faults.FaultyToyEnv",
@@ -82,6 +64,15 @@ def test_faults_of_the_system_never_reach_the_learner_and_every_token_is_account
     kinds = {k: sum(r["infra_failures"][k] for r in rows) for k in rows[0]["infra_failures"]}
     assert kinds["generation_error"] == injected == 1 + 2 + 1 and kinds["env_error"] == 4 * 5
     assert sum(r["fault_reissued_groups"] for r in rows) == 1 + 5 and rows[-1]["given_up"] == 1
+    # The run log: the task given up in one line with its first error; the first error of each kind.
+    said = [r.getMessage() for r in caplog.records]
+    (gave_up,) = [m for m in said if "given up" in m]
+    assert gave_up.startswith(f"task {bad_task} (slot 2) given up after 5 attempts") and gave_up.endswith(
+        "first error: env_error: RuntimeError: toy tool server unreachable (injected)"
+    )
+    firsts = [m for m in said if "first of its kind" in m]
+    assert len(firsts) == 2 and {m.split()[2].rstrip(",") for m in firsts} == {"generation_error", "env_error"}
+    assert any("): RuntimeError: injected engine error on request g0000" in m for m in firsts)  # the cause, not Ray's
     books = assert_tokens_accounted(rows)
     assert books["infra_failed"] > 0 and books["in_flight_end"] == 0  # sync mode: nothing left playing
     assert all(r["trained_groups"] == 2 for r in rows)
