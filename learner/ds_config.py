@@ -26,10 +26,23 @@ def _with_autocast(config: dict[str, Any], dtype: str) -> dict[str, Any]:
     return {**config, "torch_autocast": section} if section else config
 
 
-def deepspeed_config(cfg, grad_accum: int, dtype: str) -> dict[str, Any]:
+def effective_zero_stage(cfg, world_size: int) -> int:
+    """The ZeRO stage DeepSpeed runs: ``cfg.zero_stage``, but 0 for stage 1 or 2 on a single rank
+    without offload. There is nothing to partition across one rank, and the partition machinery
+    still runs: every gradient copied into its bucket and "reduced" over a group of one, the flat
+    fp32 partition copied back into the parameters after each step. On the main job's shape that was
+    a tenth of the learner's step (docs/benchmarks.md). The update is the same (tests hold stage 0, 2
+    and plain torch to one another). Stage 3 stays: its partitioned loading shapes how the model is
+    built."""
+    if world_size == 1 and cfg.zero_stage in (1, 2) and not (cfg.offload_optimizer or cfg.offload_param):
+        return 0
+    return cfg.zero_stage
+
+
+def deepspeed_config(cfg, grad_accum: int, dtype: str, world_size: int = 1) -> dict[str, Any]:
     """ZeRO stage, accumulation, clipping and the offload switches of ``cfg`` (a LearnerConfig);
-    ``dtype``: the resolved compute dtype (``Learner.dtype``)."""
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    ``dtype``: the resolved compute dtype (``Learner.dtype``); ``world_size``: the learner's ranks."""
+    zero: dict[str, Any] = {"stage": effective_zero_stage(cfg, world_size)}
     if cfg.offload_optimizer:
         # Optimizer state and its step on the host: ZeRO-2/3's largest share of memory (12 bytes/param under Adam).
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.device == "cuda"}

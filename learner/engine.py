@@ -139,7 +139,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             )
         self.rank = dist.get_rank()
         # In bf16 with the torch_autocast section the reference's engine gets too (learner/ds_config.py).
-        ds_config = deepspeed_config(self.cfg, self.grad_accum, self.dtype)
+        ds_config = deepspeed_config(self.cfg, self.grad_accum, self.dtype, self.world_size)
         if self.cfg.zero_stage == 3:
             # Must exist (and stay alive) before the model is built, so
             # from_pretrained partitions parameters as it loads them.
@@ -150,6 +150,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         self._prepare_policy_model(model)
         optimizer = self._make_optimizer(model.parameters())
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        # Stage 0 (one rank: learner/ds_config.py) clips without keeping the norm: the learner measures it.
+        self._norm_before_step = ds_config["zero_optimization"]["stage"] == 0
+        self._grad_norm = 0.0
         self.model = self.engine.module
         self.model.train()
 
@@ -320,6 +323,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
                 loss.backward()
         if self.engine is not None:
             with self.phases.phase("zero_bookkeeping"):  # the optimizer's own step inside counts as "optimizer"
+                if is_last and self._norm_before_step:
+                    grads = [q.grad for q in self.model.parameters() if q.grad is not None]
+                    self._grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
                 self.engine.step()
         return forwarded if loss_scale else 0
 
@@ -426,7 +432,8 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
                     self.optimizer.zero_grad(set_to_none=True)
                 step_stats.grad_norm(float(grad_norm))
             else:
-                step_stats.grad_norm(float(self.engine.get_global_grad_norm() or 0.0))
+                norm = self._grad_norm if self._norm_before_step else self.engine.get_global_grad_norm()
+                step_stats.grad_norm(float(norm or 0.0))
             self.step += 1
             tokens += sum(s.num_tokens for micro in mini for s in micro if not is_padding(micro))
         seconds = time.perf_counter() - t0

@@ -137,6 +137,16 @@ def test_offload_switches_reach_deepspeed_and_are_checked():
         LearnerConfig(weight_bucket_mb=0)
 
 
+def test_one_rank_runs_zero_stage_0_unless_it_offloads_or_partitions_parameters():
+    def stage(world_size, **kw):
+        return deepspeed_config(LearnerConfig(**kw), 1, "float32", world_size)["zero_optimization"]["stage"]
+
+    assert stage(1, zero_stage=2) == 0 and stage(1, zero_stage=1) == 0  # nothing to partition over one rank
+    assert stage(2, zero_stage=2) == 2 and stage(4, zero_stage=1) == 1
+    assert stage(1, zero_stage=3) == 3  # partitioned loading stays
+    assert stage(1, zero_stage=2, offload_optimizer=True) == 2  # offload needs ZeRO
+
+
 def test_weight_buckets_hold_consecutive_parameters_up_to_the_size():
     import torch
 
