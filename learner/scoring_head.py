@@ -49,6 +49,7 @@ def scoring_head(
     mode: str = "chunked",
     phase: Callable[[str], Any] | None = None,
     phase_name: str = "logprobs",
+    with_entropy: bool = True,
 ) -> Iterator[None]:
     """Within the block, ``model``'s head maps hidden states [R, K, D] to [N, 2] = (log p, entropy)
     of ``targets`` [N] at (``rows`` [N], ``positions`` [N]) (indices into R and K)."""
@@ -64,7 +65,7 @@ def scoring_head(
 
     def forward(hidden):
         with timed(phase_name):
-            logp, entropy = score(hidden[rows, positions], head.weight, targets)
+            logp, entropy = score(hidden[rows, positions], head.weight, targets, with_entropy=with_entropy)
             return torch.stack([logp, entropy], dim=-1)
 
     head.forward = forward  # an instance attribute: the module's hooks still run around it

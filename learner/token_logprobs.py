@@ -44,12 +44,12 @@ def _fn():
         """(hidden [N, D], weight [V, D], targets [N]) -> (log p(target) [N], entropy [N]), fp32."""
 
         @staticmethod
-        def forward(ctx, hidden, weight, targets, compute_dtype, rows):
+        def forward(ctx, hidden, weight, targets, compute_dtype, rows, with_entropy):
             h = hidden.to(compute_dtype)
             w = weight.to(compute_dtype)
             n = h.shape[0]
             logp = torch.empty(n, dtype=torch.float32, device=h.device)
-            entropy = torch.empty(n, dtype=torch.float32, device=h.device)
+            entropy = torch.zeros(n, dtype=torch.float32, device=h.device)
             lse = torch.empty(n, dtype=torch.float32, device=h.device)
             with torch.autocast(h.device.type, enabled=False):
                 for a in range(0, n, rows):
@@ -58,10 +58,12 @@ def _fn():
                     m = torch.logsumexp(z, dim=-1)
                     lse[a:b] = m
                     logp[a:b] = z.gather(1, targets[a:b, None]).squeeze(1) - m
-                    # H = lse - sum_j p_j z_j
-                    entropy[a:b] = m - (torch.softmax(z, dim=-1) * z).sum(-1)
+                    if with_entropy:  # H = lse - sum_j p_j z_j
+                        p = torch.exp(z - m[:, None])
+                        entropy[a:b] = m - (p * z).sum(-1)
             ctx.save_for_backward(h, w, targets, lse, entropy)
             ctx.rows = rows
+            ctx.with_entropy = with_entropy
             ctx.dtypes = (hidden.dtype, weight.dtype)
             ctx.set_materialize_grads(False)
             return logp, entropy
@@ -72,23 +74,25 @@ def _fn():
             need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
             grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_h else None
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+            if not ctx.with_entropy:
+                grad_entropy = None  # the zeros returned for it carry no gradient
             if grad_logp is None and grad_entropy is None:
-                return None, None, None, None, None
+                return None, None, None, None, None, None
             with torch.autocast(h.device.type, enabled=False):
                 for a in range(0, h.shape[0], ctx.rows):
                     b = min(a + ctx.rows, h.shape[0])
                     z = (h[a:b] @ w.T).float()
-                    p = torch.exp(z - lse[a:b, None])
-                    g = torch.zeros_like(z)
-                    if grad_logp is not None:
-                        # d log p_t / d z_j = 1[j = t] - p_j
-                        gl = grad_logp[a:b, None].float()
-                        g -= p * gl
-                        g.scatter_add_(1, targets[a:b, None], gl)
+                    logp_all = z.sub_(lse[a:b, None])  # in place: z is not needed as such again
+                    p = torch.exp(logp_all)
+                    # d log p_t / d z_j = 1[j = t] - p_j;  d H / d z_j = -p_j (log p_j + H)
+                    coef = -grad_logp[a:b, None].float() if grad_logp is not None else None
                     if grad_entropy is not None:
-                        # d H / d z_j = -p_j (log p_j + H) = -p_j (z_j - lse + H)
                         ge = grad_entropy[a:b, None].float()
-                        g -= ge * p * (z - lse[a:b, None] + entropy[a:b, None])
+                        g = p * (logp_all.add_(entropy[a:b, None]).mul_(-ge) + (coef if coef is not None else 0.0))
+                    else:
+                        g = p.mul_(coef)  # in place: p is not needed again
+                    if grad_logp is not None:
+                        g.scatter_add_(1, targets[a:b, None], grad_logp[a:b, None].float())
                     g = g.to(h.dtype)
                     if need_h:
                         grad_h[a:b] = (g @ w).float()
@@ -100,6 +104,7 @@ def _fn():
                 None,
                 None,
                 None,
+                None,
             )
 
     return ChunkedTokenLogprobs
@@ -108,11 +113,14 @@ def _fn():
 _FUNCTION: Any = None
 
 
-def chunked_token_logprobs(hidden: Any, weight: Any, targets: Any, rows: int | None = None) -> tuple[Any, Any]:
+def chunked_token_logprobs(
+    hidden: Any, weight: Any, targets: Any, rows: int | None = None, with_entropy: bool = True
+) -> tuple[Any, Any]:
     """log p(targets) and the entropy at each row of ``hidden`` [N, D] under the head ``weight`` [V, D]
     (logits = hidden @ weight.T, no bias): two fp32 [N] tensors, differentiable in hidden and weight.
     Under autocast the matmul runs in the autocast dtype, as ``nn.Linear`` would. ``rows`` per chunk:
-    ``chunk_rows`` of the vocabulary by default."""
+    ``chunk_rows`` of the vocabulary by default. ``with_entropy=False`` returns zeros for the entropy
+    and skips its passes over the logits (the KL reference needs log p only)."""
     import torch
 
     global _FUNCTION
@@ -128,10 +136,10 @@ def chunked_token_logprobs(hidden: Any, weight: Any, targets: Any, rows: int | N
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
     dtype = _autocast_dtype(hidden.device.type) or torch.promote_types(hidden.dtype, weight.dtype)
-    return _FUNCTION.apply(hidden, weight, targets.long(), dtype, rows or chunk_rows(weight.shape[0]))
+    return _FUNCTION.apply(hidden, weight, targets.long(), dtype, rows or chunk_rows(weight.shape[0]), with_entropy)
 
 
-def full_token_logprobs(hidden: Any, weight: Any, targets: Any) -> tuple[Any, Any]:
+def full_token_logprobs(hidden: Any, weight: Any, targets: Any, with_entropy: bool = True) -> tuple[Any, Any]:
     """The straightforward computation ``chunked_token_logprobs`` replaces: full logits, then
     log-softmax and entropy in fp32 (the reference its tests hold it against)."""
     import torch

@@ -98,3 +98,14 @@ def test_the_scoring_head_scores_chosen_triples_of_a_real_model():
     model.lm_head.bias = torch.nn.Parameter(torch.zeros(model.config.vocab_size))
     with pytest.raises(ValueError, match="with a bias"):
         check_plain_head(model)
+
+
+def test_without_entropy_the_log_probabilities_and_their_gradients_stay():
+    h, w, t = _inputs(n=11, v=70)
+    want = _grads(full_token_logprobs, h, w, t, torch.ones(11), torch.zeros(11))
+    got = _grads(
+        lambda *a: chunked_token_logprobs(*a, rows=3, with_entropy=False), h, w, t, torch.ones(11), torch.ones(11)
+    )
+    assert torch.equal(got[1], torch.zeros(11))  # no entropy, and its upstream gradient is ignored
+    for a, b in zip((got[0], got[2], got[3]), (want[0], want[2], want[3])):
+        assert torch.allclose(a, b, atol=1e-5)
