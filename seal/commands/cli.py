@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "part",
-        help="rollout-learn, sync-async, env, transport, weights, precision, trl, learner-scale, generator or all",
+        help="rollout-learn, sync-async, env, transport, weights, precision, trl, learner-scale, generator, learner or all",
     )
     bench.add_argument(
         "bench_args", nargs=argparse.REMAINDER, help="--json, --repeats R, part options, hydra overrides"
