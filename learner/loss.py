@@ -1,4 +1,4 @@
-"""The GRPO policy loss (DESIGN.md sections 6 and 13), pure functions of tensors.
+"""The GRPO policy loss (docs/design.md: policy optimisation, off-policy control), pure functions of tensors.
 
 PPO clipped surrogate (clip 0.2 both sides) with dual clip (c = 10) on
 negative advantages, a low-variance (k3) KL penalty to the frozen reference
