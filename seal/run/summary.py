@@ -213,6 +213,17 @@ def infra_text(rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+BUCKET_WORDS = {
+    "trained": "trained",
+    "stale_dropped": "dropped as stale",
+    "filtered": "filtered (equal rewards)",
+    "update_aborted": "aborted by an update",
+    "infra_failed": "infra-failed",
+    "lost": "lost with a crash or past the group deadline",
+    "in_flight_end": "in flight at the end",
+}
+
+
 def tokens_text(rows: Sequence[Mapping[str, Any]]) -> str:
     """Where the generated tokens went (replay/token_ledger.py), from each invocation's closing books."""
     books = sum_token_books(rows)
@@ -220,7 +231,7 @@ def tokens_text(rows: Sequence[Mapping[str, Any]]) -> str:
         return "not counted (a run from before the token ledger)"
     share = reached_gradient(books)
     head = f"{share:.0%} of generated tokens reached a gradient" if share is not None else "no tokens generated"
-    parts = ", ".join(f"{b.replace('_', ' ')} {books[b]}" for b in BUCKETS if books[b] or b == "trained")
+    parts = ", ".join(f"{BUCKET_WORDS[b]} {books[b]}" for b in BUCKETS if books[b] or b == "trained")
     engine = (
         f"; the engine generated {books['generated']}, {books['unattributed']} unattributed"
         if books["generated"] is not None

@@ -250,8 +250,8 @@ def test_the_note_says_how_many_episodes_the_system_ended_and_where_the_tokens_w
         "1 groups re-issued, 1 tasks given up"
     )
     assert tokens_text(steps) == (
-        "60% of generated tokens reached a gradient (trained 600, filtered 200, infra failed 150, "
-        "in flight end 50); the engine generated 1000, 0 unattributed"
+        "60% of generated tokens reached a gradient (trained 600, filtered (equal rewards) 200, infra-failed 150, "
+        "in flight at the end 50); the engine generated 1000, 0 unattributed"
     )
     assert infra_text([{"episodes_played": 4}]) == "none of 4 episodes ended by the system"
     assert tokens_text([{}]) == "not counted (a run from before the token ledger)"
