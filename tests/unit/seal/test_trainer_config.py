@@ -147,6 +147,8 @@ def test_the_pipeline_checks_refuse_what_the_learner_group_cannot_do():
         check_pipeline_config(compose(["learner=torch", "learner.world_size=2"]))
     with pytest.raises(ValueError, match="trainer.mode must be sync or async"):
         check_pipeline_config(compose(["trainer.mode=both"]))
+    with pytest.raises(ValueError, match="^trainer.min_group_size=7 is more than a group's n=6 rollouts$"):
+        check_pipeline_config(compose(["trainer.min_group_size=7"]))
 
 
 def test_a_run_recorded_before_the_modules_moved_finds_its_classes_again():
