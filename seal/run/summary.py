@@ -295,7 +295,8 @@ def summary_text(
         _row(
             "policy",
             f"v{start_policy} -> v{last['policy_version']}; {len(rows) - len(trained)} of {len(rows)} "
-            f"steps skipped, {filtered} groups filtered (equal rewards)",
+            # Counted where a step set them aside: one that ends after the last step is under "tokens" (in flight).
+            f"steps skipped, {filtered} groups filtered (equal rewards) by the steps",
         ),
     ]
     if any("episodes_played" in r for r in rows):  # rows from before the infra-fault counts have none

@@ -120,7 +120,7 @@ def test_summary_has_every_part_a_person_looks_for():
     assert lines[3] == "failure profile  step 1: empty_turn_model_response 0.75, state_mismatch 0.25"
     assert lines[4] == "                 step 3: pass 1.00"
     assert lines[5] == "interface        v0 -> v2; guidelines turned on: active_respond (step 2), state_aware (step 3)"
-    assert lines[6] == "policy           v0 -> v2; 1 of 3 steps skipped, 3 groups filtered (equal rewards)"
+    assert lines[6] == "policy           v0 -> v2; 1 of 3 steps skipped, 3 groups filtered (equal rewards) by the steps"
     # (4 x 100 + 8 x 100 + 6 x 200) / 400 generated tokens per second; learner rate over trained steps only.
     assert lines[7] == "throughput       6.0 generated tokens/s, 0.60 learner samples/s"
     assert lines[8] == (
