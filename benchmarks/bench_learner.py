@@ -280,9 +280,11 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
         per = report["shapes"][shape]
         systems = [s for s in ("this", "baseline") if s in per]
         for x, s in enumerate(systems):
-            phases = per[s].get("phases") or {"step": {"seconds": per[s]["step_s"]["median"]}}
+            if not per[s].get("phases"):  # a checkout without the phase clock: its whole step, in grey
+                ax.bar(x, per[s]["step_s"]["median"], color="0.6", label="whole step (no phase clock)")
+                continue
             bottom = 0.0
-            for name, p in phases.items():
+            for name, p in per[s]["phases"].items():
                 ax.bar(x, p["seconds"], bottom=bottom, label=name if x == 0 else None)
                 bottom += p["seconds"]
         ax.set_xticks(range(len(systems)), systems)
