@@ -50,7 +50,8 @@ def main(spec: dict) -> dict:
     learner = instantiate(cfg.learner)
     import ray  # publishing puts the weights into Ray's object store, as the pipeline's learner does
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # Its own instance (address="local"): never a cluster RAY_ADDRESS names.
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     batch = []
     for t in spec["batch"]:
         t = dict(t)

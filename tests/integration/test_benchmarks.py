@@ -257,3 +257,17 @@ def test_generator_compares_blocking_and_continuous_batching(tmp_path):
     assert set(r["update_s"]) == {"pause", "keep", "abort"} and all(map(positive, r["update_s"].values()))
     assert set(r["replicas_tokens_per_s"]) == {"1", "2"} and r["update_bytes"] > 0
     assert r["targets"][0]["measured"] is None  # no point at >= 8 episodes in this run
+
+
+def test_learner_reports_phases_flops_and_the_peak_against_a_baseline_checkout(tmp_path):
+    """One tiny learner step per system; the baseline is this checkout again (any commit's worktree works)."""
+    repo = Path(__file__).resolve().parents[2]
+    r = bench(tmp_path, "learner", "--shapes", "main", "--steps", "1", "--baseline", str(repo), "model=tiny")
+    assert {"phases", "tokens_per_s", "flops_per_s", "peak_flops_per_s", "peak_fraction"} <= r.keys()
+    assert all(map(positive, (r["tokens_per_s"], r["flops_per_s"], r["peak_flops_per_s"])))
+    assert r["peak_fraction"] == pytest.approx(r["flops_per_s"] / r["peak_flops_per_s"])
+    phases = r["phases"]
+    assert {"policy_forward", "logprobs", "reference_forward", "backward", "optimizer", "publish"} <= phases.keys()
+    assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0, abs=1e-6)
+    main = r["shapes"]["main"]
+    assert main["group"]["n"] == 6 and main["speedup"] > 0 and main["baseline"]["peak_rss_gb"] > 0
