@@ -73,7 +73,12 @@ def did_you_mean(cfg, key: str) -> str:
             out += keys(v, f"{prefix}{k}.")
         return out
 
-    close = difflib.get_close_matches(key, keys(OmegaConf.to_container(cfg, resolve=False)), n=2, cutoff=0.75)
+    every = keys(OmegaConf.to_container(cfg, resolve=False))
+    parent, _, name = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in every if k.rpartition(".")[0] == parent}
+    # A misspelt last part among its siblings first (trainer.stepz: steps), then the whole path (tranier.steps).
+    close = [siblings[n] for n in difflib.get_close_matches(name, list(siblings), n=2, cutoff=0.6)]
+    close = close or difflib.get_close_matches(key, every, n=2, cutoff=0.85)
     return f"; did you mean {' or '.join(close)}?" if close else ""
 
 

@@ -55,8 +55,8 @@ def assert_nothing_started(sandbox, run_dir: Path | None = None) -> None:
 
 MISSING_CPU = max(os.sched_getaffinity(0)) + 1000
 CASES = [
-    (["env=nope"], "Could not find 'env/nope'", {}),
-    (["trainer.nope=1"], "Could not override 'trainer.nope'", {}),
+    (["env=nope"], "env=nope: no such option (the env options are bfcl shopping ", {}),
+    (["trainer.nope=1"], "trainer.nope is not a config key (`seal train --cfg` prints them all)", {}),
     (["+learner.cfg.nope=1"], "unexpected keyword argument 'nope'", {}),
     (["n=0"], "n (rollouts per group) must be >= 1, got 0", {}),
     (

@@ -81,3 +81,10 @@ def test_seal_bench_help_names_every_part():
     bench = build_parser()._subparsers._group_actions[0].choices["bench"]
     part = next(a for a in bench._actions if a.dest == "part")
     assert all(name in part.help for name in PARTS), part.help
+
+
+def test_a_key_with_nothing_close_gets_no_guess(capsys):
+    assert main(["train", "trainer.nope=1"]) == 2
+    assert error_line(capsys) == "seal: error: trainer.nope is not a config key (`seal train --cfg` prints them all)\n"
+    assert main(["train", "tranier.steps=1"]) == 2
+    assert "did you mean trainer.steps?" in error_line(capsys)
