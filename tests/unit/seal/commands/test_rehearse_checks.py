@@ -3,6 +3,7 @@ shards per rank, the overrides it runs `seal train` with, and the refusals befor
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -110,8 +111,13 @@ def test_overrides_keep_the_recipes_topology_and_compose():
     from seal.config import compose
 
     target = compose(["recipe=qwen7b_2x8"])
-    overrides = rehearsal_overrides(target, ["recipe=qwen7b_2x8"], "127.0.0.1:1", "/tmp/unused", 2, "tiny", local=True)
-    cfg = preflight(overrides)  # every check `seal train` makes before it starts
+    # Preflight knocks on the cluster's address: a listening socket here stands in for the rehearsal's Ray head.
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        overrides = rehearsal_overrides(target, ["recipe=qwen7b_2x8"], address, "/tmp/unused", 2, "tiny", local=True)
+        cfg = preflight(overrides)  # every check `seal train` makes before it starts
     g = cfg.generator
     assert (g.tensor_parallel_size, g.replicas, g.weight_sync, g.update_mode, g.device) == (
         4,
