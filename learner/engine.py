@@ -220,7 +220,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
 
         policy = model is self.model
         with self.phases.phase("collate"):
-            packed = self._pack(micro)
+            packed = batch.packed
             where = batch.mask.bool()
             sample, column = where.nonzero(as_tuple=True)
             targets = batch.ids[sample, column + 1]
@@ -273,7 +273,8 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         return pack_shared_prefix([s.token_ids for s in samples], groups, self.device)
 
     def _collate(self, samples: Sequence[Sample]) -> MicroBatch:
-        return collate(samples, self.device)
+        """The micro-batch's tensors and, once for the policy's and the reference's forwards, its packing."""
+        return collate(samples, self.device)._replace(packed=self._pack(samples))
 
     def _plan(self, samples: Sequence[Sample], allow_partial: bool) -> list[list[list[Sample]]]:
         return plan_mini_batches(

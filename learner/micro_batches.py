@@ -12,13 +12,15 @@ from learner.batch import Sample
 class MicroBatch(NamedTuple):
     """One micro-batch's tensors, right-padded to its longest sample: ``ids``/``attention`` [B, W];
     ``mask`` (1 where token j + 1 is scored), ``behaviour`` (the generator's logprob of token
-    j + 1) [B, W - 1]; ``advantages`` [B, 1]."""
+    j + 1) [B, W - 1]; ``advantages`` [B, 1]; ``packed``: the shared-prefix rows (learner/packing.py)
+    when the learner packs this micro-batch, else None."""
 
     ids: Any
     attention: Any
     mask: Any
     behaviour: Any
     advantages: Any
+    packed: Any = None
 
 
 def collate(samples: Sequence[Sample], device: Any) -> MicroBatch:
