@@ -43,7 +43,10 @@ def test_only_the_runs_env_actor_key_gets_frames_through(server):
     }
     try:
         for name, sender in bad.items():
-            _send_group(sender, f"bad-{name}")  # queued on the sender side: the handshake never completes
+            try:
+                _send_group(sender, f"bad-{name}")  # queued on the sender side: the handshake never completes
+            except TransportTimeout:
+                pass  # the handshake already failed and dropped the pipe: send has nowhere to queue
         _send_group(good, "good-0")
         assert wait_for(lambda: server.ready() == 1)
         assert wait_for(lambda: server.counters()["unauthorized"] >= len(bad)), server.counters()
