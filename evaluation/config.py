@@ -36,6 +36,9 @@ class EvalConfig:
     # test split, raw interface, greedy. final_per_category: tasks per category (None: all).
     final: bool = True
     final_per_category: int | None = None
+    # all: every snapshot of the run on those same tasks (the learning curve; ~80 s a snapshot on the
+    # CPU default); ends: A_0 and the final one only.
+    final_snapshots: str = "all"
 
     def __post_init__(self) -> None:
         # hydra hands over lists; tuples keep the frozen config hashable and comparable.
@@ -52,6 +55,8 @@ class EvalConfig:
                 raise ValueError(f"evaluation limit for {name} must be >= 1, got {k}")
         if self.final_per_category is not None and int(self.final_per_category) < 1:
             raise ValueError(f"evaluation.final_per_category must be >= 1 or null, got {self.final_per_category}")
+        if self.final_snapshots not in ("all", "ends"):
+            raise ValueError(f"evaluation.final_snapshots must be all or ends, got {self.final_snapshots!r}")
         unknown = set(self.schedule) - set(SCHEDULE_FIELDS)
         if unknown:
             raise ValueError(f"unknown evaluation.schedule fields {sorted(unknown)}; expected {SCHEDULE_FIELDS}")

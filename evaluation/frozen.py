@@ -1,4 +1,5 @@
-"""The main job's closing evaluation: frozen snapshots (A_0 and the final one) on the
+"""The main job's closing evaluation: frozen snapshots (A_0, the final one and, with
+``evaluation.final_snapshots: all``, every one between: the learning curve) on the
 same tasks of the env's test split, under the raw benchmark interface, greedy, one
 rollout per task, every task of a snapshot played together (one engine batch per
 generation step). Results go to RUN_DIR/evaluation/final.json (the before/after rows
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluation.before_after import before_after_rows, row_record
+from evaluation.before_after import Rate, before_after_rows, row_record
 from evaluation.catalog import task_category
 
 FINAL_FILE, FINAL_TASKS_FILE = "final.json", "final_tasks.jsonl"
@@ -121,26 +122,46 @@ def play_snapshot(
     return SnapshotRun(name, results, digest, wall, sum(t.num_generated_tokens for t in trajectories))
 
 
+def curve_point(run: SnapshotRun, step: int, held_out: Sequence[str]) -> dict[str, Any]:
+    """One snapshot's success per category and over the held-in pool (counts and 95% intervals)."""
+    from evaluation.before_after import HELD_IN_ALL
+    from evaluation.curves import held_in, in_category, rate_record
+
+    categories = sorted({c for c, _ in run.results.values()}, key=lambda c: (c in held_out, c))
+    rows = {c: in_category(run.results, c) for c in categories}
+    if len([c for c in categories if c not in held_out]) > 1:
+        rows[HELD_IN_ALL] = held_in(run.results, held_out)
+    return {
+        "name": run.name,
+        "step": step,
+        "rows": {name: rate_record(Rate(sum(r.values()), len(r))) for name, r in rows.items()},
+    }
+
+
 def final_record(
-    before: SnapshotRun, after: SnapshotRun, tasks: FinalTasks, settings: Mapping[str, Any]
+    runs: Sequence[SnapshotRun], steps: Mapping[str, int], tasks: FinalTasks, settings: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """What final.json holds: the rows, both snapshots' names, timings and prompt digests, the settings."""
-    if before.prompt_digest != after.prompt_digest:
-        raise ValueError(
-            f"{before.name} and {after.name} saw different opening prompts "
-            f"({before.prompt_digest} vs {after.prompt_digest}): the comparison would not be fair"
-        )
+    """What final.json holds: the first snapshot against the last (rows), every snapshot's
+    success per category (``curve``, in training order), names, timings, prompt digest, settings."""
+    before, after = runs[0], runs[-1]
+    for run in runs[1:]:
+        if run.prompt_digest != before.prompt_digest:
+            raise ValueError(
+                f"{before.name} and {run.name} saw different opening prompts "
+                f"({before.prompt_digest} vs {run.prompt_digest}): the comparison would not be fair"
+            )
     rows = before_after_rows(before.results, after.results, tasks.held_out)
     return {
         "before": before.name,
         "after": after.name,
         "rows": [row_record(r) for r in rows],
+        "curve": [curve_point(run, steps[run.name], tasks.held_out) for run in runs],
         "held_out": list(tasks.held_out),
         "tasks": len(tasks.task_ids),
         "prompt_digest": before.prompt_digest,
-        "wall_s": {before.name: before.wall_s, after.name: after.wall_s},
-        "generated_tokens": {before.name: before.generated_tokens, after.name: after.generated_tokens},
-        "settings": dict(settings),
+        "wall_s": {run.name: run.wall_s for run in runs},
+        "generated_tokens": {run.name: run.generated_tokens for run in runs},
+        "settings": {**settings, "steps": dict(steps)},
     }
 
 

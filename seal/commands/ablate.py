@@ -12,7 +12,10 @@ evaluation is incremental, so an interrupted ablation resumes.
 With --seeds each ablation trains once per seed (DIR/<name>/seed<k>). Besides the
 SEAGym views (skipped with --no-views), the table holds every run's closing frozen
 evaluation and each ablation's final snapshot against the first's, paired over
-(seed, task) (seal/commands/ablate_final.py). Writes DIR/ablation.json and DIR/ablation.md.
+(seed, task) (seal/commands/ablate_final.py), and the learning curves: held-in success at
+every frozen snapshot per arm with intervals, step by step against the first arm, and what
+the interface evolution did (seal/commands/ablate_curves.py). Writes DIR/ablation.json,
+DIR/ablation.md, DIR/curves.json, DIR/curves.md and DIR/curves.png (success vs step).
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ def _seeds(args, shared: list[str]) -> list[int] | None:
 
 
 def ablate(args) -> int:
+    from seal.commands.ablate_curves import write_curves
     from seal.commands.ablate_final import final_markdown, final_table, seed_dirs
     from seal.errors import CliError
 
@@ -230,6 +234,7 @@ def ablate(args) -> int:
             summaries[tag] = str(run_dir / "evaluation" / "summary.json")
             rows.append({**row(name, plan["changes"][name], summary), "seed": seed})
     final = final_table(runs)
+    _, curves_text = write_curves(runs, out)
     settings = {**plan["settings"], **({"seed": ",".join(map(str, seeds))} if seeds else {})}
     table = (
         (
@@ -241,6 +246,8 @@ def ablate(args) -> int:
         )
         + "\n"
         + final_markdown(final)
+        + "\n"
+        + curves_text
     )
     (out / "ablation.md").write_text(table)
     (out / "ablation.json").write_text(
@@ -257,5 +264,5 @@ def ablate(args) -> int:
         )
     )
     print(table)
-    print(f"wrote {out / 'ablation.md'} and {out / 'ablation.json'}")
+    print(f"wrote {out / 'ablation.md'}, {out / 'ablation.json'} and the curves {out / 'curves.png'}")
     return 0

@@ -1,9 +1,10 @@
-"""The end of `seal train`: A_0 and the run's final snapshot evaluated frozen, on the
+"""The end of `seal train`: A_0, the run's final snapshot (and, with
+``evaluation.final_snapshots: all``, every snapshot between) evaluated frozen, on the
 env's test split, raw interface, greedy (evaluation/frozen.py), after the pipeline
 has closed (its CPUs and memory are free again).
 
-One engine serves both snapshots: it starts on A_0's weights and then loads the
-final snapshot's from its directory, as a weight update does, so the evaluation pays
+One engine serves every snapshot: it starts on A_0's weights and then loads each
+later snapshot's from its directory, as a weight update does, so the evaluation pays
 one engine start. Results land in RUN_DIR/evaluation/final.json, the closing note
 (seal/run/summary.py) prints them, and TensorBoard gets them as `eval/` scalars at
 A_0's step and the final step.
@@ -46,7 +47,8 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     if len(records) < 2:
         emit("eval", "no snapshot after A_0: nothing to compare")
         return None
-    first, last = records[0], records[-1]
+    chosen = records if cfg.evaluation.get("final_snapshots", "all") == "all" else [records[0], records[-1]]
+    first, last = chosen[0], chosen[-1]
     env_node = OmegaConf.create(OmegaConf.to_container(cfg.env, resolve=True))
     make_env = lambda: instantiate(env_node)  # noqa: E731 - one env per episode
     tasks = final_tasks(
@@ -55,9 +57,14 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     sampling = final_sampling(cfg)
     details = Path(run_dir) / "evaluation" / FINAL_TASKS_FILE
     details.unlink(missing_ok=True)  # a resumed run evaluates again: its last snapshot is new
+    names = (
+        f"{first['name']} and {last['name']}"
+        if len(chosen) == 2
+        else f"{len(chosen)} snapshots ({first['name']} to {last['name']})"
+    )
     emit(
         "eval",
-        f"frozen evaluation of {first['name']} and {last['name']}: {len(tasks.task_ids)} test tasks, raw interface, "
+        f"frozen evaluation of {names}: {len(tasks.task_ids)} test tasks, raw interface, "
         f"greedy, {sampling.max_new_tokens} new tokens per step",
     )
     log = Path(run_dir) / "evaluation" / FINAL_LOG
@@ -67,7 +74,7 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     try:
         chat = ChatTokenizer(generator.tokenizer)
         runs = []
-        for i, record in enumerate((first, last)):
+        for i, record in enumerate(chosen):
             with output_to_file(log):
                 if i:
                     generator.update_weights(int(record["policy_version"]), snapshot_weights(run_dir, record))
@@ -88,16 +95,15 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
         "seed": int(cfg.seed),
         "split": "test",
         "per_category": cfg.evaluation.get("final_per_category"),
-        "steps": {first["name"]: int(first["step"]), last["name"]: int(last["step"])},
     }
-    record = final_record(runs[0], runs[1], tasks, settings)
+    record = final_record(runs, {r["name"]: int(r["step"]) for r in chosen}, tasks, settings)
     write_final(run_dir, record)
     _to_tensorboard(Path(run_dir), record)
     return record
 
 
 def _to_tensorboard(run_dir: Path, record: dict[str, Any]) -> None:
-    """eval/<row>/success at both snapshots' steps, so the before/after chart has two points."""
+    """eval/<row>/success at every evaluated snapshot's step: the before/after chart's points."""
     from torch.utils.tensorboard import SummaryWriter
 
     steps = record["settings"]["steps"]
@@ -105,7 +111,8 @@ def _to_tensorboard(run_dir: Path, record: dict[str, Any]) -> None:
     try:
         for row in record["rows"]:
             tag = f"eval/{row['name'].replace(' ', '_').replace('(', '').replace(')', '')}"
-            writer.add_scalar(f"{tag}/success", row["before"]["rate"], steps[record["before"]])
-            writer.add_scalar(f"{tag}/success", row["after"]["rate"], steps[record["after"]])
+            for point in record["curve"]:
+                if row["name"] in point["rows"]:
+                    writer.add_scalar(f"{tag}/success", point["rows"][row["name"]]["rate"], steps[point["name"]])
     finally:
         writer.close()

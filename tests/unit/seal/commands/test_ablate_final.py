@@ -16,7 +16,7 @@ def _run(run_dir, solved_before, solved_after):
         return SnapshotRun(name, {t: (c, t in solved) for t, c in CATS.items()}, "same", 1.0, 10)
 
     before, after = snap("A_0", solved_before), snap("A_1", solved_after)
-    write_final(run_dir, final_record(before, after, TASKS, {"max_new_tokens": 48}))
+    write_final(run_dir, final_record([before, after], {"A_0": 0, "A_1": 5}, TASKS, {"max_new_tokens": 48}))
     with open(run_dir / "evaluation" / FINAL_TASKS_FILE, "w") as f:
         for s in (before, after):
             for t, (c, ok) in s.results.items():
