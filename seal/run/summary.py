@@ -180,6 +180,15 @@ def final_lines(final: Mapping[str, Any]) -> list[str]:
             )
         )
     lines.append(_row("", "  " + verdict(final)))
+    curve = final.get("curve") or []
+    held = held_in_record(final["rows"])
+    if len(curve) > 2 and held:
+        points = ", ".join(
+            f"{p['name']} (step {p['step']}) {_pct(p['rows'][held['name']]['rate'])}"
+            for p in curve
+            if held["name"] in p["rows"]
+        )
+        lines.append(_row("", f"  {held['name']} at every snapshot: {points}"))
     return lines
 
 

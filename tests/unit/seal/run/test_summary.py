@@ -257,3 +257,17 @@ def test_the_note_says_how_many_episodes_the_system_ended_and_where_the_tokens_w
     assert tokens_text([{}]) == "not counted (a run from before the token ledger)"
     text = summary_text([{**r, **s} for r, s in zip(rows()[1:], steps)], "r", 1.0, [], checkpoint=True, curves=True)
     assert f"\ninfra faults     {infra_text(steps)}\ntokens           {tokens_text(steps)}\nthroughput" in text
+
+
+def test_the_note_lists_held_in_success_at_every_snapshot_when_there_are_more_than_two():
+    from seal.run.summary import final_lines
+
+    final = _final((0.1, 0.4))
+    point = lambda name, step, rate: {"name": name, "step": step, "rows": {"held-in (all)": {"rate": rate}}}  # noqa: E731
+    final["curve"] = [point("A_0", 0, 0.25), point("A_1", 5, 0.4)]
+    assert not any("at every snapshot" in line for line in final_lines(final))  # two snapshots: the rows say it all
+    final["curve"].append(point("A_2", 10, 0.5))
+    assert (
+        final_lines(final)[-1].strip()
+        == "held-in (all) at every snapshot: A_0 (step 0) 25%, A_1 (step 5) 40%, A_2 (step 10) 50%"
+    )
