@@ -3,6 +3,7 @@ GPU-marked: skipped without CUDA, DeepSpeed and Ray; the 2-rank NCCL test needs 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
@@ -21,8 +22,12 @@ def _need(gpus: int):
     pytest.importorskip("ray")
 
 
-@pytest.fixture
-def gpu_ray(request):
+@contextlib.contextmanager
+def _ray_with(gpus: int):
+    """A Ray session once the test's needs are met: checked first, so a box without Ray (or with too
+    few GPUs) skips the test rather than erroring in the fixture (issue 38 item 4: local_ray imports
+    Ray before a check in the test body ran, and scripts/gpu_check.sh exited 1 on a 1-GPU box)."""
+    _need(gpus)
     import torch
 
     from tests.conftest import local_ray
@@ -31,6 +36,18 @@ def gpu_ray(request):
         import ray
 
         assert ray.cluster_resources().get("GPU", 0) == torch.cuda.device_count()
+        yield
+
+
+@pytest.fixture
+def ray_one_gpu():
+    with _ray_with(1):
+        yield
+
+
+@pytest.fixture
+def ray_two_gpus():
+    with _ray_with(2):
         yield
 
 
@@ -59,8 +76,7 @@ def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_two_nccl_ranks_make_the_one_rank_update(stage, gpu_ray):
-    _need(2)
+def test_two_nccl_ranks_make_the_one_rank_update(stage, ray_two_gpus):
     from test_learner_engine import make_batch
 
     from env_pool.tags import RELEASED_BASE_WEIGHTS
@@ -82,8 +98,7 @@ def test_two_nccl_ranks_make_the_one_rank_update(stage, gpu_ray):
         assert (results[2][1][name] - w).norm() <= 1e-4 * max(w.norm().item(), 1e-8), name
 
 
-def test_bf16_rank_keeps_fp32_master_weights_and_sends_bf16(gpu_ray):
-    _need(1)
+def test_bf16_rank_keeps_fp32_master_weights_and_sends_bf16(ray_one_gpu):
     from test_learner_engine import make_batch
 
     from env_pool.tags import RELEASED_BASE_WEIGHTS

@@ -75,3 +75,32 @@ def test_the_checks_find_the_repository_they_run_the_gpu_tests_of():
     from seal.commands import gpu_check
 
     assert gpu_check.REPO == REPO and (gpu_check.REPO / "tests").is_dir()
+
+
+def test_on_one_gpu_without_ray_the_learner_group_gpu_tests_skip_and_none_errors():
+    """Issue 38 item 4: the fixture started Ray (importing it) before the test body's skip, so on a
+    one-GPU box without Ray three rows ERRORed and scripts/gpu_check.sh exited 1. Run under a plugin
+    that fakes one CUDA device and hides Ray: every test skips."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.one_gpu_no_ray",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "gpu",
+            "-q",
+            "-rs",
+            "tests/integration/test_learner_group_gpu.py",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    counts = summary_counts(done.stdout)
+    assert counts.get("skipped") == 3 and not (counts.keys() - {"skipped"}), done.stdout[-3000:]
+    assert done.returncode == 0 and "could not import 'ray'" in done.stdout, done.stdout[-3000:]
