@@ -37,7 +37,8 @@ class InfraFault:
 
 @dataclass(frozen=True)
 class Segment:
-    """A span of generated tokens [start, end) and the policy version that produced it."""
+    """Generated tokens [start, end) and the policy version that sampled them: a trajectory's segment, and
+    (offsets within the one output) a generator output's span (rollout/generator.py)."""
 
     start: int
     end: int

@@ -7,6 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# One span type from the engine to the trajectory: an output's spans are its trajectory's
+# segments shifted by where the turn starts (rollout/play.py), on the wire unchanged.
+from replay.messages import Segment
+
 if TYPE_CHECKING:
     from weights.buckets import WeightManifest
 
@@ -36,15 +40,6 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
-class VersionSpan:
-    """Output tokens [start, end) were sampled under weights ``version``."""
-
-    start: int
-    end: int
-    version: int
-
-
-@dataclass(frozen=True)
 class GenerationOutput:
     request_id: str
     token_ids: list[int]
@@ -55,12 +50,12 @@ class GenerationOutput:
     cached_prompt_tokens: int  # prefix-cache hits
     # An output generated across a weight update (update_mode keep or abort) has
     # several; empty: every token was made by ``policy_version``.
-    spans: tuple[VersionSpan, ...] = ()
+    spans: tuple[Segment, ...] = ()
 
-    def version_spans(self) -> tuple[VersionSpan, ...]:
+    def version_spans(self) -> tuple[Segment, ...]:
         """Contiguous spans covering every output token: one when the weights never
         changed (an empty one for an empty output, so each turn keeps a segment)."""
-        return self.spans or (VersionSpan(0, len(self.token_ids), self.policy_version),)
+        return self.spans or (Segment(0, len(self.token_ids), self.policy_version),)
 
 
 class GeneratorUnavailable(RuntimeError):

@@ -288,7 +288,7 @@ def _apply(ep: _Episode, req: GenerationRequest, out, play: _Play, elapsed: floa
     ep.cached_tokens += out.cached_prompt_tokens
     start = len(ep.token_ids)
     ep.add(out.token_ids, 1, out.logprobs)
-    ep.segments.extend(Segment(start + s.start, start + s.end, s.version) for s in out.version_spans())
+    ep.segments.extend(Segment(start + s.start, start + s.end, s.policy_version) for s in out.version_spans())
     text, ended = chat.completion_text(out.token_ids)
     try:
         result = ep.env.step(text)

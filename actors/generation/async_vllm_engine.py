@@ -57,7 +57,8 @@ from typing import Any
 from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
 from actors.generation.sources import as_tensors, restarted_by_ray, send_weights_async
-from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig, VersionSpan
+from replay.messages import Segment
+from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
 from weights.buckets import WeightManifest
 
 UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
@@ -193,7 +194,7 @@ class AsyncVllmGenerator(Generator):
         c.enter(budget)
         ids: list[int] = []
         logprobs: list[float] = []
-        spans: list[VersionSpan] = []
+        spans: list[Segment] = []
         cached = 0
         finish = "abort"
         piece = 0
@@ -230,10 +231,10 @@ class AsyncVllmGenerator(Generator):
                     cached = int(final.num_cached_tokens or 0)
                 for span in out.weight_versions or ([] if not new_ids else [None]):
                     if span is None:  # the engine labelled nothing: the version when the piece started
-                        spans.append(VersionSpan(offset, offset + len(new_ids), version_now))
+                        spans.append(Segment(offset, offset + len(new_ids), version_now))
                     else:
                         spans.append(
-                            VersionSpan(offset + span.start, offset + span.end, version_of(span.version, version_now))
+                            Segment(offset + span.start, offset + span.end, version_of(span.version, version_now))
                         )
                 ids.extend(new_ids)
                 logprobs.extend(new_lps)
@@ -250,7 +251,7 @@ class AsyncVllmGenerator(Generator):
         c.prompt_tokens += len(req.prompt_ids)
         c.cached_prompt_tokens += cached
         spans = merge_spans(spans)
-        oldest = min((s.version for s in spans), default=self._version)
+        oldest = min((s.policy_version for s in spans), default=self._version)
         return GenerationOutput(
             request_id=req.request_id,
             token_ids=ids,
@@ -259,7 +260,7 @@ class AsyncVllmGenerator(Generator):
             policy_version=oldest,
             prompt_tokens=len(req.prompt_ids),
             cached_prompt_tokens=cached,
-            spans=tuple(spans) if len({s.version for s in spans}) > 1 else (),
+            spans=tuple(spans) if len({s.policy_version for s in spans}) > 1 else (),
         )
 
     # ------------------------------------------------------------ weights

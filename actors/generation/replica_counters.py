@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.generator import VersionSpan
+from replay.messages import Segment
 
 
 @dataclass
@@ -63,14 +63,14 @@ def version_of(label: str | None, default: int) -> int:
         return default
 
 
-def merge_spans(spans: list[VersionSpan]) -> list[VersionSpan]:
+def merge_spans(spans: list[Segment]) -> list[Segment]:
     """Adjacent spans of one version become one (a continued piece often starts on the same version)."""
-    out: list[VersionSpan] = []
+    out: list[Segment] = []
     for s in spans:
         if s.end == s.start and out:
             continue
-        if out and out[-1].version == s.version and out[-1].end == s.start:
-            out[-1] = VersionSpan(out[-1].start, s.end, s.version)
+        if out and out[-1].policy_version == s.policy_version and out[-1].end == s.start:
+            out[-1] = Segment(out[-1].start, s.end, s.policy_version)
         else:
             out.append(s)
     return out

@@ -136,10 +136,10 @@ def test_update_modes_stamp_each_span_with_its_version(replica, tiny_weights, mo
     assert all(a.end == b.start for a, b in zip(spans, spans[1:]))
     assert out.policy_version == before  # staleness counts the oldest span
     if mode == "pause":  # the request finished on the old weights before they changed
-        assert [s.version for s in spans] == [before] and out.finish_reason == "length"
+        assert [s.policy_version for s in spans] == [before] and out.finish_reason == "length"
         assert len(out.token_ids) == 1500
     else:  # keep: frozen and continued; abort: aborted, its partial output continued
-        assert [s.version for s in spans] == [before, before + 1], spans
+        assert [s.policy_version for s in spans] == [before, before + 1], spans
         assert len(out.token_ids) == 1500 and out.finish_reason == "length"
         assert len(out.logprobs) == 1500
     assert seconds > 0
@@ -307,7 +307,7 @@ def test_keep_update_with_requests_in_flight_never_serves_prefixes_cached_under_
     reuse = loop.run(gen.generate([_req("after-again", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
     assert reuse.cached_prompt_tokens > 0 and abs(reuse.logprobs[0] - want) < 1e-3  # caching within a version stays
     kept = running.result(300)[0]
-    assert [s.version for s in kept.version_spans()] == [before, before + 1]
+    assert [s.policy_version for s in kept.version_spans()] == [before, before + 1]
 
 
 def test_a_pause_update_drains_no_longer_than_its_bound(replica, tiny_weights):
@@ -326,7 +326,7 @@ def test_a_pause_update_drains_no_longer_than_its_bound(replica, tiny_weights):
         out = running.result(300)[0]
     finally:
         gen._drain_timeout_s = bound
-    assert [s.version for s in out.version_spans()] == [before, before + 1]
+    assert [s.policy_version for s in out.version_spans()] == [before, before + 1]
     assert len(out.token_ids) == 1500 and out.finish_reason == "length"
     stats = gen.stats()
     assert stats["continued"] == stats0["continued"] + 1
