@@ -102,8 +102,8 @@ def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> di
                 wall = time.perf_counter() - t0
                 comm = group.comm_seconds()
                 group.comm_profile(False)
-                steps.append((result["seconds"], len(batch) / result["seconds"], wall))
-                shares.append(sum(c / result["seconds"] for c in comm) / len(comm))
+                steps.append((result.seconds, len(batch) / result.seconds, wall))
+                shares.append(sum(c / result.seconds for c in comm) / len(comm))
             step_s = summary([s[0] for s in steps])
             out[shape] = {
                 "step_s": step_s,

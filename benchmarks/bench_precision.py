@@ -120,7 +120,7 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
             gen_tps.append(sum(len(o.token_ids) for o in outs) / sec)
             batch = _trajectories(outs, prompts, f"g{r}")
             res = learner.train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=None)
-            learn_tps.append(res["sequence_tokens"] / res["seconds"])
+            learn_tps.append(res.sequence_tokens / res.seconds)
             log(
                 f"[{NAME}] {dtype} repeat {r + 1}: generator {gen_tps[-1]:.1f} tokens/s, learner {learn_tps[-1]:.1f} tokens/s"
             )
@@ -145,11 +145,11 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
                     {
                         "step_s": time.perf_counter() - t0,
                         "generate_s": gen_s,
-                        "learn_s": res["seconds"],
+                        "learn_s": res.seconds,
                         "weights_s": time.perf_counter() - t1,
                         "engine_load_s": update_s,
-                        "mismatch_abs_logprob_diff": res["mismatch_abs_logprob_diff"],
-                        "mismatch_kl": res["mismatch_kl"],
+                        "mismatch_abs_logprob_diff": res.mismatch_abs_logprob_diff,
+                        "mismatch_kl": res.mismatch_kl,
                     }
                 )
                 log(

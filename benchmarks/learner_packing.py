@@ -97,9 +97,9 @@ def one_step(model: str, packed: bool, args, seed: int, conn) -> None:
     conn.send(
         {
             "step_s": time.perf_counter() - t,
-            "loss": m["loss"],
-            "forward_tokens": m["forward_tokens"],
-            "sequence_tokens": m["sequence_tokens"],
+            "loss": m.loss,
+            "forward_tokens": m.forward_tokens,
+            "sequence_tokens": m.sequence_tokens,
             "peak_rss_gb": rss_gb(),
         }
     )

@@ -69,11 +69,11 @@ def main(spec: dict) -> dict:
         out = learner.train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=k)
         if k >= spec["warmup"]:
             row = {
-                "seconds": out["seconds"],
-                "tokens_per_s": out["tokens_per_s"],
-                "samples_per_s": out["samples_per_s"],
+                "seconds": out.seconds,
+                "tokens_per_s": out.tokens_per_s,
+                "samples_per_s": out.samples_per_s,
             }
-            row.update(scored_tokens=out["scored_tokens"], forward_tokens=out["forward_tokens"], loss=out["loss"])
+            row.update(scored_tokens=out.scored_tokens, forward_tokens=out.forward_tokens, loss=out.loss)
             if clock:
                 row["phases"] = clock.take()
             t0 = time.perf_counter()

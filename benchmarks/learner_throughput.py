@@ -23,8 +23,12 @@ import random
 import socket
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 from _report import write_report
+
+if TYPE_CHECKING:
+    from learner.step_result import StepResult
 
 
 def synthetic_batch(groups: int, n: int, tokens: int, seed: int):
@@ -164,7 +168,7 @@ def main() -> None:
             group_size=args.n,
         )
         learners[name].init_s = time.perf_counter() - t
-    times: dict[str, list[dict]] = {k: [] for k in backends}
+    times: dict[str, list[StepResult]] = {k: [] for k in backends}
     for r in range(args.rounds):
         batch = synthetic_batch(args.groups, args.n, args.tokens, seed=r)
         for name, lrn in learners.items():
@@ -183,16 +187,16 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     rows = []
     for name, runs in times.items():
-        best = min(runs, key=lambda m: m["seconds"])
+        best = min(runs, key=lambda m: m.seconds)
         rows.append(
             {
                 "backend": name,
                 "init_s": learners[name].init_s,
-                "step_s": best["seconds"],
-                "samples_per_s": best["samples_per_s"],
-                "tokens_per_s": best["tokens_per_s"],
+                "step_s": best.seconds,
+                "samples_per_s": best.samples_per_s,
+                "tokens_per_s": best.tokens_per_s,
                 "publish_s": publish[name],
-                "all_step_s": [m["seconds"] for m in runs],
+                "all_step_s": [m.seconds for m in runs],
                 **weights.get(name, {}),
             }
         )

@@ -23,6 +23,7 @@ from learner.micro_batches import MicroBatch, collate, plan_mini_batches
 from learner.phases import NO_PHASES, PhaseBox
 from learner.process_group import init_distributed
 from learner.reference import build_reference
+from learner.step_result import StepResult
 from learner.weights_out import WeightsOut
 from replay.messages import Trajectory
 
@@ -384,7 +385,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         policy_version: int | None = None,
         allow_partial: bool = False,
         mini_groups: Sequence[Sequence[str]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> StepResult:
         """One batch of complete groups: one optimizer step per ``mini_batch_groups`` groups.
         ``group_weights`` scales stale groups' advantages (replay queue); ``policy_version``
         is the version the learner's weights are now (the logprob-mismatch metrics compare
@@ -439,8 +440,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             self.step += 1
             tokens += sum(s.num_tokens for micro in mini for s in micro if not is_padding(micro))
         seconds = time.perf_counter() - t0
-        out = step_stats.result()
-        out.update(
+        return StepResult(
             step=self.step,
             seconds=seconds,
             learner_world_size=self.world_size,
@@ -454,8 +454,8 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             mean_scale=stats.mean_scale,
             reward_mean=stats.reward_mean,
             mini_batches=len(plan),
+            **step_stats.result(),
         )
-        return out
 
     # ----------------------------------------------------------- checkpoints
     def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None, keep: int = 0) -> Path:

@@ -161,38 +161,3 @@ def join_group(rv: Rendezvous) -> None:
         world_size=rv.world_size,
         timeout=timedelta(seconds=rv.timeout_s),
     )
-
-
-# Loss terms come normalised by the global mini-batch: the ranks' values add up to the step's.
-_SUMMED = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "entropy",
-    "clip_frac",
-    "clip_frac_low",
-    "clip_frac_high",
-    "clip_frac_dual",
-    "ratio_mean",
-)
-_COUNTS = ("sequence_tokens", "forward_tokens", "scored_tokens", "groups", "zero_variance_groups", "mismatch_tokens")
-
-
-def merge_results(results: Sequence[dict]) -> dict:
-    """One step's metrics from every rank's: loss terms and counts summed; the rest (grad norm,
-    the same on every rank; off-policy statistics) from rank 0; throughput over the slowest rank."""
-    out = dict(results[0])
-    if len(results) == 1:
-        return out
-    for key in out:
-        if key in _COUNTS or key in _SUMMED:
-            out[key] = sum(r.get(key) or 0 for r in results)
-    seconds = max(r["seconds"] for r in results)
-    samples = sum(r["samples_per_s"] * r["seconds"] for r in results)
-    out.update(
-        seconds=seconds,
-        samples_per_s=samples / seconds,
-        tokens_per_s=out["scored_tokens"] / seconds,
-        learner_world_size=len(results),
-    )
-    return out

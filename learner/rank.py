@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from learner.call_order import CallOrder
 from learner.engine import Learner
 from learner.group import RankShard, Rendezvous, join_group
+from learner.step_result import StepResult
 
 
 def _node_ip() -> str:
@@ -94,7 +96,7 @@ class LearnerRank:
         tag_weights: Mapping[str, float],
         group_weights: Mapping[str, float] | None,
         policy_version: int | None,
-    ) -> dict[str, Any]:
+    ) -> StepResult:
         with self.order.turn(ticket, "train step", self.wait_s):
             out = self.learner.train_batch(
                 shard.trajectories,
@@ -103,8 +105,7 @@ class LearnerRank:
                 policy_version=policy_version,
                 mini_groups=shard.mini_groups,
             )
-            out["tag_weights"] = dict(tag_weights)
-            return out
+            return replace(out, tag_weights=dict(tag_weights))
 
     def canary_logprobs(self, ticket: int, token_ids: list[int]) -> list[float]:
         with self.order.turn(ticket, "weight canary", self.wait_s):

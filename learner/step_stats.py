@@ -55,6 +55,7 @@ class StepStats:
             _merge(self._is, is_weight_stats(is_w, cut, mask))
 
     def result(self) -> dict[str, Any]:
+        """The step's loss terms and statistics, as ``StepResult`` (learner/step_result.py) names them."""
         out: dict[str, Any] = {}
         keys = {k for m in self._minis for k in m}
         for key in sorted(keys):

@@ -20,12 +20,32 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from replay.messages import GroupJob
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlotPosition:
+    """Where the task stream stands, enough to resume (a checkpoint keeps it as JSON): slots below
+    ``low`` are finished, ``done`` lists the finished ones above it; every other slot (in flight at
+    the checkpoint) is replayed."""
+
+    low: int
+    done: tuple[int, ...]
+    lost: int  # of ``done``, the slots given up (accounted for, never trained)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"low": self.low, "done": list(self.done), "lost": self.lost}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SlotPosition:
+        # Checkpoints written before ``lost`` was kept have none: it is a count, never read back.
+        return cls(int(d["low"]), tuple(int(s) for s in d["done"]), int(d.get("lost", 0)))
 
 
 @dataclass
@@ -187,14 +207,12 @@ class SlotLedger:
             self.low += 1
 
     # ------------------------------------------------------------ resume
-    def state(self) -> dict[str, Any]:
-        """Enough to resume: slots below ``low`` are finished; ``done`` lists the
-        finished ones above it; every other slot (in flight now) is replayed."""
-        return {"low": self.low, "done": sorted(self.done | self.lost), "lost": len(self.lost)}
+    def state(self) -> SlotPosition:
+        return SlotPosition(self.low, tuple(sorted(self.done | self.lost)), len(self.lost))
 
-    def restore(self, state: dict[str, Any], policy_version: int) -> None:
-        self.low = self.next_slot = int(state["low"])
-        self.done = set(int(s) for s in state["done"])
+    def restore(self, position: SlotPosition, policy_version: int) -> None:
+        self.low = self.next_slot = position.low
+        self.done = set(position.done)
         self.lost = set()
         # Admission continues from here: the slots finished so far count as the base.
         self.base = self.low + len(self.done)

@@ -7,7 +7,7 @@ Ray actor in the asynchronous pipeline) and feeds it tag summaries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from actors.coordinator.capability_state import CapabilityState
@@ -15,6 +15,31 @@ from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.guidelines import GuidelinePolicy, evolve
 from env_pool.interface.state import InterfaceState
 from replay.messages import TagSummary
+
+
+@dataclass(frozen=True)
+class CoordinatorState:
+    """What the coordinator carries across a resume (the checkpoint's driver state keeps it as JSON)
+    and a snapshot records: each part as its own class writes it."""
+
+    interface: dict[str, Any]  # InterfaceState.to_dict()
+    tag_weights: dict[str, Any]  # TagWeights.to_dict()
+    capability: dict[str, Any]  # CapabilityState.to_dict(): the failure profile
+    weight_stats: dict[str, Any]  # CapabilityState.to_dict() of the tag-weight statistics
+    rounds: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CoordinatorState:
+        return cls(
+            interface=dict(d["interface"]),
+            tag_weights=dict(d["tag_weights"]),
+            capability=dict(d["capability"]),
+            weight_stats=dict(d["weight_stats"]),
+            rounds=int(d["rounds"]),
+        )
 
 
 class Coordinator:
@@ -69,18 +94,18 @@ class Coordinator:
         self.capability.end_epoch()
         self.weight_stats.end_epoch()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "interface": self.interface.to_dict(),
-            "tag_weights": self.tag_weights.to_dict(),
-            "capability": self.capability.to_dict(),
-            "weight_stats": self.weight_stats.to_dict(),
-            "rounds": self.rounds,
-        }
+    def state(self) -> CoordinatorState:
+        return CoordinatorState(
+            interface=self.interface.to_dict(),
+            tag_weights=self.tag_weights.to_dict(),
+            capability=self.capability.to_dict(),
+            weight_stats=self.weight_stats.to_dict(),
+            rounds=self.rounds,
+        )
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.interface = InterfaceState.from_dict(state["interface"])
-        self.tag_weights.load(state["tag_weights"])
-        self.capability = CapabilityState.from_dict(state["capability"])
-        self.weight_stats = CapabilityState.from_dict(state["weight_stats"])
-        self.rounds = int(state["rounds"])
+    def load_state(self, state: CoordinatorState) -> None:
+        self.interface = InterfaceState.from_dict(state.interface)
+        self.tag_weights.load(state.tag_weights)
+        self.capability = CapabilityState.from_dict(state.capability)
+        self.weight_stats = CapabilityState.from_dict(state.weight_stats)
+        self.rounds = state.rounds

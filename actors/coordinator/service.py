@@ -13,20 +13,20 @@ coordinator never holds up generation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from actors.coordinator.coordinator import Coordinator
+from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from replay.messages import InterfaceUpdate, RoundEnd, TagSummary
 
 log = logging.getLogger(__name__)
 
 
 class CoordinatorService:
-    def __init__(self, make_coordinator: Callable[[], Coordinator], state: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, make_coordinator: Callable[[], Coordinator], state: CoordinatorState | None = None) -> None:
         self.coordinator = make_coordinator()
         if state is not None:
-            self.coordinator.load_state_dict(state)
+            self.coordinator.load_state(state)
         self.env_actors: dict[str, Any] = {}
         self.recorded = 0
 
@@ -72,5 +72,5 @@ class CoordinatorService:
     def end_epoch(self) -> None:
         self.coordinator.end_epoch()
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.coordinator.state_dict()
+    def state(self) -> CoordinatorState:
+        return self.coordinator.state()

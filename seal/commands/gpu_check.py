@@ -204,7 +204,7 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
             Row(names[1], "skipped: the learner step failed"),
             Row(names[2], "skipped: the learner step failed"),
         ]
-    loss = float(result.get("loss", float("nan")))
+    loss = float(result.loss)
     step = Row(
         names[0],
         "ok" if math.isfinite(loss) and seen["policy"] == {"bfloat16"} else "FAIL",

@@ -158,5 +158,5 @@ class LearnerSteps:
         if self.trainer.sync:  # generation waits for the new weights and interface; async goes on
             self.publisher.wait(refs)
         interface = bounded_get(round_ref, COORDINATOR_TIMEOUT_S, f"coordinator end_round of step {state.step}")
-        state.count_tokens(result["sequence_tokens"], 0)  # the rollout tokens: from the step's row (driver)
+        state.count_tokens(result.sequence_tokens, 0)  # the rollout tokens: from the step's row (driver)
         return StepOutcome(groups, result, interface, t_learn)

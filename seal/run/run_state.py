@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.coordinator.coordinator import CoordinatorState
+from replay.slots import SlotPosition
 from seal.run.snapshots import INDEX, next_name, snapshot_root, write_snapshot
 from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 from seal.runtime.storage import checkpoint_dir
@@ -31,12 +33,13 @@ class DriverState:
 
     step: int  # learner steps done
     policy_version: int
-    coordinator: dict[str, Any]  # CoordinatorService.state_dict(): capability state, tag weights, interface
-    slots: dict[str, Any]  # SlotLedger.state(): the task stream's position
+    coordinator: CoordinatorState  # capability state, tag weights, interface
+    slots: SlotPosition  # the task stream's position
     totals: dict[str, float]  # cumulative cost (TOTALS), carried across resumes
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON takes it (learner.json)."""
+        return {**asdict(self), "coordinator": self.coordinator.to_dict(), "slots": self.slots.to_dict()}
 
     @classmethod
     def from_dict(cls, extra: Mapping[str, Any]) -> DriverState:
@@ -49,8 +52,8 @@ class DriverState:
         return cls(
             step=int(extra["step"]),
             policy_version=int(extra["policy_version"]),
-            coordinator=dict(extra["coordinator"]),
-            slots=dict(extra["slots"]),
+            coordinator=CoordinatorState.from_dict(extra["coordinator"]),
+            slots=SlotPosition.from_dict(extra["slots"]),
             totals={k: float(v) for k, v in dict(extra.get("totals", {})).items()},  # older checkpoints: none
         )
 
@@ -84,16 +87,16 @@ class RunState:
     def _totals_now(self) -> dict[str, float]:
         return {**self.totals, "wall_s": self.totals["wall_s"] + time.perf_counter() - self.started}
 
-    def checkpoint(self, slots: Mapping[str, Any]) -> Path:
+    def checkpoint(self, slots: SlotPosition) -> Path:
         """The learner's state and the driver's (coordinator, task slots, position, totals)."""
         path = checkpoint_dir(self.storage)
         self.progress.learner_phase(f"checkpoint step {self.step} to {path}")
-        coordinator = bounded_get(
-            self.actors.coordinator.state_dict.remote(),
+        coordinator: CoordinatorState = bounded_get(
+            self.actors.coordinator.state.remote(),
             COORDINATOR_TIMEOUT_S,
-            f"coordinator state_dict for the checkpoint of step {self.step}",
+            f"coordinator state for the checkpoint of step {self.step}",
         )
-        extra = DriverState(self.step, self.version, coordinator, dict(slots), self._totals_now())
+        extra = DriverState(self.step, self.version, coordinator, slots, self._totals_now())
         self.actors.learners.save_checkpoint(str(path), extra.to_dict(), keep=self.checkpoint_keep)
         return path
 
@@ -105,10 +108,10 @@ class RunState:
         """A frozen snapshot (seal/run/snapshots.py); A_0 references the base model."""
         from weights.model_assets import load_tokenizer
 
-        state = bounded_get(
-            self.actors.coordinator.state_dict.remote(),
+        state: CoordinatorState = bounded_get(
+            self.actors.coordinator.state.remote(),
             COORDINATOR_TIMEOUT_S,
-            f"coordinator state_dict for the snapshot at step {self.step}",
+            f"coordinator state for the snapshot at step {self.step}",
         )
         name = next_name(self.run_dir)
         weights = self.model_path
@@ -125,8 +128,8 @@ class RunState:
             "name": name,
             "step": self.step,
             "policy_version": self.version,
-            "interface_version": state["interface"]["version"],
+            "interface_version": state.interface["version"],
             "weights": weights,
             **self._totals_now(),
         }
-        return write_snapshot(self.run_dir, record, state["interface"], state["capability"], metrics)
+        return write_snapshot(self.run_dir, record, state.interface, state.capability, metrics)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from learner.step_result import StepResult, learner_row
 from replay.messages import INFRA_FAULT_KINDS, GroupReport, RoundEnd
 from replay.token_ledger import TokenLedger, run_totals
 
@@ -36,7 +37,7 @@ class StepOutcome:
     """A learner step as the learner side ends it."""
 
     groups: list  # the batch trained on (replay.queue.Group); empty for a step skipped for want of reward variance
-    result: Mapping[str, Any] | None  # the learner's; None for a skipped step
+    result: StepResult | None  # the learner's (its ranks' merged); None for a skipped step
     interface: RoundEnd  # the coordinator's end-of-round answer
     t_learn: float  # seconds the learner took
 
@@ -153,7 +154,7 @@ class StepWindow:
         prompt = sum(r.generation.prompt_tokens for r in reports)
         env_s = sum(r.env_s for r in reports)
         counters = facts.replay
-        result = outcome.result or {}
+        result = outcome.result
         interface = outcome.interface
         row = {
             "step": facts.step,
@@ -174,19 +175,13 @@ class StepWindow:
             "staleness_mean": sum(g.staleness for g in groups) / len(groups) if groups else None,
             "staleness_max": max(g.staleness for g in groups) if groups else None,
             **token_staleness(trained, facts.policy_version - (1 if groups else 0)),
-            "mean_scale": result.get("mean_scale"),
-            "zero_variance_groups": result.get("zero_variance_groups"),
-            "loss": result.get("loss"),
-            "kl": result.get("kl"),
-            "grad_norm": result.get("grad_norm"),
-            **{k: result.get(k) for k in LEARNER_KEYS},
+            **learner_row(result),
             **episode_stats(trajs, self.max_new_tokens),
-            "tokens_per_s_per_device": result["sequence_tokens"] / (wall * self.devices) if result else 0.0,
+            "tokens_per_s_per_device": result.sequence_tokens / (wall * self.devices) if result else 0.0,
             "devices": self.devices,
             "learner_world_size": self.learner_world_size,
             # weight rounds a replica left (learner/weight_broadcast.py: WeightGroupError on rank 0), since the start
             "weight_rounds_failed": facts.weight_rounds_failed,
-            "tag_weights": result.get("tag_weights"),
             "tag_fractions": {k: v / total_tags for k, v in sorted(tags.items())},
             "interface_version": interface.interface_version,
             "active_guidelines": list(interface.active_guidelines),
@@ -198,8 +193,6 @@ class StepWindow:
             "env_steps_per_s": sum(r.env_steps for r in reports) / env_s if env_s else 0.0,
             "env_tool_calls": sum(r.tool_calls for r in reports),
             "groups_generated": len(decided),  # the groups this step decided, whatever their fate
-            "learner_samples_per_s": result.get("samples_per_s"),
-            "learner_tokens_per_s": result.get("tokens_per_s"),
             "publish_s": facts.publish_s,
             "wait_s": {
                 "generate": sum(r.generation.generate_s for r in reports),
@@ -210,7 +203,7 @@ class StepWindow:
             "idle_ratio": {
                 "env_actors": max(0.0, 1.0 - sum(r.wall_s for r in reports) / (actors * wall)),
                 "generator": gen_idle,
-                "learner": max(0.0, 1.0 - result.get("seconds", 0.0) / wall),
+                "learner": max(0.0, 1.0 - (result.seconds if result else 0.0) / wall),
             },
             "dropped": counters["dropped_stale"],
             "reissued": facts.reissued,
@@ -280,28 +273,6 @@ def sum_token_books(rows) -> dict[str, Any] | None:
         buckets.update({k: v for k, v in b.items() if k not in ("attributed", "generated", "unattributed")})
     counts = [b.get("generated") for b in books]
     return run_totals(buckets, None if None in counts else sum(counts))
-
-
-# The learner's off-policy and loss statistics copied into the row (learner/step_stats.py).
-LEARNER_KEYS = (
-    "pg_loss",
-    "entropy",
-    "clip_frac",
-    "clip_frac_low",
-    "clip_frac_high",
-    "clip_frac_dual",
-    "ratio_mean",
-    "mismatch_kl",
-    "mismatch_kl_max",
-    "mismatch_abs_logprob_diff",
-    "mismatch_tokens",
-    "offpolicy_kl",
-    "is_weight_mean",
-    "is_weight_max",
-    "is_truncated_frac",
-    "ess",
-    "mini_batches",
-)
 
 
 def token_staleness(trajs, learner_version: int) -> dict[str, Any]:

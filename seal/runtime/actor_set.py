@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from actors.coordinator.coordinator import Coordinator
+from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from replay.auth import ClientKeys
 from seal.config import instantiate, instantiate_spec
 from seal.runtime.placement import ClusterConfig
@@ -176,7 +176,7 @@ class ActorSet:
             cause = getattr(exc, "error_msg", None) or str(exc)
             raise RuntimeError(f"the {what} failed to start: {cause.strip().splitlines()[-1]}") from None
 
-    def start_coordinator(self, state: dict | None, closed_loop: bool, per_category: bool) -> None:
+    def start_coordinator(self, state: CoordinatorState | None, closed_loop: bool, per_category: bool) -> None:
         """``closed_loop``, ``per_category``: trainer.closed_loop and trainer.per_category_guidelines."""
         import ray
 

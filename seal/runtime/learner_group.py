@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learner.group import Rendezvous, merge_results, shard_batch
+from learner.group import Rendezvous, shard_batch
+from learner.step_result import StepResult, merge_results
 from seal.runtime.placement import ActorResources
 from weights.buckets import WeightManifest
 
@@ -292,13 +293,13 @@ class LearnerGroup:
     def done(self, call: GroupCall) -> bool:
         return self._collect(call, block=False)
 
-    def result(self, call: GroupCall) -> dict[str, Any]:
+    def result(self, call: GroupCall) -> StepResult:
         self._collect(call, block=True)
         return merge_results([call.results[r] for r in range(len(self.actors))])
 
     def train_now(
         self, trajectories: Sequence, tag_weights, group_weights=None, policy_version=None, partial=False
-    ) -> dict[str, Any]:
+    ) -> StepResult:
         return self.result(self.train(trajectories, tag_weights, group_weights, policy_version, partial))
 
     # -------------------------------------------------------------- weights

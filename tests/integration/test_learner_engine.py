@@ -143,8 +143,8 @@ def test_zero2_and_zero3_match_a_plain_torch_step(tiny_path):
     ref_metrics, ref_w = results["torch"]
     for name in ("zero2", "zero3"):
         metrics, w = results[name]
-        assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5, abs=1e-7), name
-        assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-4), name
+        assert metrics.loss == pytest.approx(ref_metrics.loss, rel=1e-5, abs=1e-7), name
+        assert metrics.grad_norm == pytest.approx(ref_metrics.grad_norm, rel=1e-4), name
         assert_same_update(before, ref_w, w, name)
 
 
@@ -175,7 +175,7 @@ def test_micro_batch_split_does_not_change_the_update(tiny_path):
     a, b = learner(tiny_path, "torch", micro=1, optimizer="sgd"), learner(tiny_path, "torch", micro=2, optimizer="sgd")
     before = weights(a)
     ma, mb = a.train_batch(batch, RELEASED_BASE_WEIGHTS), b.train_batch(batch, RELEASED_BASE_WEIGHTS)
-    assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-5)
+    assert ma.loss == pytest.approx(mb.loss, rel=1e-5)
     assert_same_update(before, weights(a), weights(b), "micro-batch 2 vs 1")
 
 
@@ -186,7 +186,7 @@ def test_gradient_checkpointing_computes_the_same_update(tiny_path):
     assert recomputed.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
     before = weights(plain)
     mp, mr = plain.train_batch(batch, RELEASED_BASE_WEIGHTS), recomputed.train_batch(batch, RELEASED_BASE_WEIGHTS)
-    assert mr["loss"] == pytest.approx(mp["loss"], rel=1e-5, abs=1e-7)
+    assert mr.loss == pytest.approx(mp.loss, rel=1e-5, abs=1e-7)
     assert_same_update(before, weights(plain), weights(recomputed), "gradient checkpointing")
 
 
@@ -205,7 +205,7 @@ def test_gradient_checkpointing_is_chosen_per_micro_batch_from_its_length(tiny_p
         lrn.cfg = dataclasses.replace(lrn.cfg, gradient_checkpointing_min_tokens=threshold)
         got = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)
         assert lrn.model.is_gradient_checkpointing is recompute, threshold
-        assert got["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-7)
+        assert got.loss == pytest.approx(reference.loss, rel=1e-5, abs=1e-7)
         assert_same_update(before, weights(plain), weights(lrn), f"checkpointing threshold {threshold}")
 
 
@@ -216,9 +216,9 @@ def test_shared_prefix_packing_computes_the_same_update(tiny_path, backend, chec
     packed = learner(tiny_path, backend, micro=N, checkpointing=checkpointing, shared_prefix=True, optimizer="sgd")
     before = weights(plain)
     mp, mk = plain.train_batch(batch, RELEASED_BASE_WEIGHTS), packed.train_batch(batch, RELEASED_BASE_WEIGHTS)
-    assert mk["forward_tokens"] <= mp["forward_tokens"] - (N - 1) * GROUPS * 12  # each group's prompt went through once
-    assert mk["loss"] == pytest.approx(mp["loss"], rel=1e-5, abs=1e-7)
-    assert mk["grad_norm"] == pytest.approx(mp["grad_norm"], rel=1e-4)
+    assert mk.forward_tokens <= mp.forward_tokens - (N - 1) * GROUPS * 12  # each group's prompt went through once
+    assert mk.loss == pytest.approx(mp.loss, rel=1e-5, abs=1e-7)
+    assert mk.grad_norm == pytest.approx(mp.grad_norm, rel=1e-4)
     assert_same_update(before, weights(plain), weights(packed), "shared-prefix packing")
 
 
@@ -235,7 +235,7 @@ def test_sgd_update_is_the_clipped_gradient(tiny_path):
     metrics = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)
     for h in hooks:
         h.remove()
-    clip = min(1.0, lrn.cfg.grad_clip / (metrics["grad_norm"] + 1e-6))
+    clip = min(1.0, lrn.cfg.grad_clip / (metrics.grad_norm + 1e-6))
     after = weights(lrn)
     for n, g in grads.items():
         expected = before[n] - lrn.cfg.lr * clip * g

@@ -35,7 +35,7 @@ def test_cuda_step_matches_cpu(backend, stage):
         lrn = Learner(path, cfg, group_size=2)
         before = lrn.full_state_dict()
         results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.full_state_dict())
-    assert results["cuda"][0]["loss"] == pytest.approx(results["cpu"][0]["loss"], rel=1e-3)
+    assert results["cuda"][0].loss == pytest.approx(results["cpu"][0].loss, rel=1e-3)
     # CUDA and CPU kernels differ more than two CPU paths do: 1e-3 of each tensor's update norm.
     gaps = update_gap(before, results["cpu"][1], results["cuda"][1])
     worst = max(gaps, key=gaps.get)

@@ -157,10 +157,10 @@ def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage
     finally:
         if two is not zero3_group:
             two.close()
-    assert got["learner_world_size"] == 2 and got["groups"] == GROUPS
-    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
-    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
-    assert got["scored_tokens"] == ref["scored_tokens"] and got["sequence_tokens"] == ref["sequence_tokens"]
+    assert got.learner_world_size == 2 and got.groups == GROUPS
+    assert got.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-7)
+    assert got.grad_norm == pytest.approx(ref.grad_norm, rel=1e-5)
+    assert got.scored_tokens == ref.scored_tokens and got.sequence_tokens == ref.sequence_tokens
     assert_same_update(before, after_one, after_two, f"zero{stage} 2 ranks vs 1")
     print(f"zero{stage}: worst update gap {max(update_gap(before, after_one, after_two).values()):.2e}")
 
@@ -183,9 +183,9 @@ def test_two_zero3_ranks_packed_and_chunked_make_the_straightforward_update(tiny
         after_two = group_weights(two)
     finally:
         two.close()
-    assert got["forward_tokens"] < ref["forward_tokens"]  # packed: each group's prompt once
-    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
-    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+    assert got.forward_tokens < ref.forward_tokens  # packed: each group's prompt once
+    assert got.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-7)
+    assert got.grad_norm == pytest.approx(ref.grad_norm, rel=1e-5)
     assert_same_update(before, after_one, after_two, f"zero3 2 ranks packed + chunked vs 1 rank, kl {kl}")
 
 
@@ -241,7 +241,7 @@ def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_
         assert not thread.is_alive()
     assert list(got) == list(before) and all(torch.equal(got[k], before[k]) for k in before)
     after = group_weights(zero3_group)
-    assert result["learner_world_size"] == 2 and result["groups"] == GROUPS
+    assert result.learner_world_size == 2 and result.groups == GROUPS
     assert any(not torch.equal(after[k], before[k]) for k in before)  # the step did change them
     assert all(torch.equal(second[k], after[k]) for k in after)
     shards = [p.name for p in (tmp_path / "ckpt").rglob("*optim_states*")]
@@ -276,7 +276,7 @@ def test_a_weight_round_a_replica_leaves_fails_alone_and_the_group_trains_on(tin
     assert zero3_group.survivable_failures[0].startswith("learner rank 0 on node ")
     assert "weight broadcast at step" in zero3_group.survivable_failures[0]
     got = zero3_group.train_now(batch, RELEASED_BASE_WEIGHTS)  # the group is whole
-    assert got["learner_world_size"] == 2
+    assert got.learner_world_size == 2
     # Formed again (a restored replica), the next round arrives whole.
     with generator_end(zero3_group) as (receiver, meta):
         zero3_group.broadcast_weights()

@@ -93,7 +93,7 @@ def test_two_nccl_ranks_make_the_one_rank_update(stage, ray_two_gpus):
             results[world] = (out, manifest_weights(g.weights()))
         finally:
             g.close()
-    assert results[2][0]["loss"] == pytest.approx(results[1][0]["loss"], rel=1e-4)
+    assert results[2][0].loss == pytest.approx(results[1][0].loss, rel=1e-4)
     for name, w in results[1][1].items():  # plain SGD: the same update, NCCL's reduction order aside
         assert (results[2][1][name] - w).norm() <= 1e-4 * max(w.norm().item(), 1e-8), name
 
@@ -108,7 +108,7 @@ def test_bf16_rank_keeps_fp32_master_weights_and_sends_bf16(ray_one_gpu):
     g = _group(path, 2, 1, dtype="bfloat16")
     try:
         out = g.train_now(make_batch(0, path), RELEASED_BASE_WEIGHTS)
-        assert out["loss"] == out["loss"] and out["grad_norm"] > 0  # finite, and it learned something
+        assert out.loss == out.loss and out.grad_norm > 0  # finite, and it learned something
         manifest = g.weights("bfloat16")
         assert manifest.dtype == "bfloat16"
     finally:

@@ -62,25 +62,25 @@ def test_recompute_reports_mismatch_and_importance_weights(tiny_path):
     batch = make_batch(1, tiny_path)  # behaviour logprobs = the model's own + U(-0.05, 0.05) noise
     out = make_learner(tiny_path, old_logprobs="recompute").train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=0)
     # One mini-batch: pi_old is the training forward itself, so the PPO ratio is exactly 1.
-    assert out["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert out.ratio_mean == pytest.approx(1.0, abs=1e-6)
     # k3 of a gap of at most 0.05 is at most exp(0.05) - 1.05 ~ 1.3e-3; it is not zero.
-    assert 0 < out["mismatch_kl"] <= out["mismatch_kl_max"] <= 1.3e-3
-    assert 0 < out["mismatch_abs_logprob_diff"] <= 0.05 + 1e-5
-    assert out["mismatch_tokens"] == sum(sum(t.loss_mask) - t.loss_mask[0] for t in batch)
-    assert 0.95 < out["is_weight_mean"] < 1.05 and out["is_truncated_frac"] == 0.0 and 0.99 < out["ess"] <= 1.0
+    assert 0 < out.mismatch_kl <= out.mismatch_kl_max <= 1.3e-3
+    assert 0 < out.mismatch_abs_logprob_diff <= 0.05 + 1e-5
+    assert out.mismatch_tokens == sum(sum(t.loss_mask) - t.loss_mask[0] for t in batch)
+    assert 0.95 < out.is_weight_mean < 1.05 and out.is_truncated_frac == 0.0 and 0.99 < out.ess <= 1.0
     assert all(math.isfinite(out[k]) for k in ("entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual"))
     # Generated at another version: no same-weights mismatch to report.
     other = make_learner(tiny_path, old_logprobs="recompute").train_batch(
         batch, RELEASED_BASE_WEIGHTS, policy_version=3
     )
-    assert other["mismatch_kl"] is None and other["offpolicy_kl"] == pytest.approx(out["offpolicy_kl"], rel=1e-5)
+    assert other.mismatch_kl is None and other.offpolicy_kl == pytest.approx(out.offpolicy_kl, rel=1e-5)
 
 
 def test_behaviour_old_logprobs_take_the_ratio_against_vllm(tiny_path):
     batch = make_batch(1, tiny_path)
     out = make_learner(tiny_path, old_logprobs="behaviour").train_batch(batch, RELEASED_BASE_WEIGHTS)
-    assert out["ratio_mean"] != pytest.approx(1.0, abs=1e-4)  # the noise in mu shows in the ratio
-    assert out["is_weight_mean"] == 1.0 and out["mismatch_kl"] > 0
+    assert out.ratio_mean != pytest.approx(1.0, abs=1e-4)  # the noise in mu shows in the ratio
+    assert out.is_weight_mean == 1.0 and out.mismatch_kl > 0
 
 
 @pytest.mark.parametrize("backend, stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])
@@ -95,8 +95,8 @@ def test_a_partial_last_mini_batch_takes_its_own_step(tiny_path, backend, stage)
     a = ref.train_batch(batch, RELEASED_BASE_WEIGHTS, allow_partial=True)
     lrn = make_learner(tiny_path, backend, stage, optimizer="sgd")
     b = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS, allow_partial=True)
-    assert a["mini_batches"] == b["mini_batches"] == 2 and lrn.step == 2
-    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    assert a.mini_batches == b.mini_batches == 2 and lrn.step == 2
+    assert b.loss == pytest.approx(a.loss, rel=1e-5, abs=1e-7)
     assert_same_update(before, weights(ref), weights(lrn), f"{backend} partial mini-batch")
 
 
@@ -118,14 +118,14 @@ def test_sequence_aggregation_is_split_invariant_in_the_engine(tiny_path, loss_a
     two = Learner(tiny_path, cfg, group_size=N)
     before = weights(one)
     ma, mb = one.train_batch(batch, RELEASED_BASE_WEIGHTS), two.train_batch(batch, RELEASED_BASE_WEIGHTS)
-    assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-5)
+    assert ma.loss == pytest.approx(mb.loss, rel=1e-5)
     assert_same_update(before, weights(one), weights(two), loss_agg)
     token_mean = make_learner(tiny_path, optimizer="sgd").train_batch(batch, RELEASED_BASE_WEIGHTS)
-    assert ma["loss"] != pytest.approx(token_mean["loss"], rel=1e-3)  # a different aggregation, really
+    assert ma.loss != pytest.approx(token_mean.loss, rel=1e-3)  # a different aggregation, really
 
 
 def test_no_reference_model_without_a_kl_term(tiny_path):
     lrn = make_learner(tiny_path, loss=LossConfig(kl_coef=0.0))
     assert lrn.ref is None
     out = lrn.train_batch(make_batch(5, tiny_path), RELEASED_BASE_WEIGHTS)
-    assert "kl" not in out and math.isfinite(out["loss"])
+    assert out.kl is None and math.isfinite(out.loss)

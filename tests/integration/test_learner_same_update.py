@@ -65,10 +65,10 @@ def test_packed_chunked_update_equals_the_straightforward_one_fp32(tiny_path, kl
     batch = make_batch(3, tiny_path, shared_prompt=True)
     before, old, after_old = one_step(tiny_path, batch, False, kl, "float32")
     _, new, after_new = one_step(tiny_path, batch, True, kl, "float32")
-    assert new["forward_tokens"] < old["forward_tokens"]  # the prompt once per group: packing happened
-    assert new["loss"] == pytest.approx(old["loss"], rel=1e-5, abs=1e-7)
-    assert new["grad_norm"] == pytest.approx(old["grad_norm"], rel=1e-5)
-    assert ("kl" in new) == bool(kl) and new.get("kl", 0.0) == pytest.approx(old.get("kl", 0.0), abs=1e-7)
+    assert new.forward_tokens < old.forward_tokens  # the prompt once per group: packing happened
+    assert new.loss == pytest.approx(old.loss, rel=1e-5, abs=1e-7)
+    assert new.grad_norm == pytest.approx(old.grad_norm, rel=1e-5)
+    assert (new.kl is not None) == bool(kl) and (new.kl or 0.0) == pytest.approx(old.kl or 0.0, abs=1e-7)
     assert_same_update(before, after_old, after_new, f"packed + chunked vs unpacked + full, kl {kl}")
 
 
@@ -83,6 +83,6 @@ def test_packed_chunked_update_equals_the_straightforward_one_bf16(tiny_path):
         f"bf16: loss {new['loss']:.6f} vs {old['loss']:.6f}, grad norm {new['grad_norm']:.6f} vs "
         f"{old['grad_norm']:.6f}; worst update gap {gaps[worst]:.2e} ({worst})"
     )
-    assert new["loss"] == pytest.approx(old["loss"], abs=BF16_LOSS_ABS)
-    assert new["grad_norm"] == pytest.approx(old["grad_norm"], rel=BF16_NORM_REL)
+    assert new.loss == pytest.approx(old.loss, abs=BF16_LOSS_ABS)
+    assert new.grad_norm == pytest.approx(old.grad_norm, rel=BF16_NORM_REL)
     assert gaps[worst] <= BF16_UPDATE_REL, f"update of {worst} differs by {gaps[worst]:.2e} of its norm"

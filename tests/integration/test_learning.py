@@ -127,7 +127,7 @@ def test_mean_reward_rises_on_the_toy_env():
             for t in run_group(ToyToolEnv, gen, chat, train[step * groups + g], n, sampling, seed=step * 100 + g)
         ]
         out = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=step)
-        mismatch.append(out["mismatch_abs_logprob_diff"])
+        mismatch.append(out.mismatch_abs_logprob_diff)
         gen.update_weights(step + 1, lrn.generator_weights(gen.dtype))
     after = held_out_reward()
     gen.close()

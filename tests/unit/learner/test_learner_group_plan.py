@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from learner.batch import Sample
@@ -14,11 +16,12 @@ from learner.group import (
     assign_groups,
     assigned_plan,
     is_padding,
-    merge_results,
     pad_plan,
     shard_batch,
 )
+from learner.step_result import learner_row, merge_results
 from replay.messages import Trajectory
+from tests.unit.learner.step_results import step_result
 
 
 def traj(group: str, i: int, length: int) -> Trajectory:
@@ -93,31 +96,19 @@ def test_plan_pads_short_ranks_with_zero_weight_micro_batches():
 
 
 def test_merged_metrics_add_loss_terms_and_counts():
-    a = {
-        "loss": 0.25,
-        "kl": 0.1,
-        "grad_norm": 2.0,
-        "seconds": 2.0,
-        "samples_per_s": 2.0,
-        "scored_tokens": 10,
-        "sequence_tokens": 30,
-        "groups": 1,
-    }
-    b = {
-        "loss": 0.5,
-        "kl": 0.2,
-        "grad_norm": 2.0,
-        "seconds": 4.0,
-        "samples_per_s": 1.0,
-        "scored_tokens": 30,
-        "sequence_tokens": 50,
-        "groups": 2,
-    }
+    a = step_result(loss=0.25, kl=0.1, grad_norm=2.0, seconds=2.0, samples_per_s=2.0, scored_tokens=10, groups=1)
+    b = step_result(loss=0.5, kl=0.2, grad_norm=2.0, seconds=4.0, samples_per_s=1.0, scored_tokens=30, groups=2)
     m = merge_results([a, b])
-    assert m["loss"] == 0.75 and m["kl"] == pytest.approx(0.3) and m["grad_norm"] == 2.0 and m["groups"] == 3
-    assert (
-        m["seconds"] == 4.0 and m["samples_per_s"] == 2.0 and m["tokens_per_s"] == 10.0 and m["learner_world_size"] == 2
-    )
+    assert m.loss == 0.75 and m.kl == pytest.approx(0.3) and m.grad_norm == 2.0 and m.groups == 3
+    assert m.seconds == 4.0 and m.samples_per_s == 2.0 and m.tokens_per_s == 10.0 and m.learner_world_size == 2
+    assert merge_results([a, replace(b, kl=None)]).kl == 0.1 and merge_results([a]) is a
+    assert merge_results([replace(a, entropy=None), replace(b, entropy=None)]).entropy is None  # never computed
+
+
+def test_the_row_takes_the_learners_figures_and_a_skipped_step_none_of_them():
+    row = learner_row(replace(step_result(loss=0.5, samples_per_s=3.0), tag_weights={"pass": 1.0}))
+    assert row["loss"] == 0.5 and row["learner_samples_per_s"] == 3.0 and row["tag_weights"] == {"pass": 1.0}
+    assert learner_row(None).keys() == row.keys() and set(learner_row(None).values()) == {None}
 
 
 def test_pruning_keeps_the_newest_tags_only():

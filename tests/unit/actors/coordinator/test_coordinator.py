@@ -52,8 +52,8 @@ def test_state_round_trips():
     c.step_weights()
     c.end_round()
     d = Coordinator(InterfaceState(guidelines=True), TagWeights())
-    d.load_state_dict(c.state_dict())
-    assert d.state_dict() == c.state_dict()
+    d.load_state(c.state())
+    assert d.state() == c.state()
 
 
 def test_a_trajectory_that_generated_nothing_counts_from_its_start_version():

@@ -30,11 +30,11 @@ def test_round_trip_of_tags_weights_and_interface():
     assert service.interface().version == 1 and service.interface().state["active_guidelines"] == ["active_respond"]
 
 
-def test_state_survives_a_restart_through_state_dict():
+def test_state_survives_a_restart_through_its_state():
     service = CoordinatorService(make)
     service.record(summaries(8))
     service.step_weights()
     service.end_round()
-    restored = CoordinatorService(make, state=service.state_dict())
-    assert restored.state_dict() == service.state_dict()
+    restored = CoordinatorService(make, state=service.state())
+    assert restored.state() == service.state()
     assert restored.interface() == service.interface()

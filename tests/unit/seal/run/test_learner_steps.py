@@ -15,6 +15,7 @@ import pytest
 from actors.coordinator.coordinator import Coordinator
 from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.state import InterfaceState
+from learner.step_result import StepResult
 from replay.messages import Segment, Trajectory
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
@@ -25,6 +26,7 @@ from seal.run.progress import Progress
 from seal.run.run_state import RunState
 from seal.run.step_metrics import StepWindow
 from tests.conftest import local_ray
+from tests.unit.learner.step_results import step_result
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,8 +65,8 @@ class FakeLearnerGroup:
     def done(self, call) -> bool:
         return True
 
-    def result(self, call) -> dict:
-        return {"sequence_tokens": sum(len(t.token_ids) for t in self.calls[-1][0]), "loss": 0.1}
+    def result(self, call) -> StepResult:
+        return step_result(sequence_tokens=sum(len(t.token_ids) for t in self.calls[-1][0]), loss=0.1)
 
 
 class FakePublisher:
@@ -149,7 +151,7 @@ def test_a_ready_batch_trains_and_its_end_is_a_published_version_and_a_closed_ro
     assert s.advance() is None and not s.actors.learners.calls  # nothing ready
     gid = deliver(s, sender, (1.0, 0.0))
     outcome = s.advance()  # the fake learner is done at once: handed and ended in one call
-    assert outcome is not None and [g.group_id for g in outcome.groups] == [gid] and outcome.result["loss"] == 0.1
+    assert outcome is not None and [g.group_id for g in outcome.groups] == [gid] and outcome.result.loss == 0.1
     ((trajs, weights, version, partial),) = s.actors.learners.calls
     assert [(t.group_id, t.rollout_index) for t in trajs] == [(gid, 0), (gid, 1)] and version == 0 and not partial
     assert weights["empty_turn_model_response"] > 1.0  # the coordinator's weights, after this batch's tags

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.coordinator.coordinator import Coordinator
+from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.state import InterfaceState
 from replay.messages import TagSummary
+from replay.slots import SlotPosition
 from seal.run.progress import Progress
 from seal.run.run_state import DriverState, RunState
 from seal.run.snapshots import read_snapshots
@@ -82,17 +83,26 @@ def test_a_checkpoint_resumes_the_run_where_it_stood(tmp_path, coordinator):
     assert (run.step, run.version) == (0, 0)
     run.step, run.version = 3, 2
     run.count_tokens(update=100, rollout=400)
-    path = run.checkpoint({"next_slot": 7, "done": [5]})
+    path = run.checkpoint(SlotPosition(7, (9,), 0))
     assert path == tmp_path / "checkpoints" / "latest"
 
     resumed = DriverState.from_dict(actors.learners.load_checkpoint(str(path)))  # through JSON, as learner.json
-    assert resumed.coordinator == ray.get(coordinator.state_dict.remote(), timeout=60)
-    assert resumed.slots == {"next_slot": 7, "done": [5]}
+    assert resumed.coordinator == ray.get(coordinator.state.remote(), timeout=60)
+    assert resumed.slots == SlotPosition(7, (9,), 0)
     again = state(tmp_path, tmp_path, actors, resumed)
     assert (again.step, again.version) == (3, 2)
     again.count_tokens(update=1, rollout=2)
     assert (again.totals["update_tokens"], again.totals["rollout_tokens"]) == (101, 402)
     assert again.totals["wall_s"] == resumed.totals["wall_s"] > 0  # wall time carries across the resume
+
+
+def test_the_driver_state_crosses_json_typed_and_an_older_slot_position_still_reads():
+    state = DriverState(
+        3, 2, CoordinatorState({"version": 1}, {}, {}, {}, 4), SlotPosition(7, (9, 11), 1), {"wall_s": 1.0}
+    )
+    assert DriverState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    older = {**state.to_dict(), "slots": {"low": 7, "done": [9]}}  # before the given-up count was kept
+    assert DriverState.from_dict(older).slots == SlotPosition(7, (9,), 0)
 
 
 def test_a_checkpoint_without_driver_state_is_one_line():

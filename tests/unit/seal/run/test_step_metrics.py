@@ -8,6 +8,7 @@ from replay.messages import GroupReport, GroupStats, InfraFault, RoundEnd, Segme
 from replay.queue import Group as QueueGroup
 from replay.queue import stand_in
 from seal.run.step_metrics import RunFacts, StepOutcome, StepWindow, sum_token_books
+from tests.unit.learner.step_results import step_result
 
 REPLAY = {
     "dropped_stale": 1,
@@ -93,7 +94,7 @@ def test_a_trained_step_and_a_skipped_one():
     window.add_report(report("g1"))
     batch = [Group([traj("g1", 1.0), traj("g1", 0.0)], staleness=1)]
     window.decide("trained", batch[0])  # when the learner took it (seal/run/learner_steps.py)
-    result = {"sequence_tokens": 24, "loss": 0.5, "seconds": 1.0}
+    result = step_result(sequence_tokens=24, loss=0.5, seconds=1.0)
     interface = RoundEnd(0, (), 0, {"version": 0})
     row = window.row(StepOutcome(batch, result, interface, 1.5), facts(1, 1, busy=1.0), start + 4.0)
     assert (row["step"], row["policy_version"], row["mode"], row["skipped"], row["trained_groups"]) == (
@@ -123,7 +124,7 @@ def test_generation_figures_belong_to_the_step_that_decided_the_group_whatever_t
     """A report landing after its group trained (or before the group decided) counts in the deciding step."""
     window = StepWindow("sync", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
     interface = RoundEnd(0, (), 0, {})
-    result = {"sequence_tokens": 24, "seconds": 1.0}
+    result = step_result(sequence_tokens=24, seconds=1.0)
     window.add_report(report("g2", generated=40))  # an early report: g2 is decided in step 2
     g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
     window.decide("trained", g1)
@@ -149,7 +150,7 @@ def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
     window.decide("trained", trained)
     window.decide("infra_failed", Group([traj("g2", 1.0)], faulted=(fault(traj("g2", 0.0)), fault(traj("g2", 0.0)))))
     row = window.row(
-        StepOutcome([trained], {"sequence_tokens": 9, "seconds": 1.0}, interface, 1.0),
+        StepOutcome([trained], step_result(sequence_tokens=9, seconds=1.0), interface, 1.0),
         facts(1, 1, 1.0, generated=5 * 4),
         window.started + 1.0,
     )
@@ -167,13 +168,13 @@ def test_the_token_books_add_up_and_close_with_what_the_end_left_open():
     window.decide("trained", g1)
     window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
     window.decide("stale_dropped", Group([traj("g3", 1.0), traj("g3", 0.0)]))
-    row = window.row(StepOutcome([g1], {"sequence_tokens": 9}, interface, 1.0), facts(1, 1, 1.0, 24), 1.0)
+    row = window.row(StepOutcome([g1], step_result(sequence_tokens=9), interface, 1.0), facts(1, 1, 1.0, 24), 1.0)
     assert "tokens_run" not in row
     window.add_report(report("g5", generated=8))  # finished, its trajectories still on the way
     g4 = Group([traj("g4", 1.0), traj("g4", 0.0)])
     window.decide("trained", g4)
     end = facts(2, 2, 2.0, generated=24 + 8 + 3 + 5 + 8, lost=3)
-    row = window.row(StepOutcome([g4], {"sequence_tokens": 9}, interface, 1.0), end, 2.0, {"g6": 5})
+    row = window.row(StepOutcome([g4], step_result(sequence_tokens=9), interface, 1.0), end, 2.0, {"g6": 5})
     books = row["tokens_run"]
     assert (books["trained"], books["filtered"], books["stale_dropped"], books["lost"]) == (16, 8, 8, 3)
     assert books["in_flight_end"] == 8 + 5 and books["attributed"] == books["generated"] == 48
