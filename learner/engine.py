@@ -19,7 +19,7 @@ from typing import Any
 
 from learner.batch import Sample, build_samples
 from learner.config import LearnerConfig
-from learner.micro_batches import MicroBatch, collate, plan_mini_batches
+from learner.micro_batches import MicroBatch, collate, packs, plan_mini_batches
 from learner.phases import NO_PHASES, PhaseBox
 from learner.process_group import init_distributed
 from learner.reference import build_reference
@@ -207,9 +207,11 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             return "none"
         return "grad" if self.cfg.loss.entropy_coef else "metric"
 
-    def _logprobs(self, model, micro: Sequence[Sample], batch: MicroBatch):
+    def _logprobs(self, model, micro: Sequence[Sample], batch: MicroBatch, recompute: bool | None = None):
         """(log p, entropy, tokens forwarded) of one micro-batch: [B, T] each (0 where not scored;
         entropy None for the reference). Packed when its samples share a group (learner/packing.py).
+        ``recompute``: the group's choice of gradient checkpointing for it (learner/group.py recompute_plan);
+        None, on one learner, chooses from this micro-batch's own length.
 
         Only the scored tokens meet the output head: the forward keeps the hidden states of the
         positions some scored token needs (``logits_to_keep``), and the head turns those into log p
@@ -239,8 +241,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         logp = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.ids.device)
         if keep.numel() == 0:
             return logp, None, forwarded
-        if policy and self.cfg.gradient_checkpointing:  # chosen from this micro-batch's length
-            self._set_checkpointing(model, forwarded >= self.cfg.gradient_checkpointing_min_tokens)
+        if policy and self.cfg.gradient_checkpointing:
+            own = forwarded >= self.cfg.gradient_checkpointing_min_tokens
+            self._set_checkpointing(model, own if recompute is None else recompute)
         forward = self.engine if (policy and self.engine is not None) else model
         phase = "policy_forward" if policy else "reference_forward"
         head = scoring_head(
@@ -268,10 +271,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         """Packed rows for a micro-batch, or None when no two of its samples share a group."""
         from learner.packing import pack_shared_prefix
 
-        groups = [s.group_id for s in samples]
-        if not self.cfg.shared_prefix or len(set(groups)) == len(groups):
+        if not packs(samples, self.cfg.shared_prefix):
             return None
-        return pack_shared_prefix([s.token_ids for s in samples], groups, self.device)
+        return pack_shared_prefix([s.token_ids for s in samples], [s.group_id for s in samples], self.device)
 
     def _collate(self, samples: Sequence[Sample]) -> MicroBatch:
         """The micro-batch's tensors and, once for the policy's and the reference's forwards, its packing."""
@@ -282,7 +284,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             samples, self.cfg.mini_batch_groups, self.group_size, self.cfg.micro_batch_size, allow_partial
         )
 
-    def _proximal_logprobs(self, plan) -> dict[int, Any]:
+    def _proximal_logprobs(self, plan, recompute: list[list[bool]] | None = None) -> dict[int, Any]:
         """pi_old for ``old_logprobs=recompute``: the policy's logprobs before this batch's first
         optimizer step, per sample (by id). The first mini-batch needs no extra forward: its
         training forward runs at exactly these weights, so its detached logprobs are pi_old."""
@@ -292,17 +294,25 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         if self.cfg.old_logprobs != "recompute":
             return out
         with torch.no_grad():
-            for mini in plan[1:]:
-                for micro in mini:
+            for m, mini in enumerate(plan[1:], start=1):
+                for k, micro in enumerate(mini):
                     with self.phases.phase("collate"):
                         batch = self._collate(micro)
-                    logp, _, _ = self._logprobs(self.model, micro, batch)
+                    logp, _, _ = self._logprobs(self.model, micro, batch, recompute[m][k] if recompute else None)
                     for row, s in enumerate(micro):
                         out[id(s)] = logp[row].detach()
         return out
 
     def _micro_step(
-        self, micro, mini_tokens: int, mini_sequences: int, proximal, stats, is_last: bool, loss_scale: float = 1.0
+        self,
+        micro,
+        mini_tokens: int,
+        mini_sequences: int,
+        proximal,
+        stats,
+        is_last: bool,
+        loss_scale: float = 1.0,
+        recompute: bool | None = None,
     ) -> int:
         """Forward, loss and backward of one micro-batch; returns the tokens forwarded. ``loss_scale``:
         the world size (DeepSpeed averages gradients over ranks), 0 for a padding micro-batch."""
@@ -310,7 +320,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
 
         with self.phases.phase("collate"):
             batch = self._collate(micro)
-        logp, entropy, forwarded = self._logprobs(self.model, micro, batch)
+        logp, entropy, forwarded = self._logprobs(self.model, micro, batch, recompute)
         with torch.no_grad():
             ref_logp = self._logprobs(self.ref, micro, batch)[0] if self.cfg.loss.kl_coef else None
         with self.phases.phase("loss"):
@@ -399,7 +409,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch, group_weights)
         if any(len(s.token_ids) < 2 for s in samples):
             raise ValueError("every trajectory needs at least 2 tokens")
-        from learner.group import agree_on_plan, assigned_plan, is_padding
+        from learner.group import agree_on_plan, assigned_plan, is_padding, recompute_plan
 
         if mini_groups is None:
             if self.world_size > 1:
@@ -411,10 +421,11 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             plan = assigned_plan(samples, mini_groups, self.cfg.micro_batch_size)
         # Global scored-token and sequence counts per mini-batch; padding so every rank makes the same calls.
         plan, mini_token_counts, mini_seq_counts = agree_on_plan(plan, self.world_size)
-        proximal = self._proximal_logprobs(plan)
+        recompute = recompute_plan(plan, self.cfg, self.world_size)  # the same choice on every rank
+        proximal = self._proximal_logprobs(plan, recompute)
         step_stats = StepStats(policy_version)
         tokens = forward_tokens = 0
-        for mini, mini_tokens, mini_sequences in zip(plan, mini_token_counts, mini_seq_counts):
+        for m, (mini, mini_tokens, mini_sequences) in enumerate(zip(plan, mini_token_counts, mini_seq_counts)):
             mini_tokens = max(1, mini_tokens)
             step_stats.start_mini()
             for k, micro in enumerate(mini):
@@ -427,6 +438,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
                     step_stats,
                     is_last=k == len(mini) - 1,
                     loss_scale=scale,
+                    recompute=recompute[m][k] if recompute else None,
                 )
             if self.engine is None:
                 with self.phases.phase("zero_bookkeeping"):

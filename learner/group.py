@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from learner.batch import Sample
 from replay.messages import Trajectory
@@ -139,6 +140,37 @@ def agree_on_plan(
     most = all_reduce_values(counts, "max")
     n = len(plan)
     return pad_plan(plan, [int(v) for v in most]), [int(v) for v in sums[:n]], [int(v) for v in sums[n:]]
+
+
+def agree_on_recompute(forwarded: list[list[int]], min_tokens: int, world_size: int) -> list[list[bool]]:
+    """Per micro-batch of the (padded) plan: recompute its activations in the backward? ``forwarded``:
+    the tokens each of this rank's micro-batches forwards. Chosen from the longest micro-batch at that
+    place on any rank, so every rank chooses alike: under ZeRO-3 a recomputed forward gathers every
+    layer's parameters again in the backward, and ranks that disagree make different collectives (the
+    group dies or hangs). One all-reduce over the training group, only when the choice depends on length."""
+    if min_tokens <= 0:
+        return [[True] * len(mini) for mini in forwarded]
+    flat = [n for mini in forwarded for n in mini]
+    if world_size > 1 and flat:
+        from learner.collectives import all_reduce_values
+
+        flat = [int(v) for v in all_reduce_values(flat, "max")]
+    out, k = [], 0
+    for mini in forwarded:
+        out.append([n >= min_tokens for n in flat[k : k + len(mini)]])
+        k += len(mini)
+    return out
+
+
+def recompute_plan(plan: list[list[list[Sample]]], cfg: Any, world_size: int) -> list[list[bool]] | None:
+    """Gradient checkpointing per micro-batch of a learner with settings ``cfg`` (a LearnerConfig),
+    the same choice on every rank; None when the learner never recomputes."""
+    from learner.micro_batches import forwarded_tokens
+
+    if not cfg.gradient_checkpointing:
+        return None
+    forwarded = [[forwarded_tokens(micro, cfg.shared_prefix) for micro in mini] for mini in plan]
+    return agree_on_recompute(forwarded, cfg.gradient_checkpointing_min_tokens, world_size)
 
 
 def join_group(rv: Rendezvous) -> None:

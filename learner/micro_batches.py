@@ -23,6 +23,21 @@ class MicroBatch(NamedTuple):
     packed: Any = None
 
 
+def packs(samples: Sequence[Sample], shared_prefix: bool) -> bool:
+    """Whether the learner forwards this micro-batch packed: shared-prefix packing is on and two of its samples share a group."""
+    groups = [s.group_id for s in samples]
+    return shared_prefix and len(set(groups)) < len(groups)
+
+
+def forwarded_tokens(samples: Sequence[Sample], shared_prefix: bool) -> int:
+    """The tokens this micro-batch's forward runs over: packed (learner/packing.py) or each sample whole."""
+    from learner.packing import packed_length
+
+    if packs(samples, shared_prefix):
+        return packed_length([s.token_ids for s in samples], [s.group_id for s in samples])
+    return sum(len(s.token_ids) for s in samples)
+
+
 def collate(samples: Sequence[Sample], device: Any) -> MicroBatch:
     import torch
 

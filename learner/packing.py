@@ -93,6 +93,25 @@ def row_groups(groups: Sequence[Any]) -> list[list[int]]:
     return rows
 
 
+def _row_plans(token_ids: Sequence[Sequence[int]], groups: Sequence[Any]) -> list[tuple[int, list, int]]:
+    """Per packed row: (prefix, [(sample, offset of its continuation)], length)."""
+    plans = []
+    for members in row_groups(groups):
+        seqs = [token_ids[i] for i in members]
+        prefix = common_prefix_length(seqs) if len(seqs) > 1 else len(seqs[0])
+        offset, conts = prefix, []
+        for i in members:
+            conts.append((i, offset))
+            offset += len(token_ids[i]) - prefix
+        plans.append((prefix, conts, offset))
+    return plans
+
+
+def packed_length(token_ids: Sequence[Sequence[int]], groups: Sequence[Any]) -> int:
+    """The tokens ``pack_shared_prefix`` would forward (its ``packed_tokens``), without building a tensor."""
+    return sum(length for _, _, length in _row_plans(token_ids, groups))
+
+
 def pack_shared_prefix(token_ids: Sequence[Sequence[int]], groups: Sequence[Any], device: Any = "cpu") -> PackedRows:
     """Pack the samples of a micro-batch, one row per run of same-group samples."""
     import torch
@@ -101,16 +120,7 @@ def pack_shared_prefix(token_ids: Sequence[Sequence[int]], groups: Sequence[Any]
         raise ValueError(f"{len(token_ids)} samples but {len(groups)} group keys")
     if any(len(s) < 2 for s in token_ids):
         raise ValueError("every sample needs at least 2 tokens (one to predict)")
-    members_per_row = row_groups(groups)
-    plans = []  # per row: (prefix, [(sample, offset of its continuation)], length)
-    for members in members_per_row:
-        seqs = [token_ids[i] for i in members]
-        prefix = common_prefix_length(seqs) if len(seqs) > 1 else len(seqs[0])
-        offset, conts = prefix, []
-        for i in members:
-            conts.append((i, offset))
-            offset += len(token_ids[i]) - prefix
-        plans.append((prefix, conts, offset))
+    plans = _row_plans(token_ids, groups)
     width = max(length for _, _, length in plans)
     ids = torch.zeros((len(plans), width), dtype=torch.long)
     pos = torch.zeros((len(plans), width), dtype=torch.long)

@@ -189,6 +189,28 @@ def test_two_zero3_ranks_packed_and_chunked_make_the_straightforward_update(tiny
     assert_same_update(before, after_one, after_two, f"zero3 2 ranks packed + chunked vs 1 rank, kl {kl}")
 
 
+def test_two_zero3_ranks_agree_on_recomputation_whatever_their_micro_batch_lengths(tiny_path, batch):
+    """Issue 38 item 8: learner.cfg.gradient_checkpointing_min_tokens chose recomputation from each
+    rank's own micro-batch. 3 groups over 2 ranks: where one rank forwards a ~25-token micro-batch
+    the other forwards a 2-token pad, so under a bound of 3 one recomputed (ZeRO-3 gathers every
+    layer again in the backward) and the other did not: the group died at step 1. The ranks now
+    choose from the longest micro-batch at each place, and make the one-rank update."""
+    cfg = dataclasses.replace(config(3), gradient_checkpointing=True, gradient_checkpointing_min_tokens=3)
+    one = Learner(tiny_path, cfg, group_size=N)
+    before = one.generator_weights()
+    one.train_batch(batch, RELEASED_BASE_WEIGHTS)
+    after_one = one.generator_weights()
+    two = group(tiny_path, cfg)
+    try:
+        got = two.train_now(batch, RELEASED_BASE_WEIGHTS)
+        after_two = group_weights(two)
+        two.train_now(batch, RELEASED_BASE_WEIGHTS)  # and again, from the updated weights
+    finally:
+        two.close()
+    assert got["learner_world_size"] == 2 and two.step == 2
+    assert_same_update(before, after_one, after_two, "zero3 2 ranks recomputing by length vs 1")
+
+
 def test_zero3_ranks_each_hold_half_of_policy_and_reference(zero3_group):
     shares = zero3_group.param_shares()
     total = shares[0]["total"]

@@ -187,3 +187,45 @@ def test_weight_manifest_is_checked_and_describes_itself():
         WeightManifest((), (), "float32", 0, 0, 1.0)
     with pytest.raises(ValueError, match="2 buckets but 1 sizes"):
         WeightManifest(("a", "b"), (1,), "float32", 2, 1, 1.0)
+
+
+def test_recomputation_is_chosen_per_micro_batch_from_its_length_on_one_rank():
+    from learner.group import agree_on_recompute
+
+    assert agree_on_recompute([[30, 2], [5]], 3, 1) == [[True, False], [True]]
+    assert agree_on_recompute([[30, 2], []], 0, 1) == [[True, True], []]  # 0: always, nothing to agree on
+
+
+def _recompute_in_group(rank: int, port: int, forwarded, out) -> None:
+    import torch.distributed as dist
+
+    from learner.group import agree_on_recompute
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        out.put((rank, agree_on_recompute(forwarded, 3, 2)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_agree_on_recomputation_from_the_longest_micro_batch_at_each_place():
+    """Issue 38 item 8: each rank chose from its own micro-batch's length, so a rank with a 2-token
+    padding micro-batch skipped the recompute its peer ran, and the ZeRO-3 group died at step 1."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    shares = [[[30, 30], [2]], [[30, 2], [2]]]  # rank 1's second micro-batch is padding
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_recompute_in_group, args=(r, port, shares[r], out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert got[0] == got[1] == [[True, True], [False]]

@@ -7,7 +7,13 @@ import random
 import pytest
 import torch
 
-from learner.packing import common_prefix_length, pack_shared_prefix, row_groups, use_shared_prefix_attention
+from learner.packing import (
+    common_prefix_length,
+    pack_shared_prefix,
+    packed_length,
+    row_groups,
+    use_shared_prefix_attention,
+)
 
 
 def test_common_prefix_and_rows():
@@ -24,6 +30,7 @@ def test_layout_positions_mask_and_logit_index():
     assert p.input_ids.tolist() == [[7, 8, 9, 1, 2, 3], [4, 5, 6, 0, 0, 0]]
     assert p.position_ids.tolist()[0] == [0, 1, 2, 3, 4, 3]
     assert [(r.prefix, r.length) for r in p.rows] == [(3, 6), (3, 3)] and p.packed_tokens == 9
+    assert packed_length(seqs, ["g", "g", "h"]) == 9  # the count the ranks agree on, without the tensors
     assert p.sample_row == [0, 0, 1]
     # the logits predicting token j + 1 of each sample
     assert p.logit_index.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 0]]
