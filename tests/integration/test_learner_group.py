@@ -207,7 +207,7 @@ def test_two_zero3_ranks_agree_on_recomputation_whatever_their_micro_batch_lengt
         two.train_now(batch, RELEASED_BASE_WEIGHTS)  # and again, from the updated weights
     finally:
         two.close()
-    assert got["learner_world_size"] == 2 and two.step == 2
+    assert got.learner_world_size == 2 and two.step == 2
     assert_same_update(before, after_one, after_two, "zero3 2 ranks recomputing by length vs 1")
 
 
