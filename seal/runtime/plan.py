@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from seal.runtime.device_groups import group_problems
 from seal.runtime.memory import (
     GB,
     Estimate,
@@ -243,6 +244,7 @@ def build_plan(cfg, query: bool = True) -> Plan:
     plan = Plan(m, source, ls, lest, cap, gs, gen_est, replicas, where, None, notes=notes)
     _check_learner(plan, cluster)
     _check_generator(plan, cluster, cfg, gpu_gb)
+    plan.problems += group_problems(cfg, cluster)  # the collective groups' members on their backend's devices
     if nodes is not None:
         plan.layout = place(
             demands(cluster, replicas, ls.world_size, lest, ls.device == "cuda", gen_est, gs.device == "cuda"),
@@ -360,7 +362,13 @@ def _check_generator(plan: Plan, cluster: ClusterConfig, cfg, gpu_gb: float | No
 def check_fits(cfg) -> None:
     """`seal train`'s preflight: ValueError with the one-line verdict when the plan clearly cannot fit.
     Nothing is refused when the model's config.json cannot be read or is not a decoder-only
-    HF config the estimate knows (the model check and the learner say what they think of it)."""
+    HF config the estimate knows (the model check and the learner say what they think of it); a
+    collective group its members' devices cannot form is refused whatever the model."""
+    from seal.config import instantiate
+
+    problems = group_problems(cfg, instantiate(cfg.cluster))
+    if problems:
+        raise ValueError("; ".join(problems))
     try:
         plan = build_plan(cfg, query=False)
     except (OSError, ValueError, KeyError, TypeError):  # json.JSONDecodeError is a ValueError
