@@ -1,4 +1,5 @@
-"""Hydra config composition for `seal` commands (compose API, no chdir), and the trainer group typed."""
+"""Hydra config composition for `seal` commands (compose API, no chdir), and what the driver reads
+of the config typed: the trainer group, the learner group's ranks, the generator fleet."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 
 def config_dir() -> Path:
@@ -135,12 +136,7 @@ class TrainerConfig:
     canary_max_logprob_diff: float = field(metadata={"above": 0})
 
     def __post_init__(self) -> None:
-        hints = get_type_hints(type(self))
-        for f in fields(self):
-            # object.__setattr__: the one place a frozen instance takes a value (an int given for a float)
-            object.__setattr__(
-                self, f.name, _checked(f"trainer.{f.name}", hints[f.name], getattr(self, f.name), f.metadata)
-            )
+        _check_fields(self, {f.name: f"trainer.{f.name}" for f in fields(self)})
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
 
@@ -177,6 +173,86 @@ class TrainerConfig:
     def staleness(self) -> int:
         """Policy versions a group may lag: 0 in sync mode, whatever max_staleness says."""
         return 0 if self.sync else self.max_staleness
+
+
+@dataclass(frozen=True)
+class LearnerGroupConfig:
+    """What the driver reads of the ``learner:`` group: its ranks, their bounds and what they run
+    on (the learner's own settings are learner.config.LearnerConfig, built in each rank). Every key
+    is configs/learner/base/learner.yaml's: one missing is an error here, never a default."""
+
+    world_size: int = _at_least(1, "learner ranks")
+    timeout_s: float = field(metadata={"above": 0})
+    step_timeout_s: float = field(metadata={"above": 0})
+    backend: Literal["torch", "deepspeed"]
+    device: str
+    mini_batch_groups: int = _at_least(1)
+
+    # Where each setting sits in the group (the rest are the ranks' learner.engine.Learner arguments).
+    KEYS: ClassVar[dict[str, str]] = {
+        "backend": "cfg.backend",
+        "device": "cfg.device",
+        "mini_batch_groups": "cfg.mini_batch_groups",
+    }
+
+    def __post_init__(self) -> None:
+        _check_fields(self, {f.name: f"learner.{self.KEYS.get(f.name, f.name)}" for f in fields(self)})
+
+    @classmethod
+    def of(cls, cfg) -> LearnerGroupConfig:
+        """From a composed config's ``learner`` node."""
+        from omegaconf import OmegaConf
+
+        return cls.from_spec(OmegaConf.to_container(cfg.learner, resolve=True))
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> LearnerGroupConfig:
+        """From the resolved ``learner`` node (the spec each rank builds its learner from)."""
+        return cls(**_required(spec, "learner", {f.name: cls.KEYS.get(f.name, f.name) for f in fields(cls)}))
+
+
+@dataclass(frozen=True)
+class GeneratorFleetConfig:
+    """What the driver reads of the ``generator:`` group: the fleet's size, how weights reach it
+    and how long an update may take. Every generator option writes each key, but
+    ``update_timeout_s``: only the async engine's options have it (None: a blocking engine)."""
+
+    replicas: int = _at_least(1, "engines behind the router")
+    weight_sync: Literal["reload", "broadcast"]
+    tensor_parallel_size: int = _at_least(1)
+    update_timeout_s: float | None = field(metadata={"above": 0})
+
+    def __post_init__(self) -> None:
+        _check_fields(self, {f.name: f"generator.{f.name}" for f in fields(self)})
+
+    @classmethod
+    def of(cls, cfg) -> GeneratorFleetConfig:
+        from omegaconf import OmegaConf
+
+        node = OmegaConf.to_container(cfg.generator, resolve=True)
+        values = _required(node, "generator", {k: k for k in ("replicas", "weight_sync", "tensor_parallel_size")})
+        return cls(**values, update_timeout_s=node.get("update_timeout_s"))
+
+
+def _required(node: Mapping[str, Any], group: str, paths: Mapping[str, str]) -> dict[str, Any]:
+    """``paths``' values (name -> dotted key in ``node``), or ValueError naming the first key not set."""
+    out = {}
+    for name, path in paths.items():
+        value: Any = node
+        for part in path.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                raise ValueError(f"{group}.{path} is not set (each {group} option of configs/{group}/ sets it)")
+            value = value[part]
+        out[name] = value
+    return out
+
+
+def _check_fields(obj: Any, keys: Mapping[str, str]) -> None:
+    """Each field of the frozen dataclass ``obj`` as its type has it, or ValueError naming its key."""
+    hints = get_type_hints(type(obj))
+    for f in fields(obj):
+        # object.__setattr__: the one place a frozen instance takes a value (an int given for a float)
+        object.__setattr__(obj, f.name, _checked(keys[f.name], hints[f.name], getattr(obj, f.name), f.metadata))
 
 
 def recorded_trainer(node) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from seal.config import TrainerConfig
+from seal.config import LearnerGroupConfig, TrainerConfig
 from seal.errors import CliError
 
 # Settings compared with numbers downstream: a string there would surface as a TypeError deep inside.
@@ -306,6 +306,6 @@ def _check_cluster(cfg, gpus=None) -> None:
         return
     cluster.check_local_cpus()
     replicas = split_generator_spec(OmegaConf.to_container(cfg.generator, resolve=True))[1]
-    cluster.check_local_resources(gpus, learner_ranks=int(cfg.learner.get("world_size", 1)), replicas=replicas)
+    cluster.check_local_resources(gpus, learner_ranks=LearnerGroupConfig.of(cfg).world_size, replicas=replicas)
     # A replica's restore puts the whole model in the object store (cluster.object_store_gb).
     check_local_object_store(cluster.object_store_gb, *weights_bytes(cfg))

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seal.config import GeneratorFleetConfig, LearnerGroupConfig
 from seal.errors import CliError
 
 STEPS = 2
@@ -307,9 +308,10 @@ def _read_out(report, pipeline, target, steps: int) -> None:
     from seal.runtime.storage import checkpoint_dir
 
     cfg = pipeline.cfg
-    world, stage = int(cfg.learner.get("world_size", 1)), int(cfg.learner.cfg.zero_stage)
+    world, stage = LearnerGroupConfig.of(cfg).world_size, int(cfg.learner.cfg.zero_stage)
     deepspeed = cfg.learner.cfg.backend == "deepspeed"
-    tp, gpus = int(cfg.generator.get("tensor_parallel_size", 1)), pipeline.cluster.generator.num_gpus
+    fleet = GeneratorFleetConfig.of(cfg)
+    tp, gpus = fleet.tensor_parallel_size, pipeline.cluster.generator.num_gpus
     try:
         ranks = pipeline.learner_ranks()
     except Exception as exc:  # noqa: BLE001 - the group is gone (a rank died): its nodes are still known
@@ -357,7 +359,7 @@ def _read_out(report, pipeline, target, steps: int) -> None:
             report.failures.append(
                 f"the weight group has {g['world_size']} ranks where 1 + {len(replicas)} replicas x TP {tp} = {want}"
             )
-    if cfg.generator.get("weight_sync") == "broadcast" and not getattr(pipeline, "weight_groups", []):
+    if fleet.weight_sync == "broadcast" and not getattr(pipeline, "weight_groups", []):
         report.failures.append("the weight group (weight_sync=broadcast) never formed")
     # Weights per replica.
     final = pipeline.state.version if hasattr(pipeline, "state") else 0

@@ -29,7 +29,7 @@ from replay.auth import RunKeys
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
 from replay.transport import ReplayServer
-from seal.config import TrainerConfig, instantiate
+from seal.config import GeneratorFleetConfig, LearnerGroupConfig, TrainerConfig, instantiate
 from seal.run.dispatch import Dispatcher
 from seal.run.learner_steps import LearnerSteps
 from seal.run.progress import Progress, engines_text
@@ -61,6 +61,7 @@ class Pipeline:
         import ray
 
         self.trainer = t = check_pipeline_config(cfg)
+        self.learner_group, self.fleet = LearnerGroupConfig.of(cfg), GeneratorFleetConfig.of(cfg)
         self.cfg, self.run_dir = cfg, run_dir
         self.progress = progress or Progress(quiet=True)
         self.cluster = instantiate(cfg.cluster)
@@ -90,8 +91,8 @@ class Pipeline:
         self.window = StepWindow(
             t.mode,
             int(cfg.sampling.max_new_tokens),
-            int(cfg.learner.get("world_size", 1)),
-            int(cfg.generator.get("replicas", 1)),
+            self.learner_group.world_size,
+            self.fleet.replicas,
             self.skipped_overlong,
         )
         self.keys: RunKeys | None = None
@@ -102,8 +103,8 @@ class Pipeline:
             with self.progress.timed("ray", f"starting Ray ({self.cluster.address or 'local'})", "Ray up"):
                 start_ray(
                     self.cluster,
-                    learner_ranks=int(cfg.learner.get("world_size", 1)),
-                    replicas=int(cfg.generator.get("replicas", 1)),
+                    learner_ranks=self.learner_group.world_size,
+                    replicas=self.fleet.replicas,
                 )
             check_reachable(self.cluster)
             transport = instantiate(cfg.transport)
@@ -146,8 +147,8 @@ class Pipeline:
             fleet=actors.generators,
             learners=actors.learners,
             version=self.state.version,
-            broadcast=self.cfg.generator.get("weight_sync", "reload") == "broadcast",
-            backend="nccl" if self.cfg.learner.cfg.device == "cuda" else "gloo",
+            broadcast=self.fleet.weight_sync == "broadcast",
+            backend="nccl" if self.learner_group.device == "cuda" else "gloo",
             canary_model=str(self.cfg.model.path) if t.weight_canary else None,
             canary_max_diff=t.canary_max_logprob_diff,
         )
@@ -307,16 +308,18 @@ class Pipeline:
 
 
 def check_pipeline_config(cfg) -> TrainerConfig:
-    """The checks no component makes of its own: the trainer group (typed, seal/config.py), the
-    learner group's size against its backend, and the guideline policy (built in the coordinator
-    actor: it fails here, before anything starts). Returns the trainer group."""
+    """The checks no component makes of its own: the trainer, learner-group and generator-fleet
+    settings (typed, seal/config.py), the learner group's size against its backend, and the
+    guideline policy (built in the coordinator actor: it fails here, before anything starts).
+    Returns the trainer group."""
     trainer = TrainerConfig.of(cfg)
     if trainer.min_group_size is not None and trainer.min_group_size > cfg.n:
         raise ValueError(f"trainer.min_group_size={trainer.min_group_size} is more than a group's n={cfg.n} rollouts")
-    world = cfg.learner.get("world_size", 1)
-    if not isinstance(world, int) or world < 1:
-        raise ValueError(f"learner.world_size must be an integer >= 1, got {world!r}")
-    if world > 1 and cfg.learner.cfg.backend != "deepspeed":
-        raise ValueError(f"learner.world_size={world} needs a DeepSpeed learner (learner=zero2 or learner=zero3)")
+    learners = LearnerGroupConfig.of(cfg)
+    GeneratorFleetConfig.of(cfg)
+    if learners.world_size > 1 and learners.backend != "deepspeed":
+        raise ValueError(
+            f"learner.world_size={learners.world_size} needs a DeepSpeed learner (learner=zero2 or learner=zero3)"
+        )
     instantiate(cfg.guideline_policy)
     return trainer

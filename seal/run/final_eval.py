@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from evaluation.config import EvalConfig
 
 FINAL_LOG = "final.log"
 
@@ -23,8 +26,15 @@ def final_sampling(cfg) -> Any:
     """Greedy, with the generation budget the run trained with (evaluation.max_new_tokens wins)."""
     from rollout.generator import SamplingConfig
 
-    budget = cfg.evaluation.get("max_new_tokens") or cfg.sampling.max_new_tokens
+    budget = eval_config(cfg).max_new_tokens or cfg.sampling.max_new_tokens
     return SamplingConfig(temperature=0.0, top_p=1.0, max_new_tokens=int(budget))
+
+
+def eval_config(cfg) -> EvalConfig:
+    """The ``evaluation`` group, typed (evaluation.config.EvalConfig, checked when built)."""
+    from seal.config import instantiate
+
+    return instantiate(cfg.evaluation)
 
 
 def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None:
@@ -41,19 +51,18 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
 
     emit = emit or (lambda *_: None)
     (Path(run_dir) / "evaluation" / FINAL_FILE).unlink(missing_ok=True)  # a resumed run's earlier one is stale
-    if not cfg.evaluation.get("final", True):
+    evaluation = eval_config(cfg)
+    if not evaluation.final:
         return None
     records = read_snapshots(run_dir)
     if len(records) < 2:
         emit("eval", "no snapshot after A_0: nothing to compare")
         return None
-    chosen = records if cfg.evaluation.get("final_snapshots", "all") == "all" else [records[0], records[-1]]
+    chosen = records if evaluation.final_snapshots == "all" else [records[0], records[-1]]
     first, last = chosen[0], chosen[-1]
     env_node = OmegaConf.create(OmegaConf.to_container(cfg.env, resolve=True))
     make_env = lambda: instantiate(env_node)  # noqa: E731 - one env per episode
-    tasks = final_tasks(
-        make_env().task_ids("test"), list(cfg.evaluation.heldout_categories), cfg.evaluation.get("final_per_category")
-    )
+    tasks = final_tasks(make_env().task_ids("test"), list(evaluation.heldout_categories), evaluation.final_per_category)
     sampling = final_sampling(cfg)
     details = Path(run_dir) / "evaluation" / FINAL_TASKS_FILE
     details.unlink(missing_ok=True)  # a resumed run evaluates again: its last snapshot is new
@@ -94,7 +103,7 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
         "rollouts_per_task": 1,
         "seed": int(cfg.seed),
         "split": "test",
-        "per_category": cfg.evaluation.get("final_per_category"),
+        "per_category": evaluation.final_per_category,
     }
     record = final_record(runs, {r["name"]: int(r["step"]) for r in chosen}, tasks, settings)
     write_final(run_dir, record)

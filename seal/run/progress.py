@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
+from seal.config import LearnerGroupConfig
+
 KIND_WIDTH = 8
 # Above this many groups per step, group lines would flood: one line per batch's worth of groups instead.
 GROUP_LINES_MAX = 8
@@ -91,7 +93,7 @@ def engines_text(cfg) -> str:
     """``the generator (VLLMGenerator, model tiny) and the learner (ZeRO-2)`` from the resolved config."""
     lc = cfg.learner.cfg
     learner = f"ZeRO-{lc.zero_stage}" if lc.backend == "deepspeed" else str(lc.backend)
-    ranks = int(cfg.learner.get("world_size", 1) or 1)
+    ranks = LearnerGroupConfig.of(cfg).world_size
     if ranks > 1:
         learner += f" over {ranks} ranks"
     return f"the generator ({str(cfg.generator._target_).rsplit('.', 1)[-1]}, model {cfg.model.path}) and the learner ({learner})"

@@ -73,9 +73,22 @@ def latest_config_file(run_dir: Path) -> Path:
     return resumes[-1] if resumes else run_dir / "config.yaml"
 
 
+# Learner-group and fleet settings a run may predate, as the code before them ran: the typed reads
+# (seal/config.py LearnerGroupConfig, GeneratorFleetConfig) refuse a config without them.
+PREDATED = {
+    "learner.world_size": 1,
+    "learner.timeout_s": 600.0,
+    "learner.step_timeout_s": 3600.0,
+    "generator.replicas": 1,
+    "generator.weight_sync": "reload",
+    "generator.tensor_parallel_size": 1,
+}
+
+
 def recorded_config(run_dir: Path, latest: bool = False):
     """A run's recorded config, readable by today's code: the evaluation group's defaults where the
-    run predates it, its trainer settings as TrainerConfig takes them, classes that moved re-pointed.
+    run predates it, its trainer settings as TrainerConfig takes them, the PREDATED settings it lacks,
+    classes that moved re-pointed.
     ``latest``: as its latest resume ran it (else as it started). FileNotFoundError: not a run."""
     from omegaconf import OmegaConf
 
@@ -89,6 +102,9 @@ def recorded_config(run_dir: Path, latest: bool = False):
     if "evaluation" not in cfg:
         cfg.evaluation = OmegaConf.load(config_dir() / "evaluation" / "default.yaml")
     cfg.trainer = recorded_trainer(cfg.trainer)  # every setting, as the typed TrainerConfig takes them
+    for key, value in PREDATED.items():
+        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+            OmegaConf.update(cfg, key, value, force_add=True)
     rebase_targets(cfg)  # classes a run recorded before they moved: today's paths
     return cfg
 

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from replay.auth import ClientKeys
-from seal.config import instantiate, instantiate_spec
+from seal.config import GeneratorFleetConfig, LearnerGroupConfig, instantiate, instantiate_spec
 from seal.runtime.placement import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,6 @@ class ActorSet:
         import ray
 
         from seal.runtime.generator_fleet import GeneratorFleet
-        from seal.runtime.generator_spec import split_generator_spec
         from seal.runtime.layout_guard import (
             check_replicas_fit,
             planned_learner_nodes,
@@ -80,7 +79,10 @@ class ActorSet:
         self.target_env = 0
         self._created = 0
         spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
-        settings, replicas = GroupSettings.from_spec(spec), split_generator_spec(gen_spec)[1]
+        settings, fleet = GroupSettings.from_spec(spec), GeneratorFleetConfig.of(cfg)
+        replicas = fleet.replicas
+        # A blocking engine's options have no update timeout: its updates get the fleet's own bound.
+        bound = {} if fleet.update_timeout_s is None else {"update_timeout_s": fleet.update_timeout_s}
         # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:
         # replicas started first could leave no node that holds every rank (seal/runtime/layout_guard.py).
         nodes = ray.nodes()
@@ -98,7 +100,7 @@ class ActorSet:
                 cluster.generator,
                 self.prefix,
                 cluster.max_restarts,
-                update_timeout_s=float(cfg.generator.get("update_timeout_s", 600.0)),
+                **bound,
                 wait=False,
                 reserved=reserved,
             )
@@ -135,7 +137,7 @@ class ActorSet:
         """Every node with a learner rank or a generator replica must see the run's storage (seal/runtime/storage.py)."""
         from seal.runtime.storage import check_nodes_see
 
-        check_nodes_see(storage, self.node_roles(), timeout_s=float(self.cfg.learner.get("timeout_s", 600.0)))
+        check_nodes_see(storage, self.node_roles(), timeout_s=LearnerGroupConfig.of(self.cfg).timeout_s)
 
     def check_layout(self, nodes: list) -> None:
         """The ranks landed where the plan puts them, and every node with a rank or a replica has an

@@ -24,6 +24,7 @@ from typing import Any
 
 from learner.group import Rendezvous, shard_batch
 from learner.step_result import StepResult, merge_results
+from seal.config import LearnerGroupConfig
 from seal.runtime.placement import ActorResources
 from weights.buckets import WeightManifest
 
@@ -58,13 +59,10 @@ class GroupSettings:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> GroupSettings:
-        lcfg = spec["cfg"]
+        """From the resolved ``learner`` node, typed (seal/config.py): a key it lacks is one line."""
+        c = LearnerGroupConfig.from_spec(spec)
         return cls(
-            int(spec.get("world_size", 1)),
-            float(spec.get("timeout_s", 600.0)),
-            float(spec.get("step_timeout_s", 3600.0)),
-            int(lcfg.get("mini_batch_groups", 1)),
-            "nccl" if lcfg.get("device") == "cuda" else "gloo",
+            c.world_size, c.timeout_s, c.step_timeout_s, c.mini_batch_groups, "nccl" if c.device == "cuda" else "gloo"
         )
 
 
