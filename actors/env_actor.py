@@ -22,7 +22,7 @@ from typing import Any
 from env_pool.base import Environment
 from env_pool.interface.state import InterfaceState
 from replay.auth import ClientKeys
-from replay.messages import GroupJob, GroupReport, GroupStats, InterfaceUpdate
+from replay.messages import LOST_TOKENS_ATTR, GroupJob, GroupReport, GroupStats, InterfaceUpdate
 from replay.transport import TrajectorySender
 from rollout.chat import ChatTokenizer
 from rollout.generator import SamplingConfig
@@ -89,20 +89,25 @@ class EnvActor:
             interface = self.interface
         stats = GroupStats()
         generator = self._generator_for(job.generator) if job.generator else self.generator
-        trajectories = run_group(
-            self.make_env,
-            generator,
-            self.chat,
-            job.task_id,
-            job.n,
-            self.sampling,
-            interface,
-            group_id=job.group_id,
-            seed=job.seed,
-            stats=stats,
-            lockstep=self.lockstep,
-            deadline_s=job.episode_deadline_s,
-        )
+        try:
+            trajectories = run_group(
+                self.make_env,
+                generator,
+                self.chat,
+                job.task_id,
+                job.n,
+                self.sampling,
+                interface,
+                group_id=job.group_id,
+                seed=job.seed,
+                stats=stats,
+                lockstep=self.lockstep,
+                deadline_s=job.episode_deadline_s,
+            )
+        except Exception as exc:
+            # Nothing of the group was sent: the driver counts these tokens lost (seal/run/dispatch.py).
+            setattr(exc, LOST_TOKENS_ATTR, stats.generated_tokens)
+            raise
         t_send = time.perf_counter()
         for traj in trajectories:
             self.sender.send(traj)

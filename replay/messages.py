@@ -214,6 +214,12 @@ class GroupStats:
         return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+# A group job that raised (its generator replica gone: GeneratorUnavailable, or any other error)
+# sends nothing and returns no report: the exception carries, under this attribute, the tokens
+# the group had generated, for the driver's token books (``lost``; replay/token_ledger.py).
+LOST_TOKENS_ATTR = "generated_tokens"
+
+
 @dataclass(frozen=True)
 class GroupReport:
     """Env actor -> orchestrator, after the group's trajectories went to the

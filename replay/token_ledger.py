@@ -13,12 +13,16 @@ pieces arrived:
 - ``infra_failed``: episodes the system ended (trajectory ``infra_fault``), and every member of
   a group re-issued because too few members were left (trainer.min_group_size);
 - ``lost``: rollouts of a group given up after a crash or the group deadline (what reached
-  the replay queue of it: its partials, its stragglers);
+  the replay queue of it: its partials, its stragglers), and what a group job that raised had
+  generated (its generator replica gone: the env actor's count travels with the error);
 - ``in_flight_end``: groups whose fate the run's end left open.
 
-The run's totals are checked against the generator's own count (the replicas' ``generated_tokens``):
-``unattributed`` is the difference, 0 unless tokens left with a crashed actor or replica, or with a
-request cut by trainer.episode_deadline_s (the engine finishes it; nobody reads it).
+The run's totals are checked against the generator's own count (the replicas' ``generated_tokens``,
+summed over the run by ``GeneratorCount``: a replica Ray restarts counts from 0 again, so the
+count of each earlier instance is kept as last read): ``unattributed`` is the difference. It is 0
+unless tokens left with a crashed env actor (counted by the engine, never delivered), with a crashed
+replica (delivered, but generated after the replica's last reading: the difference goes negative),
+or with a request cut by trainer.episode_deadline_s (the engine finishes it; nobody reads it).
 """
 
 from __future__ import annotations
@@ -78,3 +82,28 @@ def reached_gradient(totals: Mapping[str, Any]) -> float | None:
     or / the attributed ones when the generator's count is unknown)."""
     whole = totals.get("generated") or totals.get("attributed")
     return totals["trained"] / whole if whole else None
+
+
+class GeneratorCount:
+    """The generator's own count of generated tokens over the run, from readings of the replicas'
+    counters (each replica's ``stats()``: ``generated_tokens`` and ``instance``, an id its process
+    draws at start). A restarted replica is a new instance counting from 0: the old instance's
+    count, as last read, is kept, and so is a retired replica's."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, int]] = {}  # replica -> (instance, its count at the latest reading)
+        self._earlier = 0  # what restarted replicas' earlier instances had counted when last read
+
+    def read(self, replicas: Mapping[str, Mapping[str, Any]]) -> None:
+        """One reading: replica name -> its stats (the replicas that answered)."""
+        for name, stats in replicas.items():
+            instance, count = str(stats.get("instance", "")), int(stats.get("generated_tokens", 0))
+            seen = self._last.get(name)
+            # A count that went back is a restart too (a replica whose stats name no instance).
+            if seen is not None and (seen[0] != instance or count < seen[1]):
+                self._earlier += seen[1]
+            self._last[name] = (instance, count)
+
+    @property
+    def total(self) -> int:
+        return self._earlier + sum(count for _, count in self._last.values())

@@ -121,10 +121,17 @@ def run_episodes(
         ep.prompt_length = len(ep.token_ids)
         episodes.append(ep)
 
-    if lockstep:
-        _play_lockstep(episodes, play)
-    else:
-        _play_independently(episodes, play)
+    try:
+        if lockstep:
+            _play_lockstep(episodes, play)
+        else:
+            _play_independently(episodes, play)
+    except BaseException:
+        # The group is lost (GeneratorUnavailable: re-issued), but what the generator made for it
+        # was generated all the same: the caller reports it, so the token books count it lost.
+        if stats is not None:
+            stats.generated_tokens += sum(sum(ep.loss_mask) for ep in episodes)
+        raise
 
     total = time.perf_counter() - t_start
     trajectories = []

@@ -7,6 +7,7 @@ What ``stats()`` reports: the driver copies them into each step's metrics
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,9 @@ class ReplicaCounters:
     drain_timeouts: int = 0  # pause-mode updates whose drain hit its bound: the rest were continued as in abort
     busy_s: float = 0.0  # time with at least one request outstanding
     started: float = field(default_factory=time.perf_counter)
+    # Drawn at start: a replica Ray restarted counts from 0 again, and the driver's run-long token
+    # count (replay/token_ledger.py, GeneratorCount) tells the new process from the old by it.
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
     _busy_since: float | None = None
 
     def enter(self, tokens: int) -> None:

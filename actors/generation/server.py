@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -45,10 +46,12 @@ class ServerCounters:
     update_s: float = 0.0
     updates: int = 0
     started: float = field(default_factory=time.perf_counter)
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)  # as ReplicaCounters': a restart is a new one
 
     def to_dict(self) -> dict[str, Any]:
         wall = time.perf_counter() - self.started
         return {
+            "instance": self.instance,
             "batches": self.batches,
             "requests": self.requests,
             "generated_tokens": self.generated_tokens,

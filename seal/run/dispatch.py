@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from replay.messages import GroupJob, GroupReport
+from replay.messages import LOST_TOKENS_ATTR, GroupJob, GroupReport
 
 if TYPE_CHECKING:
     from replay.slots import SlotLedger
@@ -156,6 +156,9 @@ class Dispatcher:
                 exc.__class__.__name__ if crash else exc,
             )
             self.window.note_failure(exc)
+            # What the group generated before it failed (a crashed env actor takes it along: unattributed).
+            cause = getattr(exc, "cause", None)
+            self.window.tokens.add("lost", int(getattr(cause if cause is not None else exc, LOST_TOKENS_ATTR, 0)))
             if job.group_id in self.ledger.in_flight and self.replay.abandon(job.group_id):
                 self.given_up.add(job.group_id)
                 self.ledger.failed(job.group_id, crash=crash, error=f"{exc.__class__.__name__}: {exc}")

@@ -266,6 +266,7 @@ class Pipeline:
             publish_s=self.publisher.publish_s,
             generator_restores=self.publisher.restores,
             replicas=replicas,
+            generated_tokens=fleet.generated_tokens(),  # as of the stats() just read
             replica_count=len(fleet.handles),
             fleet=replica_metrics(fleet, replicas),
         )

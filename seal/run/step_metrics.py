@@ -58,6 +58,9 @@ class RunFacts:
     publish_s: float | None  # the latest completed publish
     generator_restores: int
     replicas: Mapping[str, Mapping[str, Any]]  # each answering replica's stats (GeneratorFleet.stats)
+    # The tokens the replicas generated since the run started, restarted and retired replicas
+    # included (GeneratorFleet.generated_tokens); None when a replica did not answer this reading.
+    generated_tokens: int | None
     replica_count: int  # replicas the fleet holds: fewer answering leaves the fleet's busy time unknown
     fleet: Mapping[str, Any]  # replica_metrics(...)
 
@@ -81,10 +84,13 @@ class StepWindow:
     def _books(self) -> None:
         """What lives across steps: reports by group, the token ledger, infra-fault kinds seen."""
         self.reports: dict[str, GroupReport] = {}  # by group id, until the step deciding the group takes it
+        # Groups whose step's row is written: a report of one later than that (past the settle
+        # timeout) describes nothing left to count; kept, the run's end would count it in flight.
+        self._rowed: set[str] = set()
         self.tokens = TokenLedger()
         self.fault_kinds_seen: set[str] = set()
         self._lost_tokens0 = 0  # the replay queue's lost_tokens at the last row
-        self._gen_count0: int | None = None  # the replicas' generated_tokens at the last row
+        self._gen_count0 = 0  # the generator's count at the last row that had one
 
     @property
     def filtered(self) -> list:
@@ -119,7 +125,8 @@ class StepWindow:
         return [g.group_id for gs in self.decided.values() for g in gs if g.group_id not in self.reports]
 
     def add_report(self, report: GroupReport) -> None:
-        self.reports[report.group_id] = report
+        if report.group_id not in self._rowed:
+            self.reports[report.group_id] = report
 
     def note_failure(self, exc: BaseException) -> None:
         self.failures[type(exc).__name__] += 1
@@ -134,6 +141,7 @@ class StepWindow:
         groups = outcome.groups  # decided "trained" when the learner took them (seal/run/learner_steps.py)
         decided = [g for gs in self.decided.values() for g in gs]
         reports = [self.reports.pop(g.group_id) for g in decided if g.group_id in self.reports]
+        self._rowed.update(g.group_id for g in decided)
         trained = [t for g in groups for t in g.members]
         filtered = [t for g in self.filtered for t in g.members]
         # Everything this step consumed: the batch and the groups the filter set aside.
@@ -237,15 +245,12 @@ class StepWindow:
         lost = int(facts.replay.get("lost_tokens", 0))
         self.tokens.add("lost", max(0, lost - self._lost_tokens0))
         self._lost_tokens0 = lost
-        count = None
-        if len(facts.replicas) == facts.replica_count:  # every replica answered
-            count = sum(int(r.get("generated_tokens", 0)) for r in facts.replicas.values())
+        # The generator's count only grows (restarts included), so the rows' counts add up to the
+        # run's; a row without one (a replica did not answer) leaves its tokens to the next row's.
+        count = facts.generated_tokens
         step_generated = None
-        if count is not None and self._gen_count0 is not None and count >= self._gen_count0:
-            step_generated = count - self._gen_count0
-        elif count is not None and self._gen_count0 is None:
-            step_generated = count
-        self._gen_count0 = count if count is not None else self._gen_count0
+        if count is not None:
+            step_generated, self._gen_count0 = count - self._gen_count0, count
         out: dict[str, Any] = {}
         if undecided is not None:
             # Groups the end left open: a finished group by its report (whole), else what reached the queue.

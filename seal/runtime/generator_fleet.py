@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from replay.token_ledger import GeneratorCount
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 from seal.runtime.router import ReplicaRouter
 
@@ -97,6 +98,9 @@ class GeneratorFleet:
         self.restores: dict[str, tuple[Any, int, float]] = {}  # replica -> (update ref, version, started)
         self.published_version = 0
         self.counters = FleetCounters()
+        self.token_count = GeneratorCount()  # the generator's own count, across restarts (the token books)
+        self._count_read_all = False  # the latest stats() reached every replica
+        self._count_short = False  # a retired replica's final count could not be read
         # The weight-sync canary: after each confirmed update the replica scores canary_ids and
         # its logprobs must be within canary_max_diff of the learner's (``expect``) at that version.
         self.canary_ids: list[int] = []
@@ -422,24 +426,38 @@ class GeneratorFleet:
         for name in list(self.retiring):
             if self.router.groups_on(name) or any(n == name for n, _, _ in self.pending.values()):
                 continue
-            ray.kill(self.retiring.pop(name), no_restart=True)
+            handle = self.retiring.pop(name)
+            try:  # its final count, for the run's token books: what it made since the last reading
+                self.token_count.read({name: ray.get(handle.stats.remote(), timeout=10.0)})
+            except (ray.exceptions.RayError, TimeoutError):
+                self._count_short = True  # its last tokens are nowhere: the run's count stays unknown
+            ray.kill(handle, no_restart=True)
             self.versions.pop(name, None)
             self.counters.retired += 1
             log.info("generator replica %s retired", name)
 
     # ------------------------------------------------------------ metrics
     def stats(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
-        """Each replica's counters (requests, tokens, load, prefix hits); a replica that does not answer is left out."""
+        """Each replica's counters (requests, tokens, load, prefix hits); a replica that does not answer
+        is left out. The replicas retiring are read too, for the run's token count (``generated_tokens``)."""
         import ray
 
-        refs = {name: self.handles[name].stats.remote() for name in self.names}
+        handles = {**self.handles, **self.retiring}
+        refs = {name: handle.stats.remote() for name, handle in handles.items()}
         out = {}
         for name, ref in refs.items():
             try:
                 out[name] = ray.get(ref, timeout=timeout_s)
             except (ray.exceptions.RayError, TimeoutError):
                 continue
-        return out
+        self.token_count.read(out)
+        self._count_read_all = len(out) == len(refs)
+        return {name: out[name] for name in self.names if name in out}
+
+    def generated_tokens(self) -> int | None:
+        """The tokens the replicas generated since the fleet started, restarted and retired ones
+        included, as of the latest ``stats()``; None when a replica did not answer it."""
+        return self.token_count.total if self._count_read_all and not self._count_short else None
 
     def close(self) -> None:
         import ray

@@ -91,11 +91,18 @@ def run(pipeline, steps):
         pipeline.close()
 
 
-def assert_tokens_accounted(rows) -> dict:
-    """The run's token books (replay/token_ledger.py): every token the engine generated is in one bucket."""
+def assert_tokens_accounted(rows, exact: bool = True) -> dict:
+    """The run's token books (replay/token_ledger.py): the steps' books add up to the run's, and
+    (``exact``: no crash took tokens along) every token the engine generated is in one bucket."""
+    from replay.token_ledger import BUCKETS
+
     books = rows[-1]["tokens_run"]
-    assert books["unattributed"] == 0 and books["attributed"] == books["generated"] > 0, books
     assert all("tokens_run" not in r for r in rows[:-1])  # the books close once, at the run's end
+    assert {b: sum(r["tokens"][b] for r in rows) for b in BUCKETS} == {b: books[b] for b in BUCKETS}, books
+    counts = [r["tokens"]["generated"] for r in rows]
+    assert None in counts or sum(counts) == books["generated"], (counts, books)
+    if exact:
+        assert books["unattributed"] == 0 and books["attributed"] == books["generated"] > 0, books
     return books
 
 
@@ -123,6 +130,7 @@ def test_async_end_to_end_rejects_bad_frames_and_resumes(tmp_path):
     rows = run(p, 3)
     stranger.close(linger=0)
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["policy_version"] for r in rows] == [1, 2, 3]
+    assert_tokens_accounted(rows)  # async: oversampled groups playing at the end are waited for and counted
     assert all(ROW_KEYS <= set(r) for r in rows)
     assert all(math.isfinite(r[k]) for r in rows for k in FINITE_KEYS)
     # The first step trains on what version 0 generated: vLLM and the learner at the same weights.
@@ -140,6 +148,7 @@ def test_async_end_to_end_rejects_bad_frames_and_resumes(tmp_path):
     assert (p.state.step, p.state.version) == (3, 3)
     rows = run(p, 1)
     assert rows[0]["step"] == 4 and rows[0]["policy_version"] == 4 and rows[0]["interface_version"] == 1
+    assert_tokens_accounted(rows)  # a resumed invocation keeps books of its own (new replicas count from 0)
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3, 4]
 
@@ -229,17 +238,30 @@ def test_killed_actor_restarts_and_no_group_is_lost_or_doubled(tmp_path, target)
         "cluster.env_actors=2",
         "sampling.max_new_tokens=128",
     )
+    import ray
+
     killed: list = []
     killer = threading.Thread(target=_kill_when_busy, args=(p, target, killed), daemon=True)
     killer.start()
-    rows = run(p, 4)
+    try:
+        rows = p.run(4)
+        own = ray.get(p.actors.generator.stats.remote())["generated_tokens"]  # the replica process now serving
+    finally:
+        p.close()
     killer.join(timeout=5)
     assert killed == [target]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["reissued"] >= 1 and rows[-1]["abandoned"] >= 1
     assert sum(sum(r["lost_groups"].values()) for r in rows) >= 1
+    books = assert_tokens_accounted(rows, exact=False)
     if target == "generator":
         assert rows[-1]["generator_restores"] >= 1
+        # The run's count keeps what the killed process had counted (as last read) beside the restarted
+        # one's; a lost group's tokens came back with its error (lost), so none the engine counted is
+        # missing: only what the killed process made after its last reading is missing from its count.
+        assert books["generated"] > own and books["unattributed"] <= 0, (own, books)
+    else:
+        assert books["generated"] == own and books["unattributed"] >= 0, books  # the killed actor took its share
     assert_exactly_once(p, 8)
 
 

@@ -1,7 +1,8 @@
 """EnvActor (actors/env_actor.py) with fakes only at its edges (a coordinator and a generator replica,
 each a small Ray actor) and the real replay server: a group's trajectories reach the stream whole and
 the report counts them, an interface pushed between groups is the next group's (an older push never
-wins), and a job routed to a replica that is gone fails so the driver re-issues it."""
+wins), and a job routed to a replica that is gone fails so the driver re-issues it (with what the group
+had generated, for the token books)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from env_pool.interface.state import InterfaceState
 from env_pool.toy.env import ToyToolEnv
-from replay.messages import GroupJob, InterfaceUpdate
+from replay.messages import LOST_TOKENS_ATTR, GroupJob, InterfaceUpdate
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer, TransportConfig
 from rollout.generator import GenerationOutput, GeneratorUnavailable, SamplingConfig
@@ -128,3 +129,34 @@ def test_a_job_for_a_replica_that_is_gone_fails_for_the_driver_to_reissue(actor)
     env_actor, _ = actor
     with pytest.raises(GeneratorUnavailable, match="generator replica retired-replica is not running"):
         env_actor.run_group(job(2, generator="retired-replica"))
+
+
+class DyingReplica(FakeReplica):
+    """Answers the first call, then its process dies (a crashed replica)."""
+
+    calls = 0
+
+    def generate(self, requests, sampling) -> list[GenerationOutput]:
+        self.calls += 1
+        if self.calls > 1:
+            import os
+
+            os._exit(1)
+        return super().generate(requests, sampling)
+
+
+def test_a_group_whose_replica_dies_fails_with_what_it_had_generated(actor):
+    import ray
+
+    from rollout.chat import ChatTokenizer
+    from weights.model_assets import load_tokenizer
+
+    env_actor, _ = actor
+    chat = ChatTokenizer(load_tokenizer("tiny"))
+    tool_call = chat.encode(ToyToolEnv().reference_turns("toy_4")[0][0]) + [chat.eos_id]  # the episode goes on
+    replica = ray.remote(DyingReplica).options(name="test-dying-replica").remote(tool_call)
+    with pytest.raises(GeneratorUnavailable) as failed:
+        env_actor.run_group(job(3, generator="test-dying-replica"))
+    # Nothing of the group was sent: the driver's token books count these lost (seal/run/dispatch.py).
+    assert getattr(failed.value, LOST_TOKENS_ATTR) == 2 * len(tool_call)
+    del replica

@@ -112,3 +112,23 @@ def test_a_lost_generator_gives_the_whole_group_back(chat):
     generator.fail = GeneratorUnavailable("replica gone")
     with pytest.raises(GeneratorUnavailable):
         run_group(ToyToolEnv, generator, chat, "toy_4", 2, SamplingConfig(max_new_tokens=64))
+
+
+class LostAfterFirstCall(ScriptedGenerator):
+    def generate(self, requests, sampling):
+        if self.batches:  # the replica is gone by the second turn
+            self.fail = GeneratorUnavailable("replica gone")
+        return super().generate(requests, sampling)
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_a_lost_group_still_counts_what_it_generated(chat, lockstep):
+    # What the generator made before the group was lost is reported (the driver's token books count it lost).
+    generator = LostAfterFirstCall(chat, {0: [toy_reference("toy_4")], 1: [toy_reference("toy_4")]})
+    stats = GroupStats()
+    with pytest.raises(GeneratorUnavailable):
+        run_group(
+            ToyToolEnv, generator, chat, "toy_4", 2, SamplingConfig(max_new_tokens=64), stats=stats, lockstep=lockstep
+        )
+    made = [tok for outs in generator.outputs.values() for out in outs for tok in out]
+    assert made and stats.generated_tokens == len(made)

@@ -68,7 +68,8 @@ def report(group: str, generated: int = 8) -> GroupReport:
     )
 
 
-def facts(step: int, version: int, busy: float, generated: int = 0, lost: int = 0) -> RunFacts:
+def facts(step: int, version: int, busy: float, generated: int | None = 0, lost: int = 0) -> RunFacts:
+    """``generated``: the generator's count since the run started (GeneratorFleet.generated_tokens)."""
     replicas = {"gen-0": {"busy_s": busy, "requests": 4, "generated_tokens": generated}}
     return RunFacts(
         step=step,
@@ -83,6 +84,7 @@ def facts(step: int, version: int, busy: float, generated: int = 0, lost: int = 
         publish_s=0.25,
         generator_restores=0,
         replicas=replicas,
+        generated_tokens=generated,
         replica_count=1,
         fleet={"generator_replicas": 1},
     )
@@ -180,3 +182,26 @@ def test_the_token_books_add_up_and_close_with_what_the_end_left_open():
     assert books["in_flight_end"] == 8 + 5 and books["attributed"] == books["generated"] == 48
     assert books["unattributed"] == 0 and row["tokens"]["generated"] == 48 - 24
     assert sum_token_books([{"tokens_run": books}, {}, {"tokens_run": books}])["generated"] == 96
+
+
+def test_a_row_without_the_generators_count_leaves_its_tokens_to_the_next_rows():
+    window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
+    interface = RoundEnd(0, (), 0, {})
+    rows = []
+    for step, count in [(1, 10), (2, None), (3, 45)]:  # step 2: a replica did not answer (restarting)
+        window.decide("filtered", Group([traj(f"g{step}", 0.0), traj(f"g{step}", 0.0)]))
+        rows.append(window.row(StepOutcome([], None, interface, 0.0), facts(step, 0, 1.0, count), float(step)))
+    assert [r["tokens"]["generated"] for r in rows] == [10, None, 35]  # the rows add up to the run's 45
+
+
+def test_a_report_later_than_its_groups_row_is_not_counted_in_flight_at_the_end():
+    window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
+    interface = RoundEnd(0, (), 0, {})
+    g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
+    window.decide("trained", g1)  # its report did not come in time (the settle timed out)
+    window.row(StepOutcome([g1], {"sequence_tokens": 9}, interface, 1.0), facts(1, 1, 1.0, 8), 1.0)
+    window.add_report(report("g1", generated=8))  # late: g1's tokens are already in trained
+    window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
+    row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, 1.0, 16), 2.0, {})
+    books = row["tokens_run"]
+    assert (books["trained"], books["filtered"], books["in_flight_end"], books["unattributed"]) == (8, 8, 0, 0)
