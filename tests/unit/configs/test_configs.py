@@ -191,8 +191,8 @@ def test_every_generator_configs_engine_keywords_pass_the_engine_settings_checks
 
 @pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8"])
 def test_gpu_recipes_recompute_every_micro_batch_as_their_plan_assumes(recipe):
-    """seal/runtime/memory.py sizes a recipe's learner with recomputation on every micro-batch; the root
-    config's 2048-token threshold (the CPU default's short shopping groups) must not reach them."""
+    """seal/runtime/memory.py sizes a recipe's learner with recomputation on every micro-batch; the CPU
+    default's 2048-token threshold (configs/learner/sizes/cpu.yaml: short shopping groups) must not reach them."""
     lc = compose([f"recipe={recipe}"]).learner.cfg
     assert lc.gradient_checkpointing is True and lc.gradient_checkpointing_min_tokens == 0
 
@@ -225,3 +225,38 @@ def test_the_learner_options_are_one_base_and_their_backend():
         )
         == 1
     )
+
+
+RECIPES = ("qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8")
+
+
+def test_lr_is_written_once_where_it_belongs_and_each_composition_ends_with_its_own():
+    """The paper's lr in the learner base, the CPU default's in configs/learner/sizes/cpu.yaml (which
+    the root config selects and the recipes leave out): no other file writes one to drift."""
+    import yaml
+
+    writers = {
+        str(p.relative_to(config_dir()))
+        for p in config_dir().rglob("*.yaml")
+        if any(leaf == "lr" or leaf.endswith(".lr") for leaf in _leaves(yaml.safe_load(p.read_text()) or {}))
+    }
+    assert writers == {"learner/base/learner.yaml", "learner/sizes/cpu.yaml"}
+    assert compose([]).learner.cfg.lr == 1.0e-5  # the CPU default
+    for extra in ([], ["algo=seal_paper"], ["algo=seal_release"], ["ablation=vanilla_rl"]):
+        assert compose(extra).learner.cfg.lr == 1.0e-5, extra
+        for recipe in RECIPES:
+            assert compose([f"recipe={recipe}", *extra]).learner.cfg.lr == 1.0e-6, (recipe, extra)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_recipe_keeps_none_of_the_cpu_defaults_learner_sizes(recipe):
+    """A recipe states only where it differs from the learner base: what it leaves unsaid is the
+    base's (the paper's), never the CPU default's."""
+    import yaml
+
+    base = yaml.safe_load((config_dir() / "learner" / "base" / "learner.yaml").read_text())["cfg"]
+    own = yaml.safe_load((config_dir() / "recipe" / f"{recipe}.yaml").read_text())["learner"]["cfg"]
+    assert all(own[k] != base.get(k) for k in own), {k: own[k] for k in own if own[k] == base.get(k)}
+    lc = compose([f"recipe={recipe}"]).learner.cfg
+    for key in ("lr", "shared_prefix", "mini_batch_groups", "gradient_checkpointing_min_tokens"):
+        assert lc[key] == base[key], key
