@@ -2,10 +2,10 @@
 
 Synthetic groups of trajectories (a prompt, generated spans, behaviour
 logprobs) with the embedded model; per backend: seconds per optimizer step,
-samples/s, tokens/s, and the publish latency (full weights to a safetensors
-snapshot). Backends alternate round by round so they see the same load.
+samples/s, tokens/s, and the snapshot latency (``save_snapshot``: full weights to a
+safetensors snapshot; ``publish_s`` in the report). Backends alternate round by round so they see the same load.
 Then the two ways weights reach vLLM, per backend, with vLLM CPU in a child
-process: the published snapshot reloaded from disk, and the weight group
+process: the saved snapshot reloaded from disk, and the weight group
 (weights/group.py, gloo): seconds from the learner's first send to the
 last, seconds until vLLM has loaded them, and the first token after it (a
 prompt of --prompt-tokens, the prefix cache just reset, so a full prefill).
@@ -176,12 +176,12 @@ def main() -> None:
     publish, weights = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, lrn in learners.items():
-            _, seconds = lrn.publish(tmp, version=1)
+            _, seconds = lrn.save_snapshot(tmp, version=1)
             publish[name] = seconds
         if not args.no_broadcast:
             peer = VllmPeer(path, args.prompt_tokens)
             for version, (name, lrn) in enumerate(learners.items(), start=1):
-                snapshot, _ = lrn.publish(tmp, version=version)
+                snapshot, _ = lrn.save_snapshot(tmp, version=version)
                 weights[name] = peer.round(lrn, version, str(snapshot))
             peer.close()
     load_after = os.getloadavg()[0]

@@ -118,10 +118,10 @@ class LearnerRank:
         with self.order.turn(ticket, "weight gather", self.wait_s):
             return self.learner.weight_manifest(dtype)
 
-    def publish(self, ticket: int, out_dir: str, version: int) -> tuple[str, float]:
+    def save_snapshot(self, ticket: int, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""
-        with self.order.turn(ticket, "publish", self.wait_s):
-            path, seconds = self.learner.publish(out_dir, version)
+        with self.order.turn(ticket, "snapshot", self.wait_s):
+            path, seconds = self.learner.save_snapshot(out_dir, version)
             return str(path), seconds
 
     def join_weight_group(

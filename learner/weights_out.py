@@ -20,7 +20,7 @@ SNAPSHOT_SHARD_BYTES = 50 * 10**9
 
 @dataclass(frozen=True)
 class WeightsOutStats:
-    """What one rank's last weights-out call (``publish``, ``weight_manifest``) took, in bytes:
+    """What one rank's last weights-out call (``save_snapshot``, ``weight_manifest``) took, in bytes:
     ``host_bytes`` of full weights it brought to host memory (a device-to-host copy on GPU; on a
     CPU learner the tensor read in place), ``largest_gather_bytes`` the most full-size weights it
     held gathered at once under ZeRO-3 (one bucket; 0 otherwise)."""
@@ -116,7 +116,7 @@ class WeightsOut:
         target = getattr(torch, dtype)
         return {k: v.to(target) for k, v in weights.items()}
 
-    def publish(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
+    def save_snapshot(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
         """A versioned safetensors snapshot generators and transformers load, laid out as
         ``save_pretrained`` lays it out; (path, seconds). Every rank calls it (a ZeRO-3 collective):
         the weights are gathered a bucket at a time (``weight_bucket_mb``) and only rank 0 copies

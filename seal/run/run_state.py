@@ -118,7 +118,7 @@ class RunState:
         if not initial:
             self.progress.learner_phase(f"snapshot {name} (step {self.step}, policy v{self.version})")
             out = snapshot_root(self.storage) / name
-            path, _ = self.actors.learners.publish(str(out), self.version)
+            path, _ = self.actors.learners.save_snapshot(str(out), self.version)
             load_tokenizer(self.model_path).save_pretrained(path)  # vLLM loads the directory alone
             # Relative inside the run dir (it can move); absolute on a storage of its own.
             weights = (

@@ -320,8 +320,8 @@ class LearnerGroup:
         joins the forward: ZeRO-3 gathers), what each replica's must match after an update."""
         return self._all("canary_logprobs", "weight canary", lambda r: (list(token_ids),))[0]
 
-    def publish(self, out_dir: str, version: int) -> tuple[str, float]:
-        return self._all("publish", "publish", lambda r: (out_dir, version))[0]
+    def save_snapshot(self, out_dir: str, version: int) -> tuple[str, float]:
+        return self._all("save_snapshot", "snapshot", lambda r: (out_dir, version))[0]
 
     def weight_group_address(self) -> tuple[str, int]:
         return self._get_one(self.actors[0].weight_group_address.remote(), 0, "weight group")

@@ -8,6 +8,8 @@ prompt (the canary) and must match the learner's logprobs. A replica that fails,
 update or restarts gets the latest weights before it serves again (seal/runtime/generator_fleet.py).
 
 ``acked`` is the version every serving replica has: admission counts staleness from it.
+"Publish" means this, weights to the replicas; writing a frozen snapshot's weights to disk is the
+learner's ``save_snapshot`` (seal/run/run_state.py).
 """
 
 from __future__ import annotations

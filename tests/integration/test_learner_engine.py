@@ -277,12 +277,12 @@ def test_resume_loads_the_step_learner_json_names_not_an_unfinished_save(tiny_pa
     assert resumed.step == 1 and all(torch.equal(got[k], expected[k]) for k in expected)
 
 
-def test_publish_writes_a_loadable_versioned_snapshot(tiny_path, tmp_path):
+def test_save_snapshot_writes_a_loadable_versioned_snapshot(tiny_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
     lrn = learner(tiny_path, "torch")
     lrn.train_batch(make_batch(4, tiny_path), RELEASED_BASE_WEIGHTS)
-    path, seconds = lrn.publish(tmp_path / "weights", version=1)
+    path, seconds = lrn.save_snapshot(tmp_path / "weights", version=1)
     assert path.name == "v000001" and seconds < 30
     loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
     mine = weights(lrn)

@@ -46,10 +46,10 @@ def make_coordinator() -> Coordinator:
 
 
 class FakeLearnerGroup:
-    """Keeps what a checkpoint holds for the driver; publishing writes a placeholder weights file."""
+    """Keeps what a checkpoint holds for the driver; a snapshot is a placeholder weights file."""
 
     def __init__(self) -> None:
-        self.published: list[tuple[str, int]] = []
+        self.snapshots: list[tuple[str, int]] = []
 
     def save_checkpoint(self, path: str, extra, keep: int = 0) -> str:
         Path(path).mkdir(parents=True, exist_ok=True)
@@ -59,10 +59,10 @@ class FakeLearnerGroup:
     def load_checkpoint(self, path: str) -> dict:
         return json.loads((Path(path) / "driver.json").read_text())
 
-    def publish(self, out_dir: str, version: int) -> tuple[str, float]:
+    def save_snapshot(self, out_dir: str, version: int) -> tuple[str, float]:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "model.safetensors").write_bytes(b"")
-        self.published.append((out_dir, version))
+        self.snapshots.append((out_dir, version))
         return out_dir, 0.0
 
 
@@ -115,7 +115,7 @@ def test_snapshots_are_indexed_in_order_on_the_weights_they_stand_for(tmp_path, 
     run = state(tmp_path, tmp_path, actors)
     assert run.needs_base_snapshot()
     run.snapshot(initial=True)
-    assert not run.needs_base_snapshot() and actors.learners.published == []
+    assert not run.needs_base_snapshot() and actors.learners.snapshots == []
     run.step, run.version = 4, 3
     run.count_tokens(update=10, rollout=20)
     run.snapshot(metrics={"reward": 0.5})
@@ -124,7 +124,7 @@ def test_snapshots_are_indexed_in_order_on_the_weights_they_stand_for(tmp_path, 
     assert (a0["name"], a0["step"], a0["weights"]) == ("A_0", 0, "tiny")  # the base model, by name
     assert (a1["name"], a1["step"], a1["policy_version"], a1["weights"]) == ("A_1", 4, 3, "snapshots/A_1")
     assert a1["interface_version"] == 1 and (a1["update_tokens"], a1["rollout_tokens"]) == (10, 20)
-    assert actors.learners.published == [(str(tmp_path / "snapshots" / "A_1"), 3)]
+    assert actors.learners.snapshots == [(str(tmp_path / "snapshots" / "A_1"), 3)]
     assert (tmp_path / "snapshots" / "A_1" / "tokenizer.json").is_file()  # vLLM loads the directory alone
     assert json.loads((tmp_path / "snapshots" / "A_1" / "metrics.json").read_text()) == {"reward": 0.5}
 

@@ -1,4 +1,4 @@
-"""Snapshots (``publish``): written tensor by tensor as save_pretrained lays them out, loadable by
+"""Snapshots (``save_snapshot``): written tensor by tensor as save_pretrained lays them out, loadable by
 transformers; from a 2-rank ZeRO-3 group, gathered a bucket at a time on every rank with host copies
 on rank 0 only (issue 26, finding 8), and equal to what one rank writes."""
 
@@ -109,7 +109,7 @@ def test_a_snapshot_is_what_save_pretrained_writes_and_loads(tiny_path, tmp_path
     from transformers import AutoModelForCausalLM
 
     lrn = Learner(tiny_path, learner_cfg(0, "torch"), group_size=1)
-    path, _ = lrn.publish(tmp_path / "weights", version=3)
+    path, _ = lrn.save_snapshot(tmp_path / "weights", version=3)
     assert path.name == "v000003" and json.loads((path / "seal-version.json").read_text()) == {"version": 3, "step": 0}
     reference = tmp_path / "save_pretrained"
     lrn.model.save_pretrained(reference, safe_serialization=True)
@@ -121,26 +121,26 @@ def test_a_snapshot_is_what_save_pretrained_writes_and_loads(tiny_path, tmp_path
     assert loaded.keys() == mine.keys() and all(torch.equal(loaded[k], mine[k]) for k in loaded)
     # Shards and their index, as save_pretrained writes a model over its shard size; transformers loads them.
     lrn.snapshot_shard_bytes = 2 * 2**20
-    sharded, _ = lrn.publish(tmp_path / "weights", version=4)
+    sharded, _ = lrn.save_snapshot(tmp_path / "weights", version=4)
     assert (sharded / SAFE_WEIGHTS_INDEX_NAME).is_file() and len(list(sharded.glob("model-*-of-*.safetensors"))) > 1
     again = AutoModelForCausalLM.from_pretrained(sharded, dtype=torch.float32).state_dict()
     assert all(torch.equal(again[k], mine[k]) for k in mine)
 
 
-def test_two_zero3_ranks_publish_the_one_rank_snapshot_with_host_copies_on_rank_0_only(tiny_path, tmp_path):
+def test_two_zero3_ranks_save_the_one_rank_snapshot_with_host_copies_on_rank_0_only(tiny_path, tmp_path):
     import ray
 
     from tests.conftest import local_ray
     from tests.integration.test_learner_group import group
 
     one = Learner(tiny_path, learner_cfg(0, "torch"), group_size=1)
-    want, _ = one.publish(tmp_path / "one", version=1)
+    want, _ = one.save_snapshot(tmp_path / "one", version=1)
     total = sum(p.numel() * 4 for p in one.model.parameters())
     largest = max(p.numel() * 4 for p in one.model.parameters())  # the embedding: a bucket of its own
     with local_ray(num_cpus=4, object_store_bytes=2**30):
         g = group(tiny_path, learner_cfg(3), world_size=2)
         try:
-            got, _ = g.publish(str(tmp_path / "two"), 1)
+            got, _ = g.save_snapshot(str(tmp_path / "two"), 1)
             # Each rank's own account of what it took (learner/weights_out.py WeightsOutStats).
             stats = ray.get(
                 [a.__ray_call__.remote(lambda rank: rank.learner.last_weights_out) for a in g.actors], timeout=TIMEOUT_S
