@@ -1,4 +1,4 @@
-"""Running the real pipeline (seal/run/driver.py) for the benchmarks that time it.
+"""Running the real pipeline (seal/run/pipeline.py) for the benchmarks that time it.
 
 One Ray session per benchmark part, started here, so every pipeline of the
 part (sync and async, repeat after repeat) reuses it and pays only for its own
@@ -60,7 +60,7 @@ class PipelineRun:
     def __init__(
         self, cfg, overrides: Sequence[str], steps: int, warmup: int, before: Callable[[Any], Any] | None = None
     ) -> None:
-        from seal.run.driver import Pipeline
+        from seal.run.pipeline import Pipeline
         from seal.run.run_dir import create_run_dir
 
         self.before_result = None

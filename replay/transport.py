@@ -171,7 +171,7 @@ class ReplayServer:
     orchestrator can take batches, abandon groups and move the policy version
     while frames arrive.
 
-    ``keys``: the run's keys (the driver makes them, seal/run/driver.py); with
+    ``keys``: the run's keys (the driver makes them, seal/run/pipeline.py); with
     ``cfg.curve`` and none given the server makes its own, so a CURVE server
     is never open to everyone. ``client_keys`` is what its senders need."""
 

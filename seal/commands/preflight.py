@@ -71,7 +71,7 @@ def check(cfg) -> None:
         raise ValueError(f"n (rollouts per group) must be >= 1, got {cfg.n}")
     if cfg.limit is not None and (not _is_int(cfg.limit) or cfg.limit < 1):
         raise ValueError(f"limit must be a number of tasks >= 1 or null, got {cfg.limit!r}")
-    from seal.run.driver import check_pipeline_config
+    from seal.run.pipeline import check_pipeline_config
 
     trainer = check_pipeline_config(
         cfg

@@ -1,4 +1,4 @@
-"""The pipeline `seal rehearse` runs: seal/run/driver.py's, unchanged in what it does, with read-outs
+"""The pipeline `seal rehearse` runs: seal/run/pipeline.py's, unchanged in what it does, with read-outs
 of what a report needs and the run does not record (seal/commands/rehearse.py drives it).
 
 - the weight group: its world size, backend and the ranks each replica's workers took (the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from seal.run.driver import Pipeline
+from seal.run.pipeline import Pipeline
 from seal.runtime.publisher import WeightPublisher
 
 

@@ -1,4 +1,4 @@
-"""`seal train`: the main job, the actor-learner pipeline on Ray (seal/run/driver.py).
+"""`seal train`: the main job, the actor-learner pipeline on Ray (seal/run/pipeline.py).
 
 Writes a run directory: config.yaml (resolved), run.json (overrides, seed,
 code version), metrics.jsonl, rounds.jsonl (per-round failure profile and
@@ -46,7 +46,7 @@ def run(args) -> int:
     )
 
     from seal.config import TrainerConfig
-    from seal.run.driver import Pipeline
+    from seal.run.pipeline import Pipeline
     from seal.run.run_dir import create_run_dir, forget_start
 
     trainer = TrainerConfig.of(cfg)  # checked by preflight: the values it let through

@@ -4,7 +4,7 @@
 Two groups carry tensors between processes: the learner's training group (its ranks; NCCL on CUDA,
 gloo on the CPU: seal/runtime/learner_group.py) and, with ``generator.weight_sync=broadcast``, the
 weight group of learner rank 0 and every replica's workers, whose backend follows the learner's
-device (seal/run/driver.py). Two configurations passed every earlier check and failed only late:
+device (seal/run/pipeline.py). Two configurations passed every earlier check and failed only late:
 
 - the two ends of the weight group on different devices (a CUDA replica, the learner on the CPU:
   gloo asked of a replica whose weight-transfer engine is NCCL; the reverse asks NCCL of a CPU

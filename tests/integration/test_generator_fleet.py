@@ -22,7 +22,7 @@ def ray_session():
 
 
 def make_pipeline(run_dir, *overrides):
-    from seal.run.driver import Pipeline
+    from seal.run.pipeline import Pipeline
 
     args = [
         "env=toy",

@@ -67,7 +67,7 @@ def ray_session():
 
 
 def make_pipeline(run_dir, *overrides, resume=None):
-    from seal.run.driver import Pipeline
+    from seal.run.pipeline import Pipeline
 
     # No group filter by default here: these tests count every group through the learner.
     args = [

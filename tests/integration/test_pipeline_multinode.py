@@ -36,7 +36,7 @@ def cluster():
 def test_env_actors_spread_over_nodes_and_training_runs(tmp_path, cluster):
     import ray
 
-    from seal.run.driver import Pipeline
+    from seal.run.pipeline import Pipeline
 
     assert len([n for n in ray.nodes() if n["Alive"]]) == 3
     args = [

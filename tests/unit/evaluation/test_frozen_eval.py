@@ -23,7 +23,7 @@ def test_final_tasks_refuse_an_empty_split():
 
 
 def test_the_benchmark_prompt_is_the_same_for_A0_and_a_trained_snapshot(tmp_path):
-    """A_k's directory holds the tokenizer the run saved beside its new weights (seal/run/driver.py);
+    """A_k's directory holds the tokenizer the run saved beside its new weights (seal/run/run_state.py);
     whatever interface version the run reached, evaluation renders the raw one: same tokens."""
     from rollout.chat import ChatTokenizer
     from weights.model_assets import load_tokenizer, prepare_tiny_model

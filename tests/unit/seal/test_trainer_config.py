@@ -140,7 +140,7 @@ def test_a_recorded_run_reads_with_todays_values_for_what_it_predates():
 
 
 def test_the_pipeline_checks_refuse_what_the_learner_group_cannot_do():
-    from seal.run.driver import check_pipeline_config
+    from seal.run.pipeline import check_pipeline_config
 
     assert check_pipeline_config(compose([])) == TrainerConfig.of(compose([]))
     with pytest.raises(ValueError, match="needs a DeepSpeed learner"):
