@@ -49,6 +49,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
 
         model_path = str(resolve_model(model_path))
         self._hf_ds_config = None
+        self._owns_group = False  # shares the process group init_distributed formed here: close releases it
         self.cfg = cfg
         # The resolved compute dtype; "bfloat16" runs the forwards under autocast (``_autocast``).
         self.dtype = choose_dtype(cfg.dtype, cfg.device, "learner")
@@ -133,7 +134,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
 
         from learner.ds_config import deepspeed_config
 
-        init_distributed(self.cfg.device)
+        self._owns_group = init_distributed(self.cfg.device)
         if dist.get_world_size() != self.world_size:
             raise ValueError(
                 f"learner world_size={self.world_size} but the process group has {dist.get_world_size()} ranks"
@@ -468,6 +469,19 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             mini_batches=len(plan),
             **step_stats.result(),
         )
+
+    def close(self) -> None:
+        """Free DeepSpeed's engines and release the process group (the last learner on a group it
+        formed destroys it: learner/process_group.py). The learner is not used after; again: nothing."""
+        from learner.process_group import release_distributed
+
+        for engine in (self.engine, self.ref):
+            if hasattr(engine, "destroy"):  # DeepSpeed's (the reference's too under ZeRO-3)
+                engine.destroy()
+        self.engine = self.ref = self._hf_ds_config = None  # later from_pretrained calls load whole models
+        if self._owns_group:
+            self._owns_group = False
+            release_distributed()
 
     # ----------------------------------------------------------- checkpoints
     def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None, keep: int = 0) -> Path:

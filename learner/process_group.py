@@ -1,5 +1,6 @@
-"""The learner's process group: the one-process rendezvous a lone learner forms for DeepSpeed,
-and what DeepSpeed's comm backend must not do on start (learner/group.py forms multi-rank groups)."""
+"""The learner's process group: the one-process rendezvous a lone learner forms for DeepSpeed (and
+destroys when the last learner on it closes), and what DeepSpeed's comm backend must not do on
+start (learner/group.py forms multi-rank groups)."""
 
 from __future__ import annotations
 
@@ -27,23 +28,36 @@ def skip_inference_shm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def init_distributed(device: str) -> None:
-    """A one-process group unless a launcher (deepspeed/torchrun) already set one up."""
+# Learners of this process on the default group init_distributed formed (0: it formed none, or it
+# is gone). The last one's close destroys the group: left behind, it made the next
+# init_process_group in the process (a later learner on another device, an NCCL test under
+# `pytest -m gpu`) raise "trying to initialize the default process group twice".
+_users = 0
+
+
+def init_distributed(device: str) -> bool:
+    """A one-process group unless a launcher (deepspeed/torchrun) already set one up. True when the
+    caller now shares a group this module formed, and must ``release_distributed`` it when done."""
     import torch.distributed as dist
 
+    global _users
     skip_inference_shm_op()  # before any DeepSpeed comm backend exists (deepspeed.initialize makes one too)
     if dist.is_initialized():
-        # Someone (a launcher, or vLLM in the same process) made the group;
-        # DeepSpeed still reads the rank variables.
+        # Someone (a launcher, the learner group's join_group, vLLM in the same process, or an
+        # earlier learner here) made the group; DeepSpeed still reads the rank variables.
         os.environ.setdefault("RANK", str(dist.get_rank()))
         os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
         os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
-        return
+        if _users:
+            _users += 1
+        return bool(_users)
     import deepspeed
 
+    _users = 0  # a group formed here and destroyed by someone else: no learner holds it any more
     if "MASTER_PORT" in os.environ and "RANK" in os.environ:  # a launcher's rendezvous (torchrun, deepspeed)
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
-        return
+        _users = 1
+        return True
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -57,3 +71,25 @@ def init_distributed(device: str) -> None:
     finally:
         os.environ.pop("MASTER_ADDR", None)
         os.environ.pop("MASTER_PORT", None)
+    _users = 1
+    return True
+
+
+def release_distributed() -> None:
+    """One learner done with the group ``init_distributed`` formed; the last one destroys it, with
+    DeepSpeed's references to it, so the process can form another (never a group made elsewhere)."""
+    import torch.distributed as dist
+
+    global _users
+    if _users == 0:
+        return
+    _users -= 1
+    if _users == 0 and dist.is_initialized():
+        import importlib
+
+        # The module, not the package: the package's ``cdb`` is a copy taken at import (None).
+        ds_comm = importlib.import_module("deepspeed.comm.comm")
+        if ds_comm.cdb is not None:
+            ds_comm.destroy_process_group()  # also drops DeepSpeed's cached groups (its world clone)
+        else:
+            dist.destroy_process_group()

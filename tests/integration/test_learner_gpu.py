@@ -33,8 +33,13 @@ def test_cuda_step_matches_cpu(backend, stage):
             micro_batch_size=1,
         )
         lrn = Learner(path, cfg, group_size=2)
-        before = lrn.full_state_dict()
-        results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.full_state_dict())
+        try:
+            before = lrn.full_state_dict()
+            results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.full_state_dict())
+        finally:
+            # Its NCCL group goes with it: a later test's init_process_group in this process
+            # (test_learner_collectives' NCCL group of one) raised "initialize ... twice".
+            lrn.close()
     assert results["cuda"][0].loss == pytest.approx(results["cpu"][0].loss, rel=1e-3)
     # CUDA and CPU kernels differ more than two CPU paths do: 1e-3 of each tensor's update norm.
     gaps = update_gap(before, results["cpu"][1], results["cuda"][1])
