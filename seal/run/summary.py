@@ -242,11 +242,25 @@ def tokens_text(rows: Sequence[Mapping[str, Any]]) -> str:
     head = f"{share:.0%} of generated tokens reached a gradient" if share is not None else "no tokens generated"
     parts = ", ".join(f"{BUCKET_WORDS[b]} {books[b]}" for b in BUCKETS if books[b] or b == "trained")
     engine = (
-        f"; the engine generated {books['generated']}, {books['unattributed']} unattributed"
+        f"; the engine generated {books['generated']}, {books['unattributed']} unattributed{unattributed_why(rows)}"
         if books["generated"] is not None
         else ""
     )
     return f"{head} ({parts}){engine}"
+
+
+def unattributed_why(rows: Sequence[Mapping[str, Any]]) -> str:
+    """What the rows say of a difference between the books and the engine's count
+    (replay/token_ledger.py names the only ways it arises); "" when there is none."""
+    books = sum_token_books(rows)
+    if books is None or not books.get("unattributed"):
+        return ""
+    why = []
+    if any(sum(r.get("lost_groups", {}).values()) or r.get("generator_restores") for r in rows):
+        why.append("left with crashed actors or replicas")
+    if sum(r.get("infra_failures", {}).get("deadline", 0) for r in rows):
+        why.append("requests the episode deadline cut")
+    return f" ({'; '.join(why)})" if why else " (no crash or deadline explains it: the books have a gap)"
 
 
 def _row(label: str, text: str) -> str:

@@ -253,6 +253,13 @@ def test_the_note_says_how_many_episodes_the_system_ended_and_where_the_tokens_w
         "60% of generated tokens reached a gradient (trained 600, filtered (equal rewards) 200, infra-failed 150, "
         "in flight at the end 50); the engine generated 1000, 0 unattributed"
     )
+    crashed = {**books, "in_flight_end": 30, "attributed": 980, "unattributed": 20}
+    assert tokens_text([{"lost_groups": {"RayActorError": 1}, "tokens_run": crashed}]).endswith(
+        "the engine generated 1000, 20 unattributed (left with crashed actors or replicas)"
+    )
+    assert tokens_text([{"lost_groups": {}, "tokens_run": crashed}]).endswith(
+        "20 unattributed (no crash or deadline explains it: the books have a gap)"
+    )
     assert infra_text([{"episodes_played": 4}]) == "none of 4 episodes ended by the system"
     assert tokens_text([{}]) == "not counted (a run from before the token ledger)"
     text = summary_text([{**r, **s} for r, s in zip(rows()[1:], steps)], "r", 1.0, [], checkpoint=True, curves=True)
