@@ -20,6 +20,9 @@ from typing import Any
 from learner.batch import Sample
 from learner.loss import is_weight_stats, mismatch_stats
 
+# The loss terms every step reports (learner/step_result.py's required ones; kl and entropy may be absent).
+LOSS_TERMS = ("loss", "pg_loss", "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean")
+
 
 class StepStats:
     def __init__(self, policy_version: int | None) -> None:
@@ -56,7 +59,9 @@ class StepStats:
 
     def result(self) -> dict[str, Any]:
         """The step's loss terms and statistics, as ``StepResult`` (learner/step_result.py) names them."""
-        out: dict[str, Any] = {}
+        # A rank that ran only padding micro-batches (fewer groups than ranks) adds nothing to the
+        # step's summed loss terms: zeros, not missing fields (learner/group.py pads, step_result.py sums).
+        out: dict[str, Any] = dict.fromkeys(LOSS_TERMS, 0.0)
         keys = {k for m in self._minis for k in m}
         for key in sorted(keys):
             out[key] = sum(m.get(key, 0.0) for m in self._minis) / len(self._minis)

@@ -229,3 +229,32 @@ def test_ranks_agree_on_recomputation_from_the_longest_micro_batch_at_each_place
         p.join(60)
         assert p.exitcode == 0
     assert got[0] == got[1] == [[True, True], [False]]
+
+
+def test_a_rank_of_padding_alone_reports_zero_loss_terms():
+    """One group over two ranks: rank 1 runs padding micro-batches only, which add no loss metrics;
+    its step result must still build (StepResult's loss terms were missing: the run died at step 1)."""
+    from learner.step_result import StepResult
+    from learner.step_stats import StepStats
+
+    stats = StepStats(policy_version=0)
+    stats.start_mini()
+    stats.grad_norm(0.5)
+    got = stats.result()
+    assert {got[k] for k in ("loss", "pg_loss", "clip_frac", "ratio_mean")} == {0.0} and "kl" not in got
+    StepResult(
+        step=1,
+        seconds=1.0,
+        learner_world_size=2,
+        samples_per_s=0.0,
+        tokens_per_s=0.0,
+        sequence_tokens=0,
+        forward_tokens=0,
+        scored_tokens=0,
+        groups=0,
+        zero_variance_groups=0,
+        mean_scale=1.0,
+        reward_mean=0.0,
+        mini_batches=1,
+        **got,
+    )
