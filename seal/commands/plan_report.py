@@ -83,6 +83,9 @@ def plan_table(plan) -> str:
         lines.append(f"  {'sequences of max_model_len':<34}{ge.sequences:>8d} concurrent")
         lines.append(f"  {'host memory per replica':<34}{ge.replica_bytes / GB:>8.2f} GB")
     lines.append("")
+    if plan.io is not None:  # what the driver waits for these calls on every rank (seal/runtime/io_bounds.py)
+        lines.append(f"storage bounds: {plan.io.describe()}")
+        lines.append("")
     if plan.layout is not None:
         lines.append("placement (actors per node):")
         lines += [f"  {describe_node(n)}" for n in plan.layout.nodes]
@@ -126,6 +129,15 @@ def plan_json(plan) -> dict[str, Any]:
             "kv_budget_gb_per_gpu": round(ge.kv_budget / GB, 3),
             "concurrent_sequences": ge.sequences,
             "max_model_len": plan.generator.max_model_len,
+        },
+        "io_bounds": None
+        if plan.io is None
+        else {
+            "checkpoint_gb": round(plan.io.checkpoint_bytes / GB, 3),
+            "checkpoint_s": round(plan.io.checkpoint_s, 1),
+            "snapshot_gb": round(plan.io.snapshot_bytes / GB, 3),
+            "snapshot_s": round(plan.io.snapshot_s, 1),
+            "storage_min_mb_s": plan.io.min_mb_s,
         },
         "nodes": None
         if plan.layout is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -63,6 +64,7 @@ class ActorSet:
             reserved_per_node,
         )
         from seal.runtime.learner_group import GroupSettings, LearnerGroup
+        from seal.runtime.plan import run_io_bounds
 
         self.cfg, self.cluster, self.replay_address, self.replay_keys = cfg, cluster, replay_address, replay_keys
         self.prefix = f"seal-{uuid.uuid4().hex[:8]}"  # actor names unique to this pipeline
@@ -80,6 +82,9 @@ class ActorSet:
         self._created = 0
         spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
         settings, fleet = GroupSettings.from_spec(spec), GeneratorFleetConfig.of(cfg)
+        io = run_io_bounds(cfg)  # checkpoint, resume and snapshot bounded by their bytes
+        if io is not None:
+            settings = replace(settings, checkpoint_timeout_s=io.checkpoint_s, snapshot_timeout_s=io.snapshot_s)
         replicas = fleet.replicas
         # A blocking engine's options have no update timeout: its updates get the fleet's own bound.
         bound = {} if fleet.update_timeout_s is None else {"update_timeout_s": fleet.update_timeout_s}

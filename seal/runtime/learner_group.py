@@ -56,6 +56,16 @@ class GroupSettings:
     step_timeout_s: float = 3600.0  # one training step on every rank
     mini_batch_groups: int = 1
     backend: str = "gloo"
+    # A checkpoint or resume, and a snapshot, on every rank: their bytes at the slowest storage
+    # assumed (seal/runtime/io_bounds.py); None: timeout_s, as every other call.
+    checkpoint_timeout_s: float | None = None
+    snapshot_timeout_s: float | None = None
+
+    @property
+    def wait_s(self) -> float:
+        """How long a rank's call may wait for the one before it (learner/call_order.py): the longest
+        call the driver allows, a step or a checkpoint."""
+        return max(self.step_timeout_s, self.checkpoint_timeout_s or 0.0, self.snapshot_timeout_s or 0.0)
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> GroupSettings:
@@ -130,7 +140,7 @@ class LearnerGroup:
                         settings.world_size,
                         settings.backend,
                         settings.timeout_s,
-                        settings.step_timeout_s,
+                        settings.wait_s,
                     ),
                     factory,
                 ),
@@ -321,7 +331,7 @@ class LearnerGroup:
         return self._all("canary_logprobs", "weight canary", lambda r: (list(token_ids),))[0]
 
     def save_snapshot(self, out_dir: str, version: int) -> tuple[str, float]:
-        return self._all("save_snapshot", "snapshot", lambda r: (out_dir, version))[0]
+        return self._all("save_snapshot", "snapshot", lambda r: (out_dir, version), self.settings.snapshot_timeout_s)[0]
 
     def weight_group_address(self) -> tuple[str, int]:
         return self._get_one(self.actors[0].weight_group_address.remote(), 0, "weight group")
@@ -349,10 +359,12 @@ class LearnerGroup:
 
     # ---------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
-        return self._all("save_checkpoint", "checkpoint", lambda r: (path, extra, keep))[0]
+        return self._all(
+            "save_checkpoint", "checkpoint", lambda r: (path, extra, keep), self.settings.checkpoint_timeout_s
+        )[0]
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        return self._all("load_checkpoint", "resume", lambda r: (path,))[0]
+        return self._all("load_checkpoint", "resume", lambda r: (path,), self.settings.checkpoint_timeout_s)[0]
 
     def check_storage(self, storage: Path) -> None:
         """Every rank's node writes a probe under the run's storage path; the driver must read each back."""

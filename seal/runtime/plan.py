@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from seal.runtime.device_groups import group_problems
+from seal.runtime.io_bounds import IoBounds, io_bounds
 from seal.runtime.memory import (
     GB,
     Estimate,
@@ -63,6 +64,7 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    io: IoBounds | None = None  # how long checkpoint, resume and snapshot may take (seal/runtime/io_bounds.py)
 
     @property
     def fits(self) -> bool:
@@ -242,6 +244,7 @@ def build_plan(cfg, query: bool = True) -> Plan:
     if ls.device == "cuda" and gpu_gb:
         cap = gpu_gb * min(cluster.learner.num_gpus, 1.0)
     plan = Plan(m, source, ls, lest, cap, gs, gen_est, replicas, where, None, notes=notes)
+    plan.io = io_bounds(m, ls, *_io_settings(cfg))
     _check_learner(plan, cluster)
     _check_generator(plan, cluster, cfg, gpu_gb)
     plan.problems += group_problems(cfg, cluster)  # the collective groups' members on their backend's devices
@@ -357,6 +360,23 @@ def _check_generator(plan: Plan, cluster: ClusterConfig, cfg, gpu_gb: float | No
         if tp_divides(m, t) and generator_memory(m, replace(gs, tensor_parallel_size=t), gpu_gb * GB).sequences >= 1:
             plan.suggestions.append(f"generator.tensor_parallel_size={t} cluster.generator.num_gpus={t}")
             break
+
+
+def _io_settings(cfg) -> tuple[float, float]:
+    """(learner.timeout_s, trainer.storage_min_mb_s), as a config that predates them ran."""
+    return float(_select(cfg, "learner.timeout_s", 600.0)), float(_select(cfg, "trainer.storage_min_mb_s", 100.0))
+
+
+def run_io_bounds(cfg) -> IoBounds | None:
+    """The learner group's checkpoint and snapshot bounds for a run of ``cfg``; None when the model's
+    config.json cannot be read here (every call then has learner.timeout_s, as before)."""
+    try:
+        config, source = model_config(cfg)
+        return io_bounds(
+            ModelSpec.from_config(config, Path(source).parent.name), learner_setup(cfg), *_io_settings(cfg)
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_fits(cfg) -> None:
