@@ -199,7 +199,7 @@ def test_a_report_later_than_its_groups_row_is_not_counted_in_flight_at_the_end(
     interface = RoundEnd(0, (), 0, {})
     g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
     window.decide("trained", g1)  # its report did not come in time (the settle timed out)
-    window.row(StepOutcome([g1], {"sequence_tokens": 9}, interface, 1.0), facts(1, 1, 1.0, 8), 1.0)
+    window.row(StepOutcome([g1], step_result(sequence_tokens=9), interface, 1.0), facts(1, 1, 1.0, 8), 1.0)
     window.add_report(report("g1", generated=8))  # late: g1's tokens are already in trained
     window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
     row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, 1.0, 16), 2.0, {})
