@@ -71,8 +71,9 @@ class WeightBroadcaster:
 
     ``dtype`` casts before sending (e.g. fp32 learner weights to a bf16 vLLM:
     half the bytes on the wire); the metadata given to workers must say the same.
-    A round's first tensor waits up to ``timeout_s`` for the receivers (a replica
-    draining its requests), each later one ``op_timeout_s``; a receiver gone or
+    A round starts once every receiver says it is ready (a replica draining its requests
+    first), waited for at most half of ``timeout_s``; each tensor then waits up to
+    ``op_timeout_s``; a receiver silent, gone or
     stalled fails the round with ``WeightGroupError`` naming the members, and the
     group is aborted (weights/group.py): the caller re-forms it.
     """
@@ -97,9 +98,11 @@ class WeightBroadcaster:
         """Send every tensor, in order; returns seconds until the last one is on the wire and done."""
         items = iter(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         t0 = time.perf_counter()
-        self.group.begin_round()
         with torch.no_grad():
             try:
+                # Before the first ZeRO-3 gather (``items`` is lazy): a silent receiver fails the round
+                # within the ready bound, below the training group's timeout the other ranks wait under.
+                self.group.begin_round()
                 for name, tensor in items:
                     out = tensor.detach().to(device=self.device, dtype=self.dtype or tensor.dtype).contiguous()
                     self.group.broadcast(

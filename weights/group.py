@@ -79,7 +79,12 @@ def _resolve_device(device: str | torch.device) -> torch.device:
 
 
 OP_TIMEOUT_S = 120.0  # one tensor of a round once the round is under way (the first waits the group timeout)
+# Rank 0 waits for every receiver's "ready for round v" at most this share of the group timeout:
+# under ZeRO-3 the other learner ranks wait for rank 0 in a bucket gather bounded by that same
+# timeout (the training group's), so rank 0 must give up on a silent receiver well before it.
+READY_FRACTION = 0.5
 _MEMBER_KEY = "seal-weight-member/"  # rank -> who holds it, for errors that name the members
+_READY_KEY = "seal-weight-ready/"  # round/rank: that receiver drained and is receiving round v
 
 
 class WeightGroupError(RuntimeError):
@@ -128,6 +133,8 @@ class WeightGroup:
         self.device = _resolve_device(device)
         self._failed: str | None = None
         self._first = True  # the next operation starts a round
+        self._round = 0  # rounds begun: receivers and rank 0 count alike (a failed round aborts the group)
+        self._ready = False  # rank 0: every receiver said it is ready for this round
         self._comm: Any = None  # vLLM's PyNcclCommunicator (nccl)
         self._pg: Any = None  # torch's ProcessGroupGloo (gloo)
         self._store: Any = None  # the rendezvous store, borrowed
@@ -188,9 +195,45 @@ class WeightGroup:
         return f"weight group ({self.backend}, rank {self.rank} of {self.world_size}; receivers {listed})"
 
     # -------------------------------------------------------------- rounds
+    @property
+    def ready_timeout_s(self) -> float:
+        return self.timeout_s * READY_FRACTION
+
     def begin_round(self) -> None:
-        """The next operation starts a round: it may wait up to ``timeout_s``."""
-        self._first = True
+        """The next operation starts a round. A receiver says so in the store (it has drained and
+        is about to receive); rank 0 waits for every receiver's word, at most ``ready_timeout_s``,
+        and fails the round (``WeightGroupError``, group aborted) without sending when one is
+        silent. A receiver's first operation may then wait up to ``timeout_s``; rank 0's, with
+        every receiver there, ``op_timeout_s`` (the learner ranks beside it wait in a gather)."""
+        if self._failed is not None:
+            raise WeightGroupError(f"{self._failed}; the group was aborted: re-form it before another round")
+        self._round += 1
+        self._first, self._ready = True, False
+        if self._store is None:
+            return
+        if self.rank != 0:
+            try:
+                self._store.set(f"{_READY_KEY}{self._round}/{self.rank}", "1")
+            except Exception as exc:  # the store lives in rank 0's process: rank 0 is gone
+                self._fail(f"round {self._round}'s start", self.timeout_s, f"store unreachable: {exc}")
+            return
+        keys = {r: f"{_READY_KEY}{self._round}/{r}" for r in range(1, self.world_size)}
+        try:
+            self._store.wait(list(keys.values()), timedelta(seconds=self.ready_timeout_s))
+        except Exception:
+            silent = [r for r, key in keys.items() if not self._ready_key(key)]
+            self._fail(
+                f"round {self._round}'s start",
+                self.ready_timeout_s,
+                f"receiver rank(s) {silent or '?'} never said they were ready; nothing was sent",
+            )
+        self._ready = True
+
+    def _ready_key(self, key: str) -> bool:
+        try:
+            return bool(self._store.check([key]))
+        except Exception:
+            return False
 
     def broadcast(self, tensor: torch.Tensor, what: str = "") -> None:
         """Send (rank 0) or receive ``tensor``; ``what`` names it in errors."""
@@ -202,7 +245,9 @@ class WeightGroup:
             raise ValueError(f"tensor is on {tensor.device}, the group works on {self.device}")
         if not tensor.is_contiguous():
             raise ValueError("broadcast needs a contiguous tensor")
-        bound = self.timeout_s if self._first else self.op_timeout_s
+        if self._round == 0:  # a caller that never began a round: its first operation begins one
+            self.begin_round()
+        bound = self.timeout_s if self._first and not self._ready else self.op_timeout_s
         self._first = False
         if self.backend == "gloo":
             from torch.distributed import BroadcastOptions

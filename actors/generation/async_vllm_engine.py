@@ -34,8 +34,9 @@ A request in the engine at the update keeps the KV of its own version
 (docs/generator-fleet.md, "Prefix cache across updates").
 
 ``pause`` drains for at most ``drain_timeout_s`` (default half the update timeout,
-or of the weight group's timeout when weights come by broadcast, so the learner's
-first send never outwaits a drain); requests still running then are aborted and
+or of the learner's wait for the replica's "ready" when weights come by broadcast,
+weights/group.py's ``READY_FRACTION`` of the group's timeout, so that wait never
+outlasts a drain); requests still running then are aborted and
 continued on the new weights as in ``abort`` (counted: ``drain_timeouts``).
 
 Weights reach the engine's workers (another process) three ways: a
@@ -43,7 +44,7 @@ safetensors directory; name -> array records through ``collective_rpc`` (as
 raw bytes: vLLM's RPC encodes tensors as lists), one bucket of the learner's
 ``WeightManifest`` at a time; or the learner's broadcast group through vLLM's
 weight-transfer interface (``join_weight_group`` / ``update_weights_from_group``:
-NCCL on CUDA, ``seal_gloo`` on CPU, actors/generation/weight_transfer.py).
+``seal_nccl`` on CUDA, ``seal_gloo`` on CPU, actors/generation/weight_transfer.py).
 """
 
 from __future__ import annotations
@@ -290,15 +291,18 @@ class AsyncVllmGenerator(Generator):
             raise RuntimeError("join_weight_group needs weight_sync=broadcast in the generator config")
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
+        from actors.generation.engine_settings import SEAL_TRANSFER_BACKENDS
         from actors.generation.weight_transfer import init_info
 
         transfer_backend = cpu_or_cuda_backend(self.device)
-        if backend != ("nccl" if transfer_backend == "nccl" else "gloo"):
+        if backend != SEAL_TRANSFER_BACKENDS[transfer_backend]:
             raise ValueError(f"this replica transfers weights over {transfer_backend}; the learner asked for {backend}")
-        if self._drain_timeout_s is not None and self._drain_timeout_s >= float(timeout_s):
+        from weights.group import READY_FRACTION
+
+        if self._drain_timeout_s is not None and self._drain_timeout_s >= float(timeout_s) * READY_FRACTION:
             raise ValueError(
-                f"drain_timeout_s ({self._drain_timeout_s:g}) must be below the weight group's timeout "
-                f"({float(timeout_s):g} s): the learner's first send waits out the drain"
+                f"drain_timeout_s ({self._drain_timeout_s:g}) must be below {READY_FRACTION:g} of the weight "
+                f"group's timeout ({float(timeout_s):g} s): the learner waits that long for a replica to drain"
             )
         engine = await self._ready()
         async with self._update_lock:  # never while a round is being received
@@ -387,10 +391,12 @@ class AsyncVllmGenerator(Generator):
         """How long a pause-mode update waits for requests in flight to finish."""
         if self._drain_timeout_s is not None:
             return self._drain_timeout_s
+        from weights.group import READY_FRACTION
+
         bound = (
             self.update_timeout_s
             if self._group_timeout_s is None
-            else min(self.update_timeout_s, self._group_timeout_s)
+            else min(self.update_timeout_s, self._group_timeout_s * READY_FRACTION)
         )
         return bound / 2
 

@@ -16,7 +16,7 @@ The two engines differ in what ``engine`` says, nowhere else:
   engine's core is always a process of its own.
 - ``async`` with ``weight_sync=broadcast`` receives weights through vLLM's
   weight-transfer interface, so vLLM is told the backend
-  (``weight_transfer_config``: NCCL on CUDA, ``seal_gloo`` on CPU,
+  (``weight_transfer_config``: ``seal_nccl`` on CUDA, ``seal_gloo`` on CPU,
   actors/generation/weight_transfer.py); the blocking engine's workers join the
   learner's group themselves (``WeightSyncExtension.init_weight_group``).
 
@@ -41,11 +41,16 @@ WEIGHT_SYNCS = ("reload", "broadcast")
 # and it receives weights as records or from the learner's group (actors/generation/weight_worker.py).
 WORKER_EXTENSION = "actors.generation.weight_worker.WeightSyncExtension"
 GLOO_TRANSFER_BACKEND = "seal_gloo"  # ours, registered with vLLM by actors/generation/weight_transfer.py
+# Ours on CUDA too: vLLM's own NCCL engine waits a fixed 300 s for its rendezvous and receives with
+# no bound (a round rank 0 gave up on holds the replica's update lock); seal_nccl is the same
+# WeightGroup as seal_gloo, with its timeouts, its watchdog and the round's "ready" handshake.
+NCCL_TRANSFER_BACKEND = "seal_nccl"
+SEAL_TRANSFER_BACKENDS = {GLOO_TRANSFER_BACKEND: "gloo", NCCL_TRANSFER_BACKEND: "nccl"}  # -> WeightGroup's backend
 
 
 def cpu_or_cuda_backend(device: str) -> str:
-    """The weight-transfer backend of an async engine on ``device``: vLLM's own NCCL engine on CUDA; ours on CPU."""
-    return "nccl" if device == "cuda" else GLOO_TRANSFER_BACKEND
+    """The weight-transfer backend of an async engine on ``device``: ours on either (seal_nccl, seal_gloo)."""
+    return NCCL_TRANSFER_BACKEND if device == "cuda" else GLOO_TRANSFER_BACKEND
 
 
 def cpu_kv_cache_args(cpu_kv_cache_gb: float) -> dict[str, int]:

@@ -1,16 +1,17 @@
-"""The gloo weight group as a vLLM weight-transfer engine (``seal_gloo``), so CPU and CUDA go through one interface.
+"""The weight group as vLLM weight-transfer engines (``seal_gloo`` on CPU, ``seal_nccl`` on CUDA).
 
 vLLM 0.32 moves weights from a trainer into its workers through
 ``vllm.distributed.weight_transfer``: a worker-side engine per backend, made
 by ``WeightTransferEngineFactory`` from ``weight_transfer_config.backend``,
 driven by ``init_weight_transfer_engine`` / ``start_weight_update`` /
 ``update_weights`` / ``finish_weight_update`` on the engine. Its NCCL backend
-needs CUDA; on CPU there is none, so this module registers one: the same
-trainer-rooted broadcast as ``weights/group.py`` (a ProcessGroupGloo on a
-TCPStore, the learner's rank 0 as root, each worker at ``rank_offset`` + its
-worker rank), with the NCCL backend's update info (names, dtype names,
+needs CUDA, waits a fixed 300 s for the rendezvous and receives with no bound;
+so this module registers its own: the trainer-rooted broadcast of ``weights/group.py``
+(a TCPStore, the learner's rank 0 as root, each worker at ``rank_offset`` + its
+worker rank; gloo or NCCL), bounded per operation, with the round's "ready"
+handshake, and with the NCCL backend's update info (names, dtype names,
 shapes, in sending order), so the learner's broadcaster (learner/weight_broadcast.py)
-feeds either backend unchanged (the NCCL one with ``packed=False``).
+feeds either backend unchanged (vLLM's NCCL one with ``packed=False``).
 
 Weights load through vLLM's layerwise reload (``start``/``finish_weight_update``),
 as the NCCL backend does; on CPU a tied lm_head is re-derived after it
@@ -27,23 +28,27 @@ import torch
 
 # Named where the engine settings pick a device's backend (importing no torch or vLLM there).
 from actors.generation.engine_settings import GLOO_TRANSFER_BACKEND as BACKEND
+from actors.generation.engine_settings import NCCL_TRANSFER_BACKEND, SEAL_TRANSFER_BACKENDS
+
+_ENGINES = {BACKEND: "GlooWeightTransferEngine", NCCL_TRANSFER_BACKEND: "NcclWeightTransferEngine"}
 
 
 def register() -> None:
-    """Make ``seal_gloo`` known to vLLM's factory (idempotent)."""
+    """Make ``seal_gloo`` and ``seal_nccl`` known to vLLM's factory (idempotent)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, __name__, "GlooWeightTransferEngine")
+    for name, cls in _ENGINES.items():
+        if name not in WeightTransferEngineFactory._registry:
+            WeightTransferEngineFactory.register_engine(name, __name__, cls)
 
 
 def init_info(
     host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0, label: str = ""
 ) -> dict:
     """The payload of ``init_weight_transfer_engine`` for ``backend`` (TCPStore rendezvous on host:port).
-    ``label``: who the engine is, named by the rank-0 side in errors (seal_gloo only: vLLM's NCCL
-    init info has no such field)."""
-    if backend == BACKEND:
+    ``label``: who the engine is, named by the rank-0 side in errors (ours only: vLLM's NCCL
+    init info has no such field, nor a timeout)."""
+    if backend in SEAL_TRANSFER_BACKENDS:
         return {
             "host": host,
             "port": int(port),
@@ -113,6 +118,7 @@ class GlooWeightTransferEngine(WeightTransferEngine):
     init_info_cls = GlooInitInfo
     update_info_cls = GlooUpdateInfo
     supports_draft_weight_update = False
+    group_backend = "gloo"  # WeightGroup's
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
@@ -128,7 +134,7 @@ class GlooWeightTransferEngine(WeightTransferEngine):
             # needs shutdown_weight_transfer_engine first. Refusing (not closing quietly) makes a
             # CPU run catch a caller that would leak on GPU.
             raise RuntimeError(
-                "seal_gloo weight transfer: init_transfer_engine while the previous group is open; "
+                f"seal_{self.group_backend} weight transfer: init_transfer_engine while the previous group is open; "
                 "call shutdown_weight_transfer_engine first (vLLM's NCCL engine would leak it)"
             )
         self.group = WeightGroup(
@@ -136,7 +142,7 @@ class GlooWeightTransferEngine(WeightTransferEngine):
             init_info.port,
             rank,
             init_info.world_size,
-            "gloo",
+            self.group_backend,
             self.device,
             init_info.timeout_s,
             label=f"{init_info.label or 'generator'} worker {p.rank}",
@@ -149,7 +155,9 @@ class GlooWeightTransferEngine(WeightTransferEngine):
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
-            raise RuntimeError("seal_gloo weight transfer: update_weights before init_weight_transfer_engine")
+            raise RuntimeError(
+                f"seal_{self.group_backend} weight transfer: update_weights before init_weight_transfer_engine"
+            )
         self.group.begin_round()
         for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
             weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
@@ -166,6 +174,13 @@ class GlooWeightTransferEngine(WeightTransferEngine):
         if self.group is not None:
             self.group.close()
             self.group = None
+
+
+class NcclWeightTransferEngine(GlooWeightTransferEngine):
+    """``seal_nccl``: the same engine over NCCL (WeightGroup's PyNccl communicator on the worker's
+    GPU, its store wait bounded by the group's timeout, every receive by its watchdog)."""
+
+    group_backend = "nccl"
 
 
 def refresh_tied_cpu_weights(model: torch.nn.Module) -> int:

@@ -39,8 +39,8 @@ NOT_REHEARSED = [
     "CUDA memory: `seal plan`'s estimate per rank and replica is not measured here (scripts/gpu_check.sh measures one GPU)",
     "bf16 and CUDA kernels: the rehearsal computes in fp32 on CPU (the learner's bf16 autocast, vLLM's CUDA graphs and "
     "attention kernels are not run)",
-    "vLLM's NCCL weight-transfer engine: seal_gloo stands in behind the same vLLM calls (init_weight_transfer_engine, "
-    "start_weight_update, update_weights, finish_weight_update)",
+    "the seal_nccl weight-transfer engine: seal_gloo (the same engine over gloo) stands in behind the same vLLM calls "
+    "(init_weight_transfer_engine, start_weight_update, update_weights, finish_weight_update)",
     "the recipe's model: a tiny Llama stands in (architecture, size and load time differ)",
 ]
 
@@ -349,8 +349,7 @@ def _read_out(report, pipeline, target, steps: int) -> None:
             {
                 "name": "weight group",
                 "world_size": g["world_size"],
-                "backend": f"{g['backend']} through vLLM's "
-                "weight-transfer engine seal_gloo (its nccl engine on the GPUs)",
+                "backend": f"{g['backend']} through vLLM's weight-transfer engine seal_gloo (seal_nccl on the GPUs)",
                 "detail": ", ".join(f"{k}: ranks {v}" for k, v in g["ranks"].items())
                 + f"; {g['tensors']} tensors a round",
             }

@@ -27,8 +27,8 @@ def test_cuda_generator_generates_and_swaps_weights():
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_async_replica_takes_weights_through_vllms_nccl_engine(tp):
-    """vLLM's NCCL weight-transfer engine (unpacked) fed by the learner's broadcaster as rank 0,
+def test_async_replica_takes_weights_through_the_seal_nccl_engine(tp):
+    """seal_nccl, our NCCL weight-transfer engine in vLLM's factory, fed by the learner's broadcaster as rank 0,
     the replica's TP workers ranks 1..tp; logprobs after the update equal an HF forward."""
     pytest.importorskip("vllm")
     import asyncio

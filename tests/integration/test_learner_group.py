@@ -111,6 +111,7 @@ def generator_end(g: LearnerGroup):
 def receive_round(receiver, meta) -> dict[str, torch.Tensor]:
     """One broadcast round on the generator's end of the weight group: every tensor the metadata names."""
     got = {}
+    receiver.begin_round()  # "ready": rank 0 sends nothing before every receiver has said so
     for m in meta:
         got[m.name] = torch.empty(m.shape, dtype=m.torch_dtype)
         receiver.broadcast(got[m.name])
@@ -307,6 +308,37 @@ def test_a_weight_round_a_replica_leaves_fails_alone_and_the_group_trains_on(tin
     expected = group_weights(zero3_group)
     assert all(torch.equal(received[k], expected[k]) for k in expected)
     assert len(zero3_group.survivable_failures) == 1
+
+
+@pytest.mark.slow  # a group of its own, with a short collective timeout: about two minutes here
+def test_a_round_whose_receiver_stays_silent_fails_alone_before_the_gathers_time_out(tiny_path, batch):
+    """Issue 38 item 1: a replica that joined the weight group and never receives (alive, silent).
+    Rank 0 used to wait for its first tensor as long as the training group's timeout while rank 1
+    waited in a ZeRO-3 gather under that same timeout: rank 1's gather timed out first and the
+    learner died. Now rank 0 waits for the receivers' "ready" at most half of it, then walks the
+    gathers without sending: the round fails alone (counted) and the next step trains."""
+    import ray
+
+    from weights.group import WeightGroup
+
+    short = 45.0  # the training group's collectives and rank 0's weight group alike (learner.timeout_s)
+    make = functools.partial(Learner, tiny_path, config(3), group_size=N, world_size=2, timeout_s=short)
+    g = LearnerGroup(make, GroupSettings(2, short, TIMEOUT_S, GROUPS, "gloo"), ActorResources(num_cpus=1, threads=1))
+    silent = None
+    try:
+        host, port = g.weight_group_address()
+        meta_ref = g.join_weight_group(host, port, 2, "gloo")
+        silent = WeightGroup(host, port, 1, 2, "gloo", "cpu", short)  # joins, then never receives
+        ray.get(meta_ref, timeout=TIMEOUT_S)
+        g.broadcast_weights()
+        g.wait_pending()  # today: LearnerGroupError, rank 1's gather timed out
+        assert len(g.survivable_failures) == 1, g.survivable_failures
+        assert "never said they were ready" in g.survivable_failures[0]
+        assert g.train_now(batch, RELEASED_BASE_WEIGHTS).learner_world_size == 2
+    finally:
+        if silent is not None:
+            silent.close()
+        g.close()
 
 
 def test_no_reference_without_kl(tiny_path):

@@ -27,7 +27,8 @@ def free_port() -> int:
 
 
 def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: int) -> None:
-    """A member that receives ``after`` tensors, then dies (``exit``), stalls (``stall``) or goes on (``ok``)."""
+    """A member that receives ``after`` tensors, then dies (``exit``), stalls (``stall``) or goes on (``ok``);
+    ``silent`` never begins a round."""
     import time
 
     import torch
@@ -44,6 +45,9 @@ def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: i
         op_timeout_s=GROUP_TIMEOUT_S,
         label=f"test receiver {rank} ({fate})",
     )
+    if fate == "silent":
+        time.sleep(60)  # joined, alive, never begins a round (a replica stuck before its receive)
+        os._exit(0)
     group.begin_round()
     for i in range(tensors):
         if i == after and fate == "exit":
@@ -118,3 +122,29 @@ def test_a_round_with_every_member_alive_completes_and_the_group_closes():
     finally:
         sender.close()
     assert sender.group.closed
+
+
+def test_a_receiver_that_never_begins_the_round_fails_it_before_anything_is_sent():
+    """Issue 38 item 1: rank 0 waits for every receiver's "ready" at most half the group timeout, then
+    fails the round without sending and still walks every gather (the other ZeRO-3 ranks', bounded by
+    the full timeout): without the handshake it waited the full timeout on its first tensor."""
+    from learner.weight_broadcast import WeightBroadcaster
+    from weights.group import WeightGroupError
+
+    port, tensors, timeout_s = free_port(), 8, 20.0
+    procs = start_receivers(port, ["ok", "silent"], tensors, after=-1)
+    sender = WeightBroadcaster(HOST, port, world_size=3, backend="gloo", timeout_s=timeout_s, op_timeout_s=OP_TIMEOUT_S)
+    seen: list[int] = []
+    try:
+        with pytest.raises(WeightGroupError) as err:
+            sender.broadcast(walk(tensors, seen))
+        assert "receiver rank(s) [2] never said they were ready; nothing was sent" in str(err.value)
+        assert "test receiver 2 (silent)" in str(err.value)
+        assert seen == list(range(tensors))
+        procs[0].join(60)
+        assert procs[0].exitcode is not None  # the ready receiver (300 s bound) saw the round aborted
+    finally:
+        sender.close()
+        for p in procs:
+            p.kill()
+            p.join(10)

@@ -14,6 +14,7 @@ import pytest
 
 from actors.generation.engine_settings import (
     GLOO_TRANSFER_BACKEND,
+    NCCL_TRANSFER_BACKEND,
     SET_BY_SETUP,
     WORKER_EXTENSION,
     EngineSettings,
@@ -107,7 +108,7 @@ def test_async_on_cpu_keeps_its_engine_process_and_sends_broadcasts_through_seal
 
 def test_async_on_cuda_broadcasts_over_nccl(model_dir):
     setup = engine_setup(EngineSettings(model_dir, engine="async", device="cuda", weight_sync="broadcast"))
-    assert setup.kwargs["weight_transfer_config"] == {"backend": "nccl"}
+    assert setup.kwargs["weight_transfer_config"] == {"backend": NCCL_TRANSFER_BACKEND}
     assert setup.kwargs["gpu_memory_utilization"] == 0.85
 
 
