@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 pytestmark = pytest.mark.slow
-# miss_param test tasks (of 80) the final snapshot solves beyond A_0's on seed 0 of the default run:
-# +12, +11 and +12 in its three measured runs (docs/main-job-results.md).
+# miss_param test tasks (of 80) the final snapshot solves beyond A_0's under the default (5 steps of 2
+# groups): +11, +13 and +11 on seeds 0, 1 and 2 (docs/main-job-results.md).
 MISS_PARAM_MARGIN_TASKS = 6
 
 
@@ -61,13 +61,13 @@ def test_the_default_command_learns():
     # The benchmark prompt's base rates: measurable and unsaturated in every trained category.
     for name in ("base", "miss_param"):
         assert 0.05 <= rows[name]["before"]["rate"] <= 0.9, rows[name]["before"]
-    # What holds on seed 0 (docs/main-job-results.md: three runs of it, and seeds 1 and 2): the final
-    # snapshot asks for a missing quantity on unseen tasks more often than A_0, by a margin its paired
-    # interval supports, and the held-in pool is not worse beyond its interval. A held-in gain whose
-    # interval clears zero does not hold reliably (seed 0: +11 [+6, +15], +7 [+1, +12], +3 [-3, +9]; seed 1: -28).
+    # What holds under the default on all three measured seeds (docs/main-job-results.md: held-in +9 [+5, +14],
+    # +11 [+6, +16], +10 [+5, +15]; one group a step had tipped one seed to -28): the final snapshot asks for
+    # a missing quantity on unseen tasks more often than A_0, by a margin its paired interval supports,
+    # and the held-in pool is better beyond its interval.
     assert asked["change"]["ci95"][0] > 0, (asked, proc.stdout[-2000:])
     assert asked["after"]["successes"] >= asked["before"]["successes"] + MISS_PARAM_MARGIN_TASKS, asked
-    assert held_in["change"]["ci95"][1] > 0, (held_in, proc.stdout[-2000:])
+    assert held_in["change"]["ci95"][0] > 0, (held_in, proc.stdout[-2000:])
     assert "on unseen test tasks, A_1 vs A_0: held-in (all): " in proc.stdout
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # The co-evolution still acts: tag weights move, the interface evolves, every version is recorded.

@@ -31,8 +31,8 @@ def test_defaults_are_the_yamls():
     assert dataclasses.asdict(t) == {**YAML_TRAINER, "reissue_after_s": float(YAML_TRAINER["reissue_after_s"])}
     assert (t.mode, t.steps, t.groups_per_step, t.max_staleness, t.filter_groups, t.unfilled) == (
         "async",
-        10,
-        1,
+        5,
+        2,
         1,
         "zero_variance",
         "skip",
