@@ -69,6 +69,10 @@ class LearnerRank:
     def pid(self) -> int:
         return os.getpid()
 
+    def next_ticket(self) -> int:
+        """The ticket whose turn it is (the driver waits for the weight group's join to be running)."""
+        return self.order.next_ticket
+
     def weight_group_address(self) -> tuple[str, int]:
         """This node's IP and a free port on it, for the weight group's store."""
         return _free_port_here()

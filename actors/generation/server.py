@@ -89,11 +89,16 @@ class GeneratorServer:
         at a time on the engine thread) or a name -> array mapping; seconds the load took."""
         return self._on_engine("update", lambda: self.generator.update_weights(version, as_tensors(source)))
 
-    def join_weight_group(self, host: str, port: int, world_size: int, backend: str, rank: int = 1) -> list[int]:
+    def join_weight_group(
+        self, host: str, port: int, world_size: int, backend: str, rank: int = 1, timeout_s: float = 600.0
+    ) -> list[int]:
         """Join the learner's weight broadcast group, this engine's workers from ``rank`` on (vLLM
-        generators with weight_sync=broadcast); blocks until every member has joined."""
+        generators with weight_sync=broadcast); blocks until every member has joined (``timeout_s``)."""
         return self._on_engine(
-            "call", lambda: self.generator.init_weight_group(host, port, world_size, rank=rank, backend=backend)
+            "call",
+            lambda: self.generator.init_weight_group(
+                host, port, world_size, rank=rank, backend=backend, timeout_s=timeout_s
+            ),
         )
 
     def update_weights_from_group(self, version: int, metadata: list) -> float:

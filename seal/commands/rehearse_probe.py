@@ -35,8 +35,8 @@ class ProbedPublisher(WeightPublisher):
         join = fleet.join_weight_group
         seen: dict[str, Any] = {}
 
-        def on_join(host, port, backend):
-            world, refs = join(host, port, backend)
+        def on_join(host, port, backend, timeout_s=600.0):
+            world, refs = join(host, port, backend, timeout_s)
             seen.update(world=world, refs=refs, backend=backend, names=list(fleet.names))
             return world, refs
 

@@ -383,12 +383,17 @@ class GeneratorFleet:
             log.warning("generator replica %s is serving with policy v%d", name, version)
         return restored
 
-    def join_weight_group(self, host: str, port: int, backend: str) -> tuple[int, list]:
+    def weight_group_size(self) -> int:
+        """The learner's rank 0 and every worker of every replica."""
+        return 1 + len(self.names) * self.tp
+
+    def join_weight_group(self, host: str, port: int, backend: str, timeout_s: float = 600.0) -> tuple[int, list]:
         """Every replica joins the learner's group: replica i's workers are ranks 1 + i x TP ..;
-        returns (world size, the join refs: they block until the learner joins too)."""
-        world = 1 + len(self.names) * self.tp
+        returns (world size, the join refs: they block until the learner joins too, at most
+        ``timeout_s``: the learner's, so both sides of the group wait alike)."""
+        world = self.weight_group_size()
         refs = [
-            self.handles[n].join_weight_group.remote(host, port, world, backend, 1 + i * self.tp)
+            self.handles[n].join_weight_group.remote(host, port, world, backend, 1 + i * self.tp, timeout_s)
             for i, n in enumerate(self.names)
         ]
         return world, refs

@@ -99,6 +99,7 @@ class LearnerGroup:
         self.nodes: list[dict[str, Any]] = [{"ip": "?", "host": "?"}] * settings.world_size
         self._pending: list[GroupCall] = []  # calls not waited for (broadcast), checked at the next call
         self._tickets = [0] * settings.world_size  # the next ticket per rank (learner/call_order.py)
+        self._weight_join_ticket = 0  # rank 0's ticket of the latest weight-group join (wait_weight_group_turn)
         self.survivable_failures: list[str] = []  # e.g. a weight round a receiver left (``broadcast_weights``)
         bundle = {k: v for k, v in resources.bundle().items() if v}
         self.pg = (
@@ -339,7 +340,22 @@ class LearnerGroup:
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str, dtype: str | None = None):
         """Rank 0 joins the broadcast group, sending in the generator's ``dtype`` (a ref: the generator
         joins at the same time). Ordered on rank 0: a broadcast still running ends before its group goes."""
+        self._weight_join_ticket = self._tickets[0]
         return self._submit(0, "join_weight_group", host, port, world_size, backend, dtype)
+
+    def wait_weight_group_turn(self, every_s: float = 0.2) -> None:
+        """Until rank 0's join (just submitted) has its turn: the calls before it end first, a step
+        among them. The receivers' joins start after this, so their clocks do not run while rank 0
+        is not yet listening. Bounded as rank 0 bounds its own wait for a turn (``wait_s``)."""
+        ticket = self._weight_join_ticket
+        deadline = time.monotonic() + self.settings.wait_s
+        while self._get_one(self.actors[0].next_ticket.remote(), 0, "weight group") < ticket:
+            if time.monotonic() > deadline:
+                self._fail(
+                    f"{self._name(0)}: its weight-group join (ticket {ticket}) did not get its turn "
+                    f"within {self.settings.wait_s:g} s"
+                )
+            time.sleep(every_s)
 
     def broadcast_weights(self) -> None:
         """Every rank joins the bucketed gathers, rank 0 sends. Not waited for: the ranks run their

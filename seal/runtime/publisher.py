@@ -30,6 +30,7 @@ CANARY_TEXT = (
     "call get_weather(city='Paris') and report the temperature in Celsius."
 )
 CANARY_TOKENS = 48
+JOIN_GRACE_S = 60.0  # beyond learner.timeout_s, for a weight-group join's call around its rendezvous
 
 
 class WeightPublisher:
@@ -86,14 +87,22 @@ class WeightPublisher:
             self.form_group()
 
     def form_group(self) -> None:
-        """The learner (rank 0) and every worker of every serving replica form the broadcast group."""
-        import ray
+        """The learner (rank 0) and every worker of every serving replica form the broadcast group.
 
+        Rank 0's join is an ordered call: it may queue behind a training step (up to
+        ``learner.step_timeout_s``). The replicas' joins run on a clock of ``learner.timeout_s``
+        from their start, so they start only once rank 0's turn has come (it is listening);
+        both sides are then waited for within that timeout."""
         host, port = self.learners.weight_group_address()
-        world, joins = self.fleet.join_weight_group(host, port, self.backend)
+        world = self.fleet.weight_group_size()
         meta = self.learners.join_weight_group(host, port, world, self.backend, self.dtype)
-        self.group_meta = ray.get(meta)
-        ray.get(joins)
+        self.learners.wait_weight_group_turn()
+        timeout_s = self.learners.settings.timeout_s
+        _, joins = self.fleet.join_weight_group(host, port, self.backend, timeout_s)
+        # The joins' own bound, plus the time to reach and answer the call (a replica closes its old group first).
+        bound = timeout_s + JOIN_GRACE_S
+        self.group_meta = bounded_get(meta, bound, "learner rank 0 joining the weight group")
+        bounded_get(joins, bound, f"generator replicas {', '.join(self.fleet.names)} joining the weight group")
 
     def publish(self, version: int) -> list:
         """``version`` to every replica: by broadcast over the weight group, or through the object
