@@ -158,11 +158,23 @@ class GlooWeightTransferEngine(WeightTransferEngine):
             raise RuntimeError(
                 f"seal_{self.group_backend} weight transfer: update_weights before init_weight_transfer_engine"
             )
-        self.group.begin_round()
-        for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
-            weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
-            self.group.broadcast(weight, name)
-            self.model.load_weights([(name, weight)])
+        try:
+            self.group.begin_round()
+            for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
+                weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
+                self.group.broadcast(weight, name)
+                self.model.load_weights([(name, weight)])
+        except BaseException:
+            # vLLM calls finish_weight_update only after a receive that returned: a round that failed
+            # would leave the layerwise reload open, and the next round's start_weight_update would
+            # find its layers' loaders unwrapped ("'Parameter' object has no attribute 'weight_loader'").
+            # Close it (layers not received get their old tensors back); the model is part loaded
+            # until a whole round arrives, as after any failed round.
+            try:
+                self.finish_weight_update()
+            except Exception:  # the receive's own error is the one to report
+                pass
+            raise
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload

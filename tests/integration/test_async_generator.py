@@ -355,3 +355,57 @@ def test_a_reformed_weight_group_closes_the_engines_old_one_first(replica, tiny_
     assert loop.run(_call(gen.policy_version)) == version
     got, want = loop.run(gen.prompt_logprobs(PROMPT)), _hf_logprobs(tiny_path, new)
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+
+
+def _receive_then_exit(port: int, metadata: list, after: int) -> None:
+    """Rank 2 of a weight group beside the replica: receives ``after`` tensors of a round, then its
+    process ends (a replica crashing mid-round)."""
+    import os
+
+    import torch
+
+    from weights.group import WeightGroup, WeightMeta
+
+    group = WeightGroup("127.0.0.1", port, 2, 3, "gloo", "cpu", 3600.0, label="test receiver (dies)")
+    group.begin_round()
+    for m in [WeightMeta.from_wire(x) for x in metadata][:after]:
+        group.broadcast(torch.empty(m.shape, dtype=m.torch_dtype), m.name)
+    os._exit(0)
+
+
+def test_a_round_rank_0_abandons_ends_the_surviving_replicas_update_and_frees_it(replica, tiny_weights, tiny_path):
+    """Issue 38 item 2: the replica's side of the group bounded at an hour, the other receiver killed
+    mid-round. Rank 0 gives the round up; the surviving replica's update must end (failed) instead of
+    waiting out its receive, and its update lock must be free for the next round. On gloo a closed
+    peer is an error at once; on CUDA seal_nccl's watchdog (vLLM's NCCL engine had no bound)."""
+    import multiprocessing as mp
+    import socket
+
+    from learner.weight_broadcast import WeightBroadcaster
+    from weights.group import WeightGroupError, weight_metadata
+
+    gen, loop = replica
+    new = _perturbed(tiny_weights, 1.04)
+    metadata = [m.to_wire() for m in weight_metadata(new.items())]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dies = mp.get_context("spawn").Process(target=_receive_then_exit, args=(port, metadata, 3), daemon=True)
+    dies.start()
+    joined = loop.submit(gen.join_weight_group("127.0.0.1", port, 3, "gloo", 1, 3600.0))
+    sender = WeightBroadcaster("127.0.0.1", port, 3, "gloo", timeout_s=60, op_timeout_s=10)
+    before = loop.run(_call(gen.policy_version))
+    try:
+        assert joined.result(120) == [1]
+        received = loop.submit(gen.update_weights_from_group(before + 1, metadata))
+        with pytest.raises(WeightGroupError):
+            sender.broadcast(new)
+        with pytest.raises(Exception):  # noqa: B017 (vLLM wraps the worker's WeightGroupError)
+            received.result(300)
+    finally:
+        sender.close()
+        dies.kill()
+        dies.join(10)
+    assert loop.run(_call(gen.policy_version)) == before
+    version, _ = _one_round_over_a_new_group(gen, loop, _perturbed(tiny_weights, 1.02))
+    assert loop.run(_call(gen.policy_version)) == version
