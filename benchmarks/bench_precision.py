@@ -153,7 +153,7 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
                     }
                 )
                 log(
-                    f"[{NAME}] {dtype} {shape} step {r + 1}: {rows[-1]['step_s']:.1f} s, |d logp| {res['mismatch_abs_logprob_diff']:.2e}"
+                    f"[{NAME}] {dtype} {shape} step {r + 1}: {rows[-1]['step_s']:.1f} s, |d logp| {res.mismatch_abs_logprob_diff:.2e}"
                 )
             steps[shape] = {k: summary([row[k] for row in rows]) for k in rows[0]}
         return {

@@ -125,6 +125,7 @@ TRAIN = (
     "model=tiny",
     "n=4",
     "trainer.mode=sync",
+    "trainer.groups_per_step=1",  # the lines below count one group a step (the CPU default trains two)
     "trainer.filter_groups=none",
     "trainer.oversample=0",
     "evaluation.final_per_category=2",

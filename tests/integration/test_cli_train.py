@@ -60,8 +60,8 @@ CASES = [
     (["+learner.cfg.nope=1"], "unexpected keyword argument 'nope'", {}),
     (["n=0"], "n (rollouts per group) must be >= 1, got 0", {}),
     (
-        ["learner.cfg.micro_batch_size=4"],
-        "mini-batch of 6 trajectories (learner.cfg.mini_batch_groups=1 x n=6) does not split into micro-batches of learner.cfg.micro_batch_size=4",
+        ["learner.cfg.micro_batch_size=5"],
+        "mini-batch of 12 trajectories (learner.cfg.mini_batch_groups=2 x n=6) does not split into micro-batches of learner.cfg.micro_batch_size=5",
         {},
     ),
     (

@@ -40,6 +40,7 @@ def test_train_evaluate_report(tmp_path):
         "learner=torch",
         "n=4",
         "trainer.steps=2",
+        "trainer.groups_per_step=1",
         "trainer.snapshot_every=1",
         "trainer.filter_groups=none",
         "trainer.oversample=0",
