@@ -68,7 +68,7 @@ def test_recompute_reports_mismatch_and_importance_weights(tiny_path):
     assert 0 < out.mismatch_abs_logprob_diff <= 0.05 + 1e-5
     assert out.mismatch_tokens == sum(sum(t.loss_mask) - t.loss_mask[0] for t in batch)
     assert 0.95 < out.is_weight_mean < 1.05 and out.is_truncated_frac == 0.0 and 0.99 < out.ess <= 1.0
-    assert all(math.isfinite(out[k]) for k in ("entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual"))
+    assert all(math.isfinite(getattr(out, k)) for k in ("entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual"))
     # Generated at another version: no same-weights mismatch to report.
     other = make_learner(tiny_path, old_logprobs="recompute").train_batch(
         batch, RELEASED_BASE_WEIGHTS, policy_version=3

@@ -80,8 +80,8 @@ def test_packed_chunked_update_equals_the_straightforward_one_bf16(tiny_path):
     gaps = update_gap(before, after_old, after_new)
     worst = max(gaps, key=gaps.get)
     print(
-        f"bf16: loss {new['loss']:.6f} vs {old['loss']:.6f}, grad norm {new['grad_norm']:.6f} vs "
-        f"{old['grad_norm']:.6f}; worst update gap {gaps[worst]:.2e} ({worst})"
+        f"bf16: loss {new.loss:.6f} vs {old.loss:.6f}, grad norm {new.grad_norm:.6f} vs "
+        f"{old.grad_norm:.6f}; worst update gap {gaps[worst]:.2e} ({worst})"
     )
     assert new.loss == pytest.approx(old.loss, abs=BF16_LOSS_ABS)
     assert new.grad_norm == pytest.approx(old.grad_norm, rel=BF16_NORM_REL)
