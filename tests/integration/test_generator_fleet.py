@@ -32,6 +32,7 @@ def make_pipeline(run_dir, *overrides):
         "generator.cpu_kv_cache_gb=1",
         "sampling.max_new_tokens=48",
         "n=4",
+        "trainer.groups_per_step=1",  # one group a step unless a test says otherwise
         "trainer.filter_groups=none",
         "trainer.oversample=0",
         "cluster.env_actors=2",

@@ -76,6 +76,7 @@ def make_pipeline(run_dir, *overrides, resume=None):
         "learner=torch",
         "sampling.max_new_tokens=64",
         "n=4",
+        "trainer.groups_per_step=1",  # these tests count one group a step unless they say otherwise
         "trainer.filter_groups=none",
         "trainer.oversample=0",
         *overrides,

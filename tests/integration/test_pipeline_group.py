@@ -80,6 +80,7 @@ def test_async_zero3_with_the_broadcast_group_and_a_checkpoint_every_step_runs_e
         "generator=vllm_async_cpu",
         "generator.weight_sync=broadcast",
         "n=2",
+        "trainer.groups_per_step=1",  # the command as it was: one group a step, so rank 1 trains on padding
         "trainer.steps=8",
         "trainer.filter_groups=none",
         "evaluation.final=false",
