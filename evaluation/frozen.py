@@ -172,6 +172,16 @@ def write_final(run_dir: Path, record: Mapping[str, Any]) -> Path:
     return path
 
 
+def read_final_tasks(run_dir: Path) -> dict[str, dict[str, tuple[str, bool]]]:
+    """final_tasks.jsonl by snapshot: name -> task id -> (category, success)."""
+    by_snapshot: dict[str, dict[str, tuple[str, bool]]] = {}
+    for line in (Path(run_dir) / "evaluation" / FINAL_TASKS_FILE).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            by_snapshot.setdefault(r["snapshot"], {})[r["task_id"]] = (r["category"], bool(r["success"]))
+    return by_snapshot
+
+
 def read_final(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / "evaluation" / FINAL_FILE
     return json.loads(path.read_text()) if path.is_file() else None

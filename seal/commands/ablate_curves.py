@@ -18,7 +18,7 @@ from typing import Any
 
 from evaluation.before_after import HELD_IN_ALL
 from evaluation.curves import arm_curve, curve_record, difference_curve, difference_record, held_in, in_category
-from evaluation.frozen import FINAL_TASKS_FILE, read_final
+from evaluation.frozen import read_final, read_final_tasks
 
 # arm -> seed -> snapshot step -> task id -> success
 ArmRuns = dict[int, dict[int, dict[str, bool]]]
@@ -33,13 +33,8 @@ def snapshot_results(run_dir: Path) -> tuple[dict[int, dict[str, tuple[str, bool
             f"{run_dir} has no closing evaluation (evaluation/final.json): was evaluation.final=false?"
         )
     steps = final["settings"]["steps"]
-    by_name: dict[str, dict[str, tuple[str, bool]]] = {name: {} for name in steps}
-    for line in (run_dir / "evaluation" / FINAL_TASKS_FILE).read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if r["snapshot"] in by_name:
-                by_name[r["snapshot"]][r["task_id"]] = (r["category"], bool(r["success"]))
-    return {int(steps[name]): results for name, results in by_name.items() if results}, list(final["held_out"])
+    by_name = read_final_tasks(run_dir)
+    return {int(step): by_name[name] for name, step in steps.items() if by_name.get(name)}, list(final["held_out"])
 
 
 def interface_path(run_dir: Path, top: int = 3) -> dict[str, Any]:

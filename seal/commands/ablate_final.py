@@ -7,18 +7,12 @@ Reads only RUN_DIR/evaluation/final.json and final_tasks.jsonl of each run.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from evaluation.before_after import held_in_record, paired_change
-from evaluation.frozen import FINAL_TASKS_FILE, read_final
-
-
-def _final_results(run_dir: Path, snapshot: str) -> dict[str, tuple[str, bool]]:
-    rows = [json.loads(x) for x in (run_dir / "evaluation" / FINAL_TASKS_FILE).read_text().splitlines() if x.strip()]
-    return {r["task_id"]: (r["category"], bool(r["success"])) for r in rows if r["snapshot"] == snapshot}
+from evaluation.frozen import read_final, read_final_tasks
 
 
 def final_table(runs: dict[str, dict[int | None, Path]]) -> dict[str, Any]:
@@ -39,7 +33,9 @@ def final_table(runs: dict[str, dict[int | None, Path]]) -> dict[str, Any]:
             )
             out_cats = {r["name"] for r in held_out}
             results[(arm, seed)] = {
-                t: ok for t, (cat, ok) in _final_results(run_dir, final["after"]).items() if cat not in out_cats
+                t: ok
+                for t, (cat, ok) in read_final_tasks(run_dir).get(final["after"], {}).items()
+                if cat not in out_cats
             }
     arms = list(runs)
     comparisons = []

@@ -170,17 +170,10 @@ def _build(cfg, group: str):
 
 
 def _build_queue(cfg, t: TrainerConfig) -> None:
-    """The replay queue checks the settings it is given; it is a plain object."""
-    from replay.queue import ReplayQueue
+    """The replay queue checks the settings it is given; it is a plain object, built as the run builds it."""
+    from seal.run.pipeline import replay_queue
 
-    ReplayQueue(
-        cfg.n,
-        t.groups_per_step,
-        max_staleness=t.staleness,
-        stale_policy=t.stale_policy,
-        reissue_after_s=t.reissue_after_s,
-        filter_groups=t.filter_groups,
-    )
+    replay_queue(cfg, t)
 
 
 def _check_signatures(cfg) -> None:

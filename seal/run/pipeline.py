@@ -79,15 +79,7 @@ class Pipeline:
             oversample=t.admission_oversample,
             episode_deadline_s=t.episode_deadline_s,
         )
-        queue = ReplayQueue(
-            cfg.n,
-            t.groups_per_step,
-            max_staleness=t.staleness,
-            stale_policy=t.stale_policy,
-            reissue_after_s=t.reissue_after_s,
-            filter_groups=t.filter_groups,
-            min_group_size=t.min_group_size,
-        )
+        queue = replay_queue(cfg, t)
         self.window = StepWindow(
             t.mode,
             int(cfg.sampling.max_new_tokens),
@@ -306,6 +298,19 @@ class Pipeline:
                 part.close()
         if self._owns_ray:
             ray.shutdown()
+
+
+def replay_queue(cfg, t: TrainerConfig) -> ReplayQueue:
+    """The run's replay queue from the trainer settings (preflight builds one too: it checks them)."""
+    return ReplayQueue(
+        cfg.n,
+        t.groups_per_step,
+        max_staleness=t.staleness,
+        stale_policy=t.stale_policy,
+        reissue_after_s=t.reissue_after_s,
+        filter_groups=t.filter_groups,
+        min_group_size=t.min_group_size,
+    )
 
 
 def check_pipeline_config(cfg) -> TrainerConfig:
