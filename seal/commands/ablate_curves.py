@@ -38,17 +38,26 @@ def snapshot_results(run_dir: Path) -> tuple[dict[int, dict[str, tuple[str, bool
 
 
 def interface_path(run_dir: Path, top: int = 3) -> dict[str, Any]:
-    """Which guidelines turned on at which step, and the tags whose weights moved most (first -> last step)."""
+    """Which guidelines turned on at which step, and the tags whose weights moved most (first -> last
+    step) with each one's path (its weight at every step that logged tag weights)."""
     from seal.run.summary import guidelines_turned_on
 
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-    weights = [r["tag_weights"] for r in rows if r.get("tag_weights")]
+    logged = [(r.get("step"), r["tag_weights"]) for r in rows if r.get("tag_weights")]
     moved: list[dict[str, Any]] = []
-    if weights:
-        first, last = weights[0], weights[-1]
+    if logged:
+        first, last = logged[0][1], logged[-1][1]
         tags = sorted(set(first) | set(last), key=lambda t: -abs(last.get(t, 1.0) - first.get(t, 1.0)))
-        moved = [{"tag": t, "first": first.get(t), "last": last.get(t)} for t in tags[:top]]
+        moved = [
+            {
+                "tag": t,
+                "first": first.get(t),
+                "last": last.get(t),
+                "path": [{"step": step, "weight": w.get(t)} for step, w in logged],
+            }
+            for t in tags[:top]
+        ]
     return {
         "guidelines": [{"guideline": g, "step": s} for g, s in guidelines_turned_on(rows)],
         "interface_version": rows[-1].get("interface_version") if rows else None,
@@ -125,10 +134,15 @@ def curves_markdown(table: Mapping[str, Any]) -> str:
         lines.append(
             f"| {name} | " + " | ".join(_pct(last[view][a]) if a in last[view] else "n/a" for a in arms) + " |"
         )
-    lines += ["", "What the interface evolution did (guidelines turned on; the three tag weights that moved most):", ""]
+    lines += [
+        "",
+        "What the interface evolution did (guidelines turned on; the three tag weights that moved most, "
+        "each at the first logged step and at every snapshot step):",
+        "",
+    ]
     for run in table["interface"]:
         g = ", ".join(f"{x['guideline']} (step {x['step']})" for x in run["guidelines"]) or "none"
-        w = ", ".join(f"{x['tag']} {_num(x['first'])} -> {_num(x['last'])}" for x in run["tag_weights"]) or "n/a"
+        w = "; ".join(f"{x['tag']} {_weight_path(x, steps)}" for x in run["tag_weights"]) or "n/a"
         seed = "-" if run["seed"] is None else run["seed"]
         lines.append(
             f"- {run['arm']} seed {seed}: interface v{run['interface_version']}; guidelines {g}; tag weights {w}"
@@ -138,6 +152,18 @@ def curves_markdown(table: Mapping[str, Any]) -> str:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def _weight_path(moved: Mapping[str, Any], steps: list[int]) -> str:
+    """``1.50 (step 1) -> 1.70 (5) -> 1.83 (10)``: the first logged step, then the snapshot steps."""
+    path = moved.get("path") or []
+    if not path:
+        return f"{_num(moved['first'])} -> {_num(moved['last'])}"
+    shown = [p for i, p in enumerate(path) if i == 0 or p["step"] in steps or i == len(path) - 1]
+    head, *rest = shown
+    return " -> ".join(
+        [f"{_num(head['weight'])} (step {head['step']})", *(f"{_num(p['weight'])} ({p['step']})" for p in rest)]
+    )
 
 
 def plot_curves(table: Mapping[str, Any], path: Path) -> Path:

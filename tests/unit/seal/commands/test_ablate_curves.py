@@ -59,7 +59,12 @@ def test_curves_pool_seeds_per_step_and_pair_the_arms(tmp_path):
     assert d[0]["difference"] == 0.0
     full0 = next(r for r in table["interface"] if r["arm"] == "full" and r["seed"] == 0)
     assert full0["guidelines"] == [{"guideline": "active_respond", "step": 2}]
-    assert full0["tag_weights"][0] == {"tag": "spurious_tool_call", "first": 1.0, "last": 1.6}
+    assert full0["tag_weights"][0] == {
+        "tag": "spurious_tool_call",
+        "first": 1.0,
+        "last": 1.6,
+        "path": [{"step": 1, "weight": 1.0}, {"step": 2, "weight": 1.6}],
+    }
 
 
 def test_the_table_and_the_plot_are_written(tmp_path):
@@ -72,3 +77,5 @@ def test_the_table_and_the_plot_are_written(tmp_path):
     assert "- step 10: -37.5 pts [" in text
     assert "| recovery (held out) |" in text
     assert "full seed 1: interface v1; guidelines active_respond (step 4)" in curves_markdown(table)
+    # the weight's path: first logged step, then each snapshot step it logged (here the last, step 4)
+    assert "spurious_tool_call 1.00 (step 1) -> 1.60 (4)" in text
