@@ -327,7 +327,11 @@ class GeneratorFleet:
             del self.probes[name]
             try:
                 awaiting = ray.get(ref)
-            except ray.exceptions.RayActorError:  # restarting: out of the router until it answers
+            except ray.exceptions.RayError as exc:
+                # Restarting (RayActorError), or its worker killed under it (OutOfMemoryError: Ray's
+                # memory monitor): out of the router until it answers; the driver goes on.
+                if not isinstance(exc, ray.exceptions.RayActorError):
+                    log.warning("generator replica %s did not answer its probe (%s)", name, exc.__class__.__name__)
                 if name in self.handles:
                     self._take_out(name)
                 continue
