@@ -143,6 +143,8 @@ def curves_markdown(table: Mapping[str, Any]) -> str:
     for run in table["interface"]:
         g = ", ".join(f"{x['guideline']} (step {x['step']})" for x in run["guidelines"]) or "none"
         w = "; ".join(f"{x['tag']} {_weight_path(x, steps)}" for x in run["tag_weights"]) or "n/a"
+        if run["tag_weights"] and all(_unchanged(x) for x in run["tag_weights"]):
+            w = "unchanged (none moved from its first logged value)"
         seed = "-" if run["seed"] is None else run["seed"]
         lines.append(
             f"- {run['arm']} seed {seed}: interface v{run['interface_version']}; guidelines {g}; tag weights {w}"
@@ -152,6 +154,11 @@ def curves_markdown(table: Mapping[str, Any]) -> str:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def _unchanged(moved: Mapping[str, Any]) -> bool:
+    values = [p["weight"] for p in moved.get("path") or []] or [moved["first"], moved["last"]]
+    return len(set(values)) == 1
 
 
 def _weight_path(moved: Mapping[str, Any], steps: list[int]) -> str:

@@ -12,7 +12,7 @@ TASKS = FinalTasks(tuple(CATS), ("recovery",), CATS)
 STEPS = {"A_0": 0, "A_1": 5, "A_2": 10}
 
 
-def _run(run_dir, *solved, guideline_step=2):
+def _run(run_dir, *solved, guideline_step=2, static=False):
     snaps = [
         SnapshotRun(name, {t: (c, t in s) for t, c in CATS.items()}, "same", 1.0, 10) for name, s in zip(STEPS, solved)
     ]
@@ -32,7 +32,7 @@ def _run(run_dir, *solved, guideline_step=2):
             "step": guideline_step,
             "interface_version": 1,
             "active_guidelines": ["active_respond"],
-            "tag_weights": {"pass": 1.0, "spurious_tool_call": 1.6},
+            "tag_weights": {"pass": 1.0, "spurious_tool_call": 1.0 if static else 1.6},
         },
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -42,7 +42,7 @@ def _runs(tmp_path):
     runs = {"full": seed_dirs(tmp_path, "full", [0, 1]), "vanilla_rl": seed_dirs(tmp_path, "vanilla_rl", [0, 1])}
     _run(runs["full"][0], {"m1"}, {"m1", "b1"}, {"m1", "b1", "m2"})
     _run(runs["full"][1], {"m1"}, {"m1"}, {"m1", "b1", "b2", "r1"}, guideline_step=4)
-    _run(runs["vanilla_rl"][0], {"m1"}, {"m1"}, {"m1"})
+    _run(runs["vanilla_rl"][0], {"m1"}, {"m1"}, {"m1"}, static=True)
     _run(runs["vanilla_rl"][1], {"m1"}, set(), {"m1", "m2"})
     return runs
 
@@ -79,3 +79,4 @@ def test_the_table_and_the_plot_are_written(tmp_path):
     assert "full seed 1: interface v1; guidelines active_respond (step 4)" in curves_markdown(table)
     # the weight's path: first logged step, then each snapshot step it logged (here the last, step 4)
     assert "spurious_tool_call 1.00 (step 1) -> 1.60 (4)" in text
+    assert "vanilla_rl seed 0: interface v1; guidelines active_respond (step 2); tag weights unchanged" in text
