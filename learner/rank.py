@@ -15,6 +15,7 @@ or over the weight group by broadcast (learner/weight_broadcast.py).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -27,17 +28,22 @@ from learner.group import RankShard, Rendezvous, join_group
 from learner.step_result import StepResult
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim from the symbols already loaded in this process (None off glibc), looked
+    up once: ctypes.util.find_library would run ldconfig on every call."""
+    import ctypes
+
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
 def _release_free_memory() -> None:
     """Hand the heap's free pages back to the OS after a step (glibc only; a no-op elsewhere).
     Each step's activations come in new shapes, and glibc keeps what they freed: without this
     the CPU default's learner grew from 8 to 15 GB over ten steps and Ray's OOM killer took the
     generator beside it."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name and "libc.so" in name:
-        ctypes.CDLL(name).malloc_trim(0)
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
 
 
 def _node_ip() -> str:
