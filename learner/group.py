@@ -110,12 +110,20 @@ def assigned_plan(
     return plan
 
 
+def scores_nothing(micro: Sequence[Sample]) -> bool:
+    """No token of the micro-batch is scored (token 0 never is): all infra-fault stand-ins (replay/queue.py)."""
+    return all(not any(s.loss_mask[1:]) for s in micro)
+
+
 def pad_plan(plan: list[list[list[Sample]]], micro_counts: Sequence[int]) -> list[list[list[Sample]]]:
-    """Every mini-batch padded to the group's micro-batch count with [PAD_SAMPLE] micro-batches."""
+    """Every mini-batch padded to the group's micro-batch count with [PAD_SAMPLE] micro-batches, and every
+    micro-batch that scores nothing replaced by one: a forward with nothing to score has no graph to
+    run a backward through (DeepSpeed's raises), and under ZeRO-3 a skipped forward skips its gathers."""
     if len(plan) != len(micro_counts) or any(len(m) > c for m, c in zip(plan, micro_counts)):
         raise ValueError(
             f"micro-batch counts {list(micro_counts)} do not cover this rank's plan {[len(m) for m in plan]}"
         )
+    plan = [[[PAD_SAMPLE] if scores_nothing(micro) else micro for micro in mini] for mini in plan]
     return [mini + [[PAD_SAMPLE] for _ in range(c - len(mini))] for mini, c in zip(plan, micro_counts)]
 
 

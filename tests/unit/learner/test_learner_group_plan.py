@@ -95,6 +95,18 @@ def test_plan_pads_short_ranks_with_zero_weight_micro_batches():
     assert PAD_SAMPLE.num_tokens == 0 and sum(PAD_SAMPLE.loss_mask[1:]) == 1  # one scored position: a real forward
 
 
+def test_a_micro_batch_that_scores_nothing_is_run_as_padding():
+    """Issue 46 item 1: an infra fault's stand-in (loss mask all 0) alone in a micro-batch would skip its
+    forward; it becomes a padding micro-batch (a forward and a backward at loss x 0), its counts kept."""
+    stand_in = replace(sample("a", 3), loss_mask=[0, 0, 0, 0], num_tokens=0)
+    mixed = [sample("a", 2), stand_in]
+    plan = [[[sample("a", 2)], [stand_in]], [mixed, [stand_in, stand_in]]]
+    padded, tokens, seqs = agree_on_plan(plan, world_size=1)
+    assert [[is_padding(m) for m in mini] for mini in padded] == [[False, True], [False, True]]
+    assert padded[1][0] == mixed  # a stand-in beside a scored sample rides along in its forward
+    assert tokens == [2, 2] and seqs == [2, 4]  # the loss normalisers count what they counted before
+
+
 def test_merged_metrics_add_loss_terms_and_counts():
     a = step_result(loss=0.25, kl=0.1, grad_norm=2.0, seconds=2.0, samples_per_s=2.0, scored_tokens=10, groups=1)
     b = step_result(loss=0.5, kl=0.2, grad_norm=2.0, seconds=4.0, samples_per_s=1.0, scored_tokens=30, groups=2)
