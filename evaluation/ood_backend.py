@@ -108,7 +108,7 @@ class GeneratorChat:
         )
         request = GenerationRequest(f"ood-{next(self._ids)}", prompt, sampling.max_new_tokens, self.seed)
         (out,) = self.generator.generate([request], sampling)
-        text, _ = self.chat.completion_text(out.token_ids)
+        text = self.chat.completion(out.token_ids).text
         finish = "length" if out.finish_reason == "length" else "stop"
         return Reply(text, out.prompt_tokens, len(out.token_ids), finish)
 

@@ -15,9 +15,10 @@ SCHEMA_VERSION = 2
 
 # Why an episode ended because of the system, not the policy (docs/main-job.md, "Infra faults"):
 # the generator failed a request, the engine refused one, the episode ran past
-# trainer.episode_deadline_s, or the environment's own code raised (a tool's error reply to the
-# model is benchmark feedback, never one of these).
-INFRA_FAULT_KINDS = ("generation_error", "engine_rejected", "deadline", "env_error")
+# trainer.episode_deadline_s, the environment's own code raised (a tool's error reply to the
+# model is benchmark feedback, never one of these), or the model's chat template could not
+# build a turn of the conversation (rollout/chat.py ChatBuildError, naming the model).
+INFRA_FAULT_KINDS = ("generation_error", "engine_rejected", "deadline", "env_error", "chat_template")
 
 
 @dataclass(frozen=True)

@@ -1,40 +1,96 @@
-"""Token-exact conversation building for multi-turn rollouts.
+"""Token-exact conversation building for multi-turn rollouts, for every model family.
 
 The policy is conditioned on token ids we own: the first prompt is the chat
 template's rendering of the opening messages; after each generation the model's
 own token ids are kept verbatim (loss mask 1, behaviour logprobs), and the
-environment's reply is appended as the template's rendering of the new
-messages (loss mask 0). Re-tokenising the whole conversation each step would
-change earlier tokens at boundaries and break the match between what was
-sampled and what the learner scores.
+environment's reply is appended as the template's rendering of the new messages
+(loss mask 0). Re-tokenising the whole conversation each step would change
+earlier tokens at boundaries and break the match between what was sampled and
+what the learner scores.
+
+Each continuation is rendered on its own, after a fixed marker conversation
+(a user turn, then an assistant turn whose text is a marker): what the template
+writes after the marker is the assistant turn's close, the new messages and the
+next generation prompt. Nothing depends on the template re-rendering history as
+a growing prefix, so templates that rewrite earlier turns (Qwen3 drops the
+reasoning of turns before the last user query), trim text (Llama 3.x, Gemma 3)
+or demand strict alternation (Gemma 3) all build token-exactly.
+
+What the policy sees of its own earlier reasoning: all of it, verbatim. The
+tokens it sampled stay in its context for the rest of the episode (the trained
+context is the sampled context), where an inference server that re-renders
+history through the template would drop reasoning before the last user query.
+The cost is context length; the gain is that no token the learner scores was
+conditioned on a context the sampler did not see. docs/models.md says more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from families.registry import Family, detect_family, end_token_ids
 
 Message = dict[str, Any]
 
+MARK_USER = "SEAL marker question"
+MARK_ASSISTANT = "SEAL marker answer"
 
-def template_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
-    """Messages as a plain chat template takes them (role + content only)."""
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+class ChatBuildError(ValueError):
+    """The model's chat template cannot build a turn of this conversation (names the model)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str  # what the environment reads: no end token, no reasoning
+    reasoning: str  # the family's reasoning text of the turn ("" if none)
+    ended: bool  # the model emitted one of the family's end tokens itself
 
 
 @dataclass
 class ChatTokenizer:
     tokenizer: Any  # a transformers tokenizer with a chat template
+    family: Family | None = None  # None: detected from the model's config and template
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # model.chat_template_kwargs
+    model_dir: str | None = None  # None: the tokenizer's own directory
 
     def __post_init__(self) -> None:
-        self.eos_id = self.tokenizer.eos_token_id
-        self.eos_text = self.tokenizer.decode([self.eos_id]) if self.eos_id is not None else ""
+        self.model_dir = self.model_dir or getattr(self.tokenizer, "name_or_path", None) or None
+        self.name = str(self.model_dir or type(self.tokenizer).__name__)
+        try:
+            family = self.family or detect_family(self.tokenizer, self.model_dir)
+        except ValueError as exc:
+            raise ChatBuildError(str(exc)) from None
+        if family.unsupported:
+            raise ChatBuildError(f"{self.name}: family {family.name}: {family.unsupported}")
+        self.family = family
+        self.kwargs = {**family.template_kwargs, **self.template_kwargs}
+        self.end_ids = end_token_ids(self.tokenizer, family, self.model_dir)
+        if not self.end_ids:
+            raise ChatBuildError(f"{self.name}: no end-of-turn token (no EOS, no generation_config eos_token_id)")
+        self.end_texts = tuple(self.tokenizer.decode([i], skip_special_tokens=False) for i in self.end_ids)
+        self.eos_id = self.end_ids[0]  # the token a scripted turn ends with
+
+    @property
+    def fam(self) -> Family:
+        assert self.family is not None  # set in __post_init__
+        return self.family
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            template_messages(messages), tokenize=False, add_generation_prompt=generation_prompt
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                self.fam.template_messages(messages),
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                **self.kwargs,
+            )
+        except Exception as exc:  # jinja's TemplateError and the template's own raise_exception
+            raise ChatBuildError(
+                f"{self.name} (family {self.fam.name}): the chat template refused the conversation: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -42,26 +98,34 @@ class ChatTokenizer:
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         return self.encode(self.render(messages, generation_prompt=True))
 
-    def completion_text(self, gen_ids: Sequence[int]) -> tuple[str, bool]:
-        """(assistant message text, whether generation ended with EOS)."""
-        ended = bool(gen_ids) and gen_ids[-1] == self.eos_id
+    def completion(self, gen_ids: Sequence[int]) -> Completion:
+        """One generated turn as the environment reads it: the end token, whichever of the
+        family's the model emitted, is not part of the text; neither is its reasoning."""
+        ended = bool(gen_ids) and gen_ids[-1] in self.end_ids
         body = list(gen_ids[:-1]) if ended else list(gen_ids)
-        return self.tokenizer.decode(body, skip_special_tokens=False), ended
+        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        reasoning, content = self.fam.split_reasoning(text)
+        return Completion(content, reasoning, ended)
 
-    def continuation_ids(
-        self, before: Sequence[Message], assistant_text: str, ended_with_eos: bool, new_messages: Sequence[Message]
-    ) -> list[int]:
-        """Tokens that follow the generated ones: end of the assistant message
-        (unless the model emitted EOS itself), the env's messages, and the next
-        generation prompt (none when ``new_messages`` is empty: episode end)."""
-        start = self.render(before, generation_prompt=True) + assistant_text
-        convo = list(before) + [{"role": "assistant", "content": assistant_text}] + list(new_messages)
-        full = self.render(convo, generation_prompt=bool(new_messages))
-        if not full.startswith(start):
-            raise ValueError(
-                "the chat template does not render conversations as growing prefixes; it cannot be used for multi-turn rollouts"
+    def continuation_ids(self, ended: bool, new_messages: Sequence[Message]) -> list[int]:
+        """Tokens that follow a generated turn: the close of the assistant message (unless the
+        model emitted an end token itself), the env's messages, and the next generation
+        prompt (none when ``new_messages`` is empty: the episode's end)."""
+        marker: list[Message] = [
+            {"role": "user", "content": MARK_USER},
+            {"role": "assistant", "content": MARK_ASSISTANT},
+        ]
+        full = self.render(marker + list(new_messages), generation_prompt=bool(new_messages))
+        at = full.rfind(MARK_ASSISTANT)
+        if at < 0 or full.count(MARK_ASSISTANT) != 1:
+            raise ChatBuildError(
+                f"{self.name} (family {self.fam.name}): the chat template does not render an assistant "
+                "turn's text verbatim, so a turn's continuation cannot be built"
             )
-        rest = full[len(start) :]
-        if ended_with_eos and self.eos_text and rest.startswith(self.eos_text):
-            rest = rest[len(self.eos_text) :]
+        rest = full[at + len(MARK_ASSISTANT) :]
+        if ended:
+            for end in self.end_texts:
+                if end and rest.startswith(end):
+                    rest = rest[len(end) :]
+                    break
         return self.encode(rest)

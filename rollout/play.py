@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from env_pool.base import Environment, EpisodeResult, Outcome
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from replay.messages import GroupStats, InfraFault, Segment, Trajectory
-from rollout.chat import ChatTokenizer, Message
+from rollout.chat import ChatBuildError, ChatTokenizer
 from rollout.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 
 MIN_NEW_TOKENS = 8  # below this much room left, the episode ends as context overflow
@@ -38,7 +38,6 @@ class _Episode:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
-    before: list[Message] = field(default_factory=list)  # conversation before the next generation
     prompt_length: int = 0
     generate_s: float = 0.0
     prompt_tokens: int = 0
@@ -113,11 +112,14 @@ def run_episodes(
     for i, task_id in enumerate(task_ids):
         ep = _Episode(env=make_env(), index=i)
         try:
-            ep.before = ep.env.reset(task_id, interface)
+            opening = ep.env.reset(task_id, interface)
         except Exception as exc:  # the env's own code (a benchmark's tool errors are replies, never raised)
             _fault(ep, "env_error", exc)
         if ep.active:
-            ep.add(chat.prompt_ids(ep.before), 0)
+            try:
+                ep.add(chat.prompt_ids(opening), 0)
+            except ChatBuildError as exc:  # the model's template cannot take this conversation
+                _fault(ep, "chat_template", exc)
         ep.prompt_length = len(ep.token_ids)
         episodes.append(ep)
 
@@ -296,15 +298,17 @@ def _apply(ep: _Episode, req: GenerationRequest, out, play: _Play, elapsed: floa
     start = len(ep.token_ids)
     ep.add(out.token_ids, 1, out.logprobs)
     ep.segments.extend(Segment(start + s.start, start + s.end, s.policy_version) for s in out.version_spans())
-    text, ended = chat.completion_text(out.token_ids)
+    turn = chat.completion(out.token_ids)
     try:
-        result = ep.env.step(text)
+        result = ep.env.step(turn.text)
     except Exception as exc:  # the env's own code raised: the system's fault, not the policy's
         _fault(ep, "env_error", exc)
         return
-    new_messages = [] if result.done else result.messages
-    ep.add(chat.continuation_ids(ep.before, text, ended, new_messages), 0)
-    ep.before = ep.before + [{"role": "assistant", "content": text}] + list(new_messages)
+    try:
+        ep.add(chat.continuation_ids(turn.ended, [] if result.done else result.messages), 0)
+    except ChatBuildError as exc:  # the model's template cannot take the env's reply: not the policy's doing
+        _fault(ep, "chat_template", exc)
+        return
     if not result.done and out.finish_reason == "length" and req.max_new_tokens < sampling.max_new_tokens:
         ep.env.end(Outcome.CONTEXT_OVERFLOW)  # cut by the context, not by the budget
 
