@@ -25,10 +25,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ToolCallFormat = Literal["json", "python"]
+from env_pool.family_calls import (
+    FamilyCallError,
+    parse_deepseek_calls,
+    parse_llama_calls,
+    render_deepseek_calls,
+    render_llama_calls,
+)
+
+ToolCallFormat = Literal["json", "python", "llama_json", "deepseek"]
 # Tool name -> its parameter names in positional order.
 Signatures = Mapping[str, Sequence[str]]
-FORMATS: tuple[str, ...] = ("json", "python")
+# json and python are SEAL's prompt-defined formats; llama_json and deepseek are model families'
+# own (env_pool/family_calls.py). An env's `tool_format: auto` takes the model family's.
+FORMATS: tuple[str, ...] = ("json", "python", "llama_json", "deepseek")
 
 _TAG_OPEN = "<tool_call>"
 _TAG_CLOSE = "</tool_call>"
@@ -77,16 +87,27 @@ def parse_step(text: str, fmt: str, signatures: Signatures | None = None) -> Par
         raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
     if not isinstance(text, str):
         return ParsedStep(error=f"assistant step must be text, got {type(text).__name__}")
+    if len(text) > _MAX_TEXT:
+        return ParsedStep(error=f"step is {len(text)} characters, over the {_MAX_TEXT} limit")
     try:
         if fmt == "json":
             calls = parse_json_tool_calls(text)
-        else:
+        elif fmt == "python":
             if not looks_like_python_call(text):
                 return ParsedStep()
             calls = parse_python_calls(text, signatures)
-    except ToolCallParseError as exc:
+        else:
+            calls = _family_calls(text, fmt)
+    except (ToolCallParseError, FamilyCallError) as exc:
         return ParsedStep(error=str(exc))
     return ParsedStep(calls=tuple(calls))
+
+
+def _family_calls(text: str, fmt: str) -> list[ToolCall]:
+    pairs = parse_llama_calls(text) if fmt == "llama_json" else parse_deepseek_calls(text)
+    for name, args in pairs:
+        _check_depth(args, f"call {name}")
+    return [ToolCall(name, args) for name, args in pairs]
 
 
 # ---------------------------------------------------------------- json format
@@ -289,6 +310,10 @@ def render_calls(calls: list[ToolCall], fmt: str, bare: bool = False) -> str:
             f"{c.name}(" + ", ".join(f"{k}={python_literal(v)}" for k, v in c.arguments.items()) + ")" for c in calls
         )
         return inner if bare and len(calls) == 1 else f"[{inner}]"
+    if fmt == "llama_json":
+        return render_llama_calls([(c.name, c.arguments) for c in calls])
+    if fmt == "deepseek":
+        return render_deepseek_calls([(c.name, c.arguments) for c in calls])
     raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
 
 

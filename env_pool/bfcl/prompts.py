@@ -30,6 +30,23 @@ HERMES_TOOLS = (
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 
+# Llama 3.1/3.2's own tools prompt (its chat template's words), for its own call format.
+LLAMA_TOOLS = (
+    "Given the following functions, please respond with a JSON for a function call "
+    "with its proper arguments that best answers the given prompt.\n\n"
+    'Respond in the format {{"name": function name, "parameters": dictionary of argument name and its value}}.'
+    "Do not use variables.\n\n{tools}"
+)
+# DeepSeek V3's call tokens, shown in the words of its later releases' tools prompt.
+DEEPSEEK_TOOLS = (
+    "## Tools\n\nYou have access to the following tools:\n{tools}\n\n"
+    "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>tool_name\n```json\n"
+    "{{arguments as a JSON object}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>\n"
+    "Several calls go one after another inside <｜tool▁calls▁begin｜> ... <｜tool▁calls▁end｜>."
+)
+FAMILY_TOOLS = {"json": HERMES_TOOLS, "llama_json": LLAMA_TOOLS, "deepseek": DEEPSEEK_TOOLS}
+
 
 @lru_cache(maxsize=1)
 def _bfcl_prompt_parts() -> dict[str, str]:
@@ -52,7 +69,7 @@ def _bfcl_prompt_parts() -> dict[str, str]:
 
 
 def tool_docs_text(tools: Sequence[dict[str, Any]], fmt: str, indent: int | None) -> str:
-    if fmt == "json":
+    if fmt in FAMILY_TOOLS:
         return "\n".join(
             json.dumps({"type": "function", "function": t}, indent=indent, ensure_ascii=False) for t in tools
         )
@@ -86,8 +103,9 @@ def system_prompt(
             multiturn_behavior=p["multiturn_behavior"],
             available_tools=p["available_tools"].format(format="json", functions=docs),
         )
-    elif fmt == "json":
-        prompt = f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n" + HERMES_TOOLS.format(tools=docs) + "\n"
+    elif fmt in FAMILY_TOOLS:
+        tools_part = FAMILY_TOOLS[fmt].format(tools=docs)
+        prompt = f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n" + tools_part + "\n"
     else:
         raise ValueError(f"unknown tool-call format {fmt!r}")
     extras = []

@@ -16,6 +16,9 @@ _SHORT_ERROR = 200
 FORMAT_HINTS = {
     "json": 'Write each call as <tool_call>{"name": "tool_name", "arguments": {"param": "value"}}</tool_call> with valid JSON.',
     "python": "Write calls as a Python list of keyword calls: [tool_name(param='value'), other_tool(param=1)].",
+    "llama_json": 'Write each call as {"name": "tool_name", "parameters": {"param": "value"}} with valid JSON.',
+    "deepseek": "Write calls as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>tool_name, "
+    "then the arguments in a ```json block, then <｜tool▁call▁end｜><｜tool▁calls▁end｜>.",
 }
 
 # (pattern on the error text, hint); the first match wins.
