@@ -1,5 +1,6 @@
-"""Hydra config composition for `seal` commands (compose API, no chdir), and what the driver reads
-of the config typed: the trainer group, the learner group's ranks, the generator fleet."""
+"""Hydra config composition for `seal` commands (compose API, no chdir), and the config's groups
+typed: trainer, learner, generator and model, each read here once (``Settings.of``) and nowhere else
+with a default of its own; tests/unit/seal/test_config_groups.py holds them to their YAML's keys."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+
+from learner.config import LearnerConfig
 
 
 def config_dir() -> Path:
@@ -180,61 +183,167 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class LearnerGroupConfig:
-    """What the driver reads of the ``learner:`` group: its ranks, their bounds and what they run
-    on (the learner's own settings are learner.config.LearnerConfig, built in each rank). Every key
-    is configs/learner/base/learner.yaml's: one missing is an error here, never a default."""
+    """The ``learner:`` group, typed: its ranks, their bounds, and ``cfg``, the learner's own settings
+    (learner/config.py LearnerConfig, built here from the same node as each rank builds it, so the
+    driver and the ranks read one value). Every key is configs/learner/base/learner.yaml's: one the
+    group or the driver needs that is missing is an error here, never a default."""
 
+    model_path: str
+    group_size: int
     world_size: int = _at_least(1, "learner ranks")
-    timeout_s: float = field(metadata={"above": 0})
-    step_timeout_s: float = field(metadata={"above": 0})
-    backend: Literal["torch", "deepspeed"]
-    device: str
-    mini_batch_groups: int = _at_least(1)
+    timeout_s: float = field(metadata={"above": 0})  # every collective of the ranks' group and control call
+    step_timeout_s: float = field(metadata={"above": 0})  # one training step on every rank
+    cfg: LearnerConfig
 
-    # Where each setting sits in the group (the rest are the ranks' learner.engine.Learner arguments).
-    KEYS: ClassVar[dict[str, str]] = {
-        "backend": "cfg.backend",
-        "device": "cfg.device",
-        "mini_batch_groups": "cfg.mini_batch_groups",
-    }
+    # Keys of ``cfg`` the driver reads, required here (LearnerConfig checks their values).
+    DRIVER_KEYS: ClassVar[tuple[str, ...]] = ("backend", "device", "mini_batch_groups")
 
     def __post_init__(self) -> None:
-        _check_fields(self, {f.name: f"learner.{self.KEYS.get(f.name, f.name)}" for f in fields(self)})
+        _check_fields(self, {f.name: f"learner.{f.name}" for f in fields(self)})
+
+    @property
+    def backend(self) -> str:
+        return self.cfg.backend
+
+    @property
+    def device(self) -> str:
+        return self.cfg.device
+
+    @property
+    def mini_batch_groups(self) -> int:
+        return self.cfg.mini_batch_groups
+
+    @property
+    def process_group_backend(self) -> str:
+        """The ranks' training group: NCCL on CUDA, gloo on the CPU."""
+        return "nccl" if self.device == "cuda" else "gloo"
 
     @classmethod
     def of(cls, cfg) -> LearnerGroupConfig:
         """From a composed config's ``learner`` node."""
-        from omegaconf import OmegaConf
-
-        return cls.from_spec(OmegaConf.to_container(cfg.learner, resolve=True))
+        return cls.from_spec(_container(cfg, "learner"))
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> LearnerGroupConfig:
         """From the resolved ``learner`` node (the spec each rank builds its learner from)."""
-        return cls(**_required(spec, "learner", {f.name: cls.KEYS.get(f.name, f.name) for f in fields(cls)}))
+        names = [f.name for f in fields(cls) if f.name != "cfg"]
+        _required(spec, "learner", {**{n: n for n in names}, **{k: f"cfg.{k}" for k in cls.DRIVER_KEYS}})
+        return cls(**{n: spec[n] for n in names}, cfg=instantiate_spec(dict(spec["cfg"])))
 
 
 @dataclass(frozen=True)
-class GeneratorFleetConfig:
-    """What the driver reads of the ``generator:`` group: the fleet's size, how weights reach it
-    and how long an update may take. Every generator option writes each key, but
-    ``update_timeout_s``: only the async engine's options have it (None: a blocking engine)."""
+class GeneratorConfig:
+    """The ``generator:`` group, typed: every key of configs/generator/'s options. The keys every
+    option writes are required (one missing is an error here, never a default); the others are
+    some engines' only and None where an option leaves them out: a blocking engine has no update
+    timeout (its updates get the fleet's own bound), a CPU engine no GPU memory share."""
 
-    replicas: int = _at_least(1, "engines behind the router")
-    weight_sync: Literal["reload", "broadcast"]
+    target: str  # _target_: the engine's class
+    model_path: str
+    max_model_len: int
+    device: str
+    dtype: str
     tensor_parallel_size: int = _at_least(1)
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    seed: int
+    weight_sync: Literal["reload", "broadcast"]
+    replicas: int = _at_least(1, "engines behind the router")
+    gpu_memory_utilization: float | None  # the CUDA options'
+    cpu_kv_cache_gb: float | None  # the CPU options': GiB per worker
+    cpu_threads_bind: str | int | None  # the blocking CPU engine's
+    max_num_seqs: int | None  # the async engine's, as the four below
+    update_mode: str | None
     update_timeout_s: float | None = field(metadata={"above": 0})
+    drain_timeout_s: float | None = field(metadata={"above": 0})
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = (
+        "gpu_memory_utilization",
+        "cpu_kv_cache_gb",
+        "cpu_threads_bind",
+        "max_num_seqs",
+        "update_mode",
+        "update_timeout_s",
+        "drain_timeout_s",
+    )
 
     def __post_init__(self) -> None:
-        _check_fields(self, {f.name: f"generator.{f.name}" for f in fields(self)})
+        _check_fields(self, {f.name: f"generator.{'_target_' if f.name == 'target' else f.name}" for f in fields(self)})
+        memory = "gpu_memory_utilization" if self.device == "cuda" else "cpu_kv_cache_gb"
+        if getattr(self, memory) is None:  # what `seal plan` sizes the KV cache by
+            raise ValueError(f"generator.{memory} is not set (each {self.device} option of configs/generator/ sets it)")
 
     @classmethod
-    def of(cls, cfg) -> GeneratorFleetConfig:
+    def of(cls, cfg) -> GeneratorConfig:
+        return cls.from_spec(_container(cfg, "generator"))
+
+    @classmethod
+    def from_spec(cls, node: Mapping[str, Any]) -> GeneratorConfig:
+        """From the resolved ``generator`` node; keys of a user's engine beyond these are its own."""
+        keys = [f.name for f in fields(cls) if f.name not in cls.OPTIONAL]
+        values = _required(node, "generator", {k: "_target_" if k == "target" else k for k in keys})
+        return cls(**values, **{k: node.get(k) for k in cls.OPTIONAL})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The ``model:`` group: the weights and their context (configs/model/), and ``spec``, the
+    architecture `seal plan` reads when ``path`` is not on this machine (configs/model_specs/<spec>:
+    the recipes set it; None: the bundled models' own, or the config.json at ``path``)."""
+
+    path: str
+    max_model_len: int
+    spec: str | None
+    family: str | None  # the chat template's family (None: told by the model)
+    chat_template_kwargs: dict[str, Any] | None  # given to every render of the chat template
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("spec", "family", "chat_template_kwargs")
+
+    def __post_init__(self) -> None:
+        _check_fields(self, {f.name: f"model.{f.name}" for f in fields(self)})
+
+    @classmethod
+    def of(cls, cfg) -> ModelConfig:
+        node = _container(cfg, "model")
+        values = _required(node, "model", {"path": "path", "max_model_len": "max_model_len"})
+        return cls(**values, **{k: node.get(k) for k in cls.OPTIONAL})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The typed groups of one composed config, built once from it (``Settings.of``) and handed to
+    `seal plan`, preflight, `seal rehearse` and the run, so each reads the values the others do."""
+
+    trainer: TrainerConfig
+    learner: LearnerGroupConfig
+    generator: GeneratorConfig
+    model: ModelConfig
+    recipe: str | None  # recipe.name (None: no recipe)
+
+    @classmethod
+    def of(cls, cfg) -> Settings:
         from omegaconf import OmegaConf
 
-        node = OmegaConf.to_container(cfg.generator, resolve=True)
-        values = _required(node, "generator", {k: k for k in ("replicas", "weight_sync", "tensor_parallel_size")})
-        return cls(**values, update_timeout_s=node.get("update_timeout_s"))
+        recipe = OmegaConf.select(cfg, "recipe.name")
+        model = ModelConfig.of(cfg)  # first: the learner and the generator read model.path
+        trainer = TrainerConfig.of(cfg)
+        return cls(trainer, LearnerGroupConfig.of(cfg), GeneratorConfig.of(cfg), model, recipe and str(recipe))
+
+
+def _container(cfg, group: str) -> dict[str, Any]:
+    """The resolved ``group`` node; a key left at ``???`` is one line naming it."""
+    import re
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
+
+    try:
+        return OmegaConf.to_container(cfg[group], resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    except MissingMandatoryValue as exc:
+        raise ValueError(f"{exc.full_key or group} must be set") from None
+    except InterpolationToMissingValueError as exc:  # e.g. learner.model_path: ${model.path}
+        missing = re.search(r"Missing mandatory value: (\S+)", str(exc))
+        raise ValueError(f"{missing[1] if missing else exc.full_key} must be set ({exc.full_key} reads it)") from None
 
 
 def _required(node: Mapping[str, Any], group: str, paths: Mapping[str, str]) -> dict[str, Any]:
@@ -331,7 +440,8 @@ def _checked(key: str, hint: Any, value: Any, meta: Mapping[str, Any]) -> Any:
         raise ValueError(f"{key} must be an integer or null, got {value!r}")
     if hint == (float | None) and value is not None:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ValueError(f"{key} must be a number of seconds or null, got {value!r}")
+            what = "a number of seconds" if key.endswith("_s") else "a number"
+            raise ValueError(f"{key} must be {what} or null, got {value!r}")
         value = float(value)
     if value is None:
         return value

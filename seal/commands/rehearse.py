@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seal.config import GeneratorFleetConfig, LearnerGroupConfig
+from seal.config import GeneratorConfig, LearnerGroupConfig
 from seal.errors import CliError
 
 STEPS = 2
@@ -310,7 +310,7 @@ def _read_out(report, pipeline, target, steps: int) -> None:
     cfg = pipeline.cfg
     world, stage = LearnerGroupConfig.of(cfg).world_size, int(cfg.learner.cfg.zero_stage)
     deepspeed = cfg.learner.cfg.backend == "deepspeed"
-    fleet = GeneratorFleetConfig.of(cfg)
+    fleet = GeneratorConfig.of(cfg)
     tp, gpus = fleet.tensor_parallel_size, pipeline.cluster.generator.num_gpus
     try:
         ranks = pipeline.learner_ranks()

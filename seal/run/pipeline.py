@@ -29,7 +29,7 @@ from replay.auth import RunKeys
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
 from replay.transport import ReplayServer
-from seal.config import GeneratorFleetConfig, LearnerGroupConfig, TrainerConfig, instantiate
+from seal.config import GeneratorConfig, LearnerGroupConfig, TrainerConfig, instantiate
 from seal.run.dispatch import Dispatcher
 from seal.run.learner_steps import LearnerSteps
 from seal.run.progress import Progress, engines_text
@@ -61,7 +61,7 @@ class Pipeline:
         import ray
 
         self.trainer = t = check_pipeline_config(cfg)
-        self.learner_group, self.fleet = LearnerGroupConfig.of(cfg), GeneratorFleetConfig.of(cfg)
+        self.learner_group, self.fleet = LearnerGroupConfig.of(cfg), GeneratorConfig.of(cfg)
         self.cfg, self.run_dir = cfg, run_dir
         self.progress = progress or Progress(quiet=True)
         self.cluster = instantiate(cfg.cluster)
@@ -322,7 +322,7 @@ def check_pipeline_config(cfg) -> TrainerConfig:
     if trainer.min_group_size is not None and trainer.min_group_size > cfg.n:
         raise ValueError(f"trainer.min_group_size={trainer.min_group_size} is more than a group's n={cfg.n} rollouts")
     learners = LearnerGroupConfig.of(cfg)
-    GeneratorFleetConfig.of(cfg)
+    GeneratorConfig.of(cfg)
     if learners.world_size > 1 and learners.backend != "deepspeed":
         raise ValueError(
             f"learner.world_size={learners.world_size} needs a DeepSpeed learner (learner=zero2 or learner=zero3)"

@@ -74,7 +74,7 @@ def latest_config_file(run_dir: Path) -> Path:
 
 
 # Learner-group and fleet settings a run may predate, as the code before them ran: the typed reads
-# (seal/config.py LearnerGroupConfig, GeneratorFleetConfig) refuse a config without them.
+# (seal/config.py LearnerGroupConfig, GeneratorConfig) refuse a config without them.
 PREDATED = {
     "learner.world_size": 1,
     "learner.timeout_s": 600.0,

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from replay.auth import ClientKeys
-from seal.config import GeneratorFleetConfig, LearnerGroupConfig, instantiate, instantiate_spec
+from seal.config import GeneratorConfig, LearnerGroupConfig, instantiate, instantiate_spec
 from seal.runtime.placement import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class ActorSet:
         self.target_env = 0
         self._created = 0
         spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
-        settings, fleet = GroupSettings.from_spec(spec), GeneratorFleetConfig.of(cfg)
+        settings, fleet = GroupSettings.from_spec(spec), GeneratorConfig.of(cfg)
         io = run_io_bounds(cfg)  # checkpoint, resume and snapshot bounded by their bytes
         if io is not None:
             settings = replace(settings, checkpoint_timeout_s=io.checkpoint_s, snapshot_timeout_s=io.snapshot_s)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from seal.config import GeneratorFleetConfig, LearnerGroupConfig, TrainerConfig, compose, config_dir, recorded_trainer
+from seal.config import GeneratorConfig, LearnerGroupConfig, TrainerConfig, compose, config_dir, recorded_trainer
 
 YAML_TRAINER = yaml.safe_load((config_dir() / "config.yaml").read_text())["trainer"]
 
@@ -154,16 +154,16 @@ def test_the_pipeline_checks_refuse_what_the_learner_group_cannot_do():
 def test_the_learner_group_and_the_fleet_are_typed_and_a_key_not_set_is_one_line():
     cfg = compose([])
     assert (LearnerGroupConfig.of(cfg).world_size, LearnerGroupConfig.of(cfg).device) == (1, "cpu")
-    assert (GeneratorFleetConfig.of(cfg).replicas, GeneratorFleetConfig.of(cfg).update_timeout_s) == (1, 600.0)
-    assert GeneratorFleetConfig.of(compose(["generator=vllm_cpu"])).update_timeout_s is None  # a blocking engine
+    assert (GeneratorConfig.of(cfg).replicas, GeneratorConfig.of(cfg).update_timeout_s) == (1, 600.0)
+    assert GeneratorConfig.of(compose(["generator=vllm_cpu"])).update_timeout_s is None  # a blocking engine
     with pytest.raises(ValueError, match=r"^learner.world_size must be >= 1 \(learner ranks\), got 0$"):
         LearnerGroupConfig.of(compose(["learner.world_size=0"]))
     with pytest.raises(ValueError, match=r"^learner.cfg.device is not set \(each learner option"):
         LearnerGroupConfig.of(compose(["~learner.cfg.device"]))
     with pytest.raises(ValueError, match=r"^generator.replicas is not set \(each generator option"):
-        GeneratorFleetConfig.of(compose(["~generator.replicas"]))
+        GeneratorConfig.of(compose(["~generator.replicas"]))
     with pytest.raises(ValueError, match=r"^generator.weight_sync must be reload or broadcast, got 'nccl'$"):
-        GeneratorFleetConfig.of(compose(["generator.weight_sync=nccl"]))
+        GeneratorConfig.of(compose(["generator.weight_sync=nccl"]))
 
 
 def test_a_recorded_run_without_the_group_settings_reads_as_it_ran(tmp_path):
@@ -177,7 +177,7 @@ def test_a_recorded_run_without_the_group_settings_reads_as_it_ran(tmp_path):
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     recorded = recorded_config(tmp_path)
     assert LearnerGroupConfig.of(recorded) == LearnerGroupConfig.of(compose([]))
-    assert GeneratorFleetConfig.of(recorded) == GeneratorFleetConfig.of(compose([]))
+    assert GeneratorConfig.of(recorded) == GeneratorConfig.of(compose([]))
 
 
 def test_a_run_recorded_before_the_modules_moved_finds_its_classes_again():
