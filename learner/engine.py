@@ -11,6 +11,7 @@ states plus any extra state the caller passes (capability and interface).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 from learner.batch import Sample, build_samples
 from learner.config import LearnerConfig
 from learner.micro_batches import MicroBatch, collate, packs, plan_mini_batches
-from learner.phases import NO_PHASES, PhaseBox
+from learner.optimizer import StepBox, make_optimizer
 from learner.process_group import init_distributed
 from learner.reference import build_reference
 from learner.step_result import StepResult
@@ -66,10 +67,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         self.timeout_s, self.step_timeout_s = timeout_s, step_timeout_s
         self.model_path = model_path
         self.step = 0  # optimizer steps taken
-        # Seconds per phase of a step when a bench sets a PhaseClock (learner/phases.py). In a box the
-        # optimizer's timed step can hold without holding the learner: a cycle would keep a ZeRO-3
-        # learner's HfDeepSpeedConfig alive after its last use, and later models would load partitioned.
-        self._phase_box = PhaseBox(NO_PHASES)
+        # Seconds per phase of a step when a bench sets a PhaseClock (learner/phases.py), and the hold
+        # of a step whose gradient norm is not finite: what the optimizer's step reads (learner/optimizer.py).
+        self._phase_box = StepBox()
         self.device = torch.device(cfg.device)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -89,7 +89,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).train()
             self._prepare_policy_model(self.model)
-            self.optimizer = self._make_optimizer(self.model.parameters())
+            self.optimizer = make_optimizer(cfg, self.model.parameters(), self._phase_box)
             self.engine = None
         # The KL reference: none at all when the KL term is off (a full model copy for nothing).
         self.ref = (
@@ -97,26 +97,6 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             if cfg.loss.kl_coef
             else None
         )
-
-    def _make_optimizer(self, params):
-        import torch
-
-        if self.cfg.optimizer == "sgd":
-            optimizer = torch.optim.SGD(params, lr=self.cfg.lr, momentum=0.0, weight_decay=self.cfg.weight_decay)
-        else:
-            # fused: one kernel over each tensor for the whole update (CPU and CUDA), instead of a dozen
-            # elementwise passes over ZeRO's flat partition: a third of the optimizer's time on CPU.
-            optimizer = torch.optim.AdamW(
-                params, lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay, fused=True
-            )
-        step, box = optimizer.step, self._phase_box  # DeepSpeed's ZeRO optimizer calls this one
-
-        def timed_step(*args, **kwargs):
-            with box.clock.phase("optimizer"):
-                return step(*args, **kwargs)
-
-        optimizer.step = timed_step
-        return optimizer
 
     @property
     def phases(self) -> Any:
@@ -150,7 +130,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             self._hf_ds_config = HfDeepSpeedConfig(ds_config)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self._prepare_policy_model(model)
-        optimizer = self._make_optimizer(model.parameters())
+        optimizer = make_optimizer(self.cfg, model.parameters(), self._phase_box)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         # Stage 0 (one rank: learner/ds_config.py) clips without keeping the norm: the learner measures it.
         self._norm_before_step = ds_config["zero_optimization"]["stage"] == 0
@@ -340,7 +320,11 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
                 if is_last and self._norm_before_step:
                     grads = [q.grad for q in self.model.parameters() if q.grad is not None]
                     self._grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-                self.engine.step()
+                    self._phase_box.hold = not math.isfinite(self._grad_norm)  # nothing applied (learner/optimizer.py)
+                try:
+                    self.engine.step()
+                finally:
+                    self._phase_box.hold = False
         return forwarded if loss_scale else 0
 
     def _micro_loss(
@@ -444,7 +428,8 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             if self.engine is None:
                 with self.phases.phase("zero_bookkeeping"):
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-                    self.optimizer.step()
+                    if torch.isfinite(grad_norm):  # else nothing applied (learner/optimizer.py)
+                        self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                 step_stats.grad_norm(float(grad_norm))
             else:

@@ -61,10 +61,3 @@ class _NoPhases:
 
 
 NO_PHASES = _NoPhases()
-
-
-class PhaseBox:
-    """Where a learner keeps its clock, so what times a phase need not hold the learner itself."""
-
-    def __init__(self, clock: PhaseClock | _NoPhases) -> None:
-        self.clock = clock

@@ -49,6 +49,9 @@ class StepResult:
     kl: float | None = None  # None: no KL term (kl_coef 0)
     entropy: float | None = None  # None: entropy not computed
     tag_weights: Mapping[str, float] = field(default_factory=dict)  # the A-Patch weights the step used
+    # Mini-batches whose gradient norm was not finite: their update was not applied (learner/optimizer.py);
+    # grad_norm is the mean over the others. The same on every rank (the norm is the group's).
+    nonfinite_grad_steps: int = 0
 
 
 # Loss terms come normalised by the global mini-batch: the ranks' values add up to the step's.
@@ -111,6 +114,7 @@ ROW_FIELDS = (
     "is_truncated_frac",
     "ess",
     "mini_batches",
+    "nonfinite_grad_steps",
     "tag_weights",
 )
 # ... and its throughput under the learner's name (the row holds the generator's too).

@@ -14,11 +14,15 @@ segment was generated at the learner's current policy version; the
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from learner.batch import Sample
 from learner.loss import is_weight_stats, mismatch_stats
+
+log = logging.getLogger(__name__)
 
 # The loss terms every step reports (learner/step_result.py's required ones; kl and entropy may be absent).
 LOSS_TERMS = ("loss", "pg_loss", "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean")
@@ -29,6 +33,7 @@ class StepStats:
         self.policy_version = policy_version
         self._minis: list[dict[str, float]] = []
         self._grad_norms: list[float] = []
+        self._nonfinite = 0  # mini-batches whose gradient norm was not finite: no update applied
         self._same = {"count": 0.0, "kl_sum": 0.0, "kl_max": 0.0, "abs_diff_sum": 0.0}
         self._all = dict(self._same)
         self._is = {"count": 0.0, "w_sum": 0.0, "w_sq_sum": 0.0, "w_max": 0.0, "cut": 0.0}
@@ -37,7 +42,12 @@ class StepStats:
         self._minis.append({})
 
     def grad_norm(self, value: float) -> None:
-        self._grad_norms.append(value)
+        """A mini-batch's gradient norm; a non-finite one is counted (its update was held: learner/optimizer.py)."""
+        if math.isfinite(value):
+            self._grad_norms.append(value)
+            return
+        self._nonfinite += 1
+        log.error("gradient norm %s: this optimizer step is not applied (weights and optimizer state unchanged)", value)
 
     def _same_version(self, s: Sample) -> bool:
         if self.policy_version is None:
@@ -66,6 +76,7 @@ class StepStats:
         for key in sorted(keys):
             out[key] = sum(m.get(key, 0.0) for m in self._minis) / len(self._minis)
         out["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms) if self._grad_norms else 0.0
+        out["nonfinite_grad_steps"] = self._nonfinite
         same, every, iw = self._same, self._all, self._is
         out["mismatch_tokens"] = int(same["count"])
         out["mismatch_kl"] = same["kl_sum"] / same["count"] if same["count"] else None

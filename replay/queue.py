@@ -25,6 +25,9 @@ over those); each faulted member's place is taken by a ``padding`` stand-in (its
 sibling's prompt, nothing generated, outside the statistics: learner/batch.py), so
 the learner's groups keep their size. With fewer, the group is handed back by
 ``drain_faulted()`` for the producer to re-issue (the slot ledger's bounded retries).
+A rollout with a non-finite behaviour logprob is made such a fault as it arrives
+(``generation_error``, counted in ``nonfinite_refused``): one NaN in a loss makes the
+weights NaN for good.
 
 Token books (``stats``): generated tokens of rollouts discarded here without a group
 fate (partials of expired or abandoned groups, late rollouts of closed groups) are
@@ -33,12 +36,16 @@ counted in ``lost_tokens``; ``undecided_tokens()`` says what is still waiting.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from replay.messages import Trajectory
+from replay.messages import InfraFault, Trajectory
+
+log = logging.getLogger(__name__)
 
 FILTERS = ("none", "zero_variance")
 
@@ -56,6 +63,7 @@ class QueueStats:
     infra_failed: int = 0  # episodes the system ended (infra faults), in complete groups
     fault_reissued: int = 0  # groups handed back: fewer than min_group_size members without a fault
     lost_tokens: int = 0  # generated tokens of rollouts discarded without a group fate (see the module doc)
+    nonfinite_refused: int = 0  # rollouts with a non-finite behaviour logprob, made infra faults (never trained)
 
     def to_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -176,13 +184,32 @@ class ReplayQueue:
         if traj.rollout_index in pending.rollouts:
             self.stats.duplicates += 1
             return False
-        pending.rollouts[traj.rollout_index] = traj
+        pending.rollouts[traj.rollout_index] = self._refuse_nonfinite(traj)
         self.stats.accepted += 1
         if len(pending.rollouts) == self.group_size:
             del self._pending[gid]
             self._close(gid)
             self._completed(gid, [pending.rollouts[i] for i in range(self.group_size)])
         return True
+
+    def _refuse_nonfinite(self, traj: Trajectory) -> Trajectory:
+        """A rollout with a non-finite behaviour logprob (a broken replica's) is refused: ended by the
+        system (a generation_error), so it reaches no loss, no statistic, no reward figure."""
+        bad = next((i for i, lp in enumerate(traj.logprobs) if not math.isfinite(lp)), None)
+        if bad is None or traj.infra_fault is not None:
+            return traj
+        self.stats.nonfinite_refused += 1
+        fault = InfraFault("generation_error", f"behaviour logprob {traj.logprobs[bad]} at token {bad}: refused")
+        if self.stats.nonfinite_refused <= 10 or self.stats.nonfinite_refused % 1000 == 0:
+            log.error(
+                "replay queue refused rollout %d of group %s (task %s; %d refused so far): %s",
+                traj.rollout_index,
+                traj.group_id,
+                traj.task_id,
+                self.stats.nonfinite_refused,
+                fault.message,
+            )
+        return replace(traj, infra_fault=fault)
 
     def _completed(self, gid: str, trajs: list[Trajectory]) -> None:
         """A whole group: infra-faulted members out of its statistics, then the filter, then the batch line."""

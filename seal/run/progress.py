@@ -151,6 +151,9 @@ def step_text(
         )
         if f
     ]
+    held = int(row.get("nonfinite_grad_steps") or 0)
+    if held:  # learner/optimizer.py: nothing of those mini-batches reached the weights
+        figures.append(f"{held} update{'s' * (held != 1)} not applied (gradient norm not finite)")
     change = guideline_change(guidelines_before, row.get("active_guidelines") or [])
     versions = f"policy v{row['policy_version']}, interface v{row['interface_version']}" + (
         f" ({change})" if change else ""

@@ -71,6 +71,9 @@ SCALARS = (
     "episodes_played",
     "fault_reissued_groups",
     "given_up",
+    # NaN guards (issue 46): rollouts refused for a non-finite logprob; updates held for a non-finite norm
+    "nonfinite_refused",
+    "nonfinite_grad_steps",
 )
 GROUPS = (
     "tag_weights",

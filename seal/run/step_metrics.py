@@ -221,6 +221,8 @@ class StepWindow:
             "abandoned": counters["abandoned"],
             "replay_frames_by_peer": counters["frames_by_peer"],  # cumulative, by the IP each frame came from
             "duplicates": counters["duplicates"],
+            # rollouts with a non-finite behaviour logprob, made generation_error faults (replay/queue.py)
+            "nonfinite_refused": counters.get("nonfinite_refused", 0),
             "lost_groups": dict(self.failures),
             # Episodes the system ended (never scored), by kind; the groups re-issued for them; slots given up.
             "infra_failures": {k: faults[k] for k in INFRA_FAULT_KINDS},

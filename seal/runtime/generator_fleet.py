@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,15 @@ def spread_choice(
             used[node] = used.get(node, 0) + 1
     node = least_used_node(free_nodes(ray.nodes(), reserved), ask, used, prefer=ray.get_runtime_context().get_node_id())
     return (node, NodeAffinitySchedulingStrategy(node, soft=True)) if node is not None else (None, None)
+
+
+def canary_gap(got: list[float], want: list[float]) -> float:
+    """The largest |replica - learner| over the canary's logprobs; inf where they differ in length or
+    either side holds a value that is not finite (a NaN skipped by ``max``, or first and compared
+    False against the bound, would pass a broken replica)."""
+    if len(got) != len(want) or not all(math.isfinite(x) for x in (*got, *want)):
+        return math.inf
+    return max((abs(a - b) for a, b in zip(got, want)), default=0.0)
 
 
 class GeneratorFleet:
@@ -251,10 +261,7 @@ class GeneratorFleet:
                 got = ray.get(ref)
             except ray.exceptions.RayError:
                 continue  # the replica died; its restore re-syncs it
-            if len(got) != len(want):
-                diff = float("inf")
-            else:
-                diff = max((abs(a - b) for a, b in zip(got, want)), default=0.0)
+            diff = canary_gap(got, want)
             prev = self.counters.canary_max_diff
             self.counters.canary_max_diff = diff if prev is None else max(prev, diff)
             if diff > self.canary_max_diff and name in self.handles:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -230,3 +231,24 @@ def test_every_generated_token_of_the_queue_is_decided_lost_or_undecided():
     assert q.undecided_tokens() == {"open": 4, "done": 8}
     q.abandon("open")
     assert q.stats.lost_tokens == 12 and q.undecided_tokens() == {"done": 8}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_rollout_with_a_non_finite_logprob_is_refused_before_the_learner(value, caplog):
+    """Issue 46 item 5: one NaN behaviour logprob from a broken replica, trained on, makes the weights
+    NaN for good (clamp keeps NaN; NaN x mask 0 is NaN). It is made a generation_error as it arrives."""
+    q = ReplayQueue(group_size=3, groups_per_batch=1, min_group_size=2)
+    broken = traj("g", 2, reward=1.0)
+    broken = replace(broken, logprobs=[*broken.logprobs[:-1], value])
+    for t in (traj("g", 0, reward=0.0), traj("g", 1, reward=1.0), broken):
+        q.add(t)
+    (group,) = q.take_batch()
+    assert [t.rollout_index for t in group.faulted] == [2] and group.faulted[0].infra_fault.kind == "generation_error"
+    assert group.trajectories[2].padding and all(math.isfinite(lp) for t in group.trajectories for lp in t.logprobs)
+    assert q.stats.nonfinite_refused == 1 and q.stats.infra_failed == 1
+    assert f"behaviour logprob {value} at token 11: refused" in caplog.text
+    # too few members left: the group is handed back for re-issue, as for any other fault
+    for i in range(3):
+        t = traj("h", i)
+        q.add(replace(t, logprobs=[*t.logprobs[:-1], value]) if i else t)
+    assert [g.group_id for g in q.drain_faulted()] == ["h"] and q.stats.nonfinite_refused == 3

@@ -128,6 +128,8 @@ def test_step_line_trained_and_skipped():
         "5.2 generated tok/s; step 41 s; done"
     )
     assert step_text(row(), 3, None, 41.0, eta=None).endswith("step 41 s")  # no estimate before a step has ended
+    held = step_text(row(nonfinite_grad_steps=1), 3, None, 41.0, eta=None)  # learner/optimizer.py held it
+    assert "grad norm 0.41, 1 update not applied (gradient norm not finite); policy v1" in held
 
 
 def test_progress_prints_one_line_per_event_and_nothing_when_quiet():
