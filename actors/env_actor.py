@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from env_pool.base import Environment
@@ -45,6 +45,7 @@ class EnvActor:
         send_timeout_s: float = 600.0,
         keys: ClientKeys | None = None,
         lockstep: bool = True,
+        chat_options: Mapping[str, Any] | None = None,
     ) -> None:
         """``keys``: this run's CURVE keys for the replay stream (None when it runs without CURVE).
         ``lockstep``: a group's turns go out as one batch (blocking engines); False: each
@@ -60,7 +61,7 @@ class EnvActor:
         self.make_env = make_env
         self.sampling = sampling
         self.lockstep = lockstep
-        self.chat = ChatTokenizer(make_tokenizer())
+        self.chat = ChatTokenizer(make_tokenizer(), **(chat_options or {}))  # model.family, chat_template_kwargs
         self._generators: dict[str, RemoteGenerator] = {}  # replica name -> client (the router picks per group)
         self._default_generator = generator if isinstance(generator, str) else ""
         self.generator = self._generator_for("") if isinstance(generator, str) else RemoteGenerator(generator)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from env_pool.strict_json import DECODER
+
 PYTHON_TAG = "<|python_tag|>"
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 DS_CALLS_END = "<｜tool▁calls▁end｜>"
@@ -27,12 +29,6 @@ _DS_FENCE = "```json"
 
 class FamilyCallError(ValueError):
     """A step that tried a call in the family's format and got it wrong (the message says how)."""
-
-
-def _decoder() -> json.JSONDecoder:
-    from env_pool.tool_calls import _DECODER  # one JSON policy (no duplicate keys, no NaN) for every format
-
-    return _DECODER
 
 
 def _call_object(obj: Any, where: str) -> tuple[str, dict[str, Any]]:
@@ -68,7 +64,7 @@ def parse_llama_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
     if not body.startswith("{"):
         return []
     calls, pos = [], 0
-    decoder = _decoder()
+    decoder = DECODER
     while pos < len(body):
         where = f"call {len(calls) + 1}"
         try:
@@ -86,7 +82,7 @@ def parse_llama_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 def _parse_tagged(body: str) -> list[tuple[str, dict[str, Any]]]:
     calls, pos = [], 0
-    decoder = _decoder()
+    decoder = DECODER
     while (start := body.find("<tool_call>", pos)) >= 0:
         where = f"tool call {len(calls) + 1}"
         try:
@@ -118,7 +114,7 @@ def parse_deepseek_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
         return []
     calls: list[tuple[str, dict[str, Any]]] = []
     pos = begin + len(DS_CALLS_BEGIN)
-    decoder = _decoder()
+    decoder = DECODER
     while True:
         pos = _skip_ws(text, pos)
         if text.startswith(DS_CALLS_END, pos) or pos >= len(text):

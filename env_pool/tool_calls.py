@@ -32,6 +32,7 @@ from env_pool.family_calls import (
     render_deepseek_calls,
     render_llama_calls,
 )
+from env_pool.strict_json import DECODER as _DECODER
 
 ToolCallFormat = Literal["json", "python", "llama_json", "deepseek"]
 # Tool name -> its parameter names in positional order.
@@ -158,22 +159,6 @@ def _json_call(obj: Any, where: str) -> ToolCall:
         raise ToolCallParseError(f"{where}: 'arguments' must be a JSON object")
     _check_depth(args, where)
     return ToolCall(name, args)
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a valid JSON value")
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
 
 
 def _check_depth(value: Any, where: str, depth: int = 0) -> None:

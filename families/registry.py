@@ -160,12 +160,35 @@ def model_type(model_dir: str | Path | None) -> str | None:
     return (text.get("model_type") if isinstance(text, dict) else None) or cfg.get("model_type")
 
 
+def read_chat_template(model_dir: str | Path) -> str:
+    """A model directory's chat template without loading its tokenizer: chat_template.jinja
+    (what transformers 5 saves) or tokenizer_config.json's chat_template."""
+    path = Path(model_dir)
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text()
+    try:
+        template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return ""
+    return _default_template(template)
+
+
+def _default_template(template: Any) -> str:
+    if isinstance(template, list):  # named templates: the default one decides
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) else ""
+
+
 def detect_family(tokenizer: Any, model_dir: str | Path | None = None) -> Family:
     """The family of a model, from its config's model_type and its chat template's markers."""
-    kind = (model_type(model_dir) or "").lower()
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if not isinstance(template, str):  # a dict of named templates: the default one decides
-        template = template.get("default", "") if isinstance(template, dict) else ""
+    return family_of(_default_template(getattr(tokenizer, "chat_template", None)), model_type(model_dir), model_dir)
+
+
+def family_of(template: str, kind: str | None, model_dir: str | Path | None = None) -> Family:
+    """The family of a chat template (and config model_type, where the template alone cannot tell)."""
+    kind = (kind or "").lower()
     if kind.startswith("gpt_oss") or "<|channel|>" in template:
         return FAMILIES["gpt-oss"]
     if kind.startswith("gemma") or "<start_of_turn>" in template:
@@ -187,6 +210,23 @@ def detect_family(tokenizer: Any, model_dir: str | Path | None = None) -> Family
         f"cannot tell the model family{where} from model_type {kind or 'none'!r} and its chat template; "
         f"set model.family to one of {', '.join(FAMILIES)}"
     )
+
+
+def tool_format_of(model_dir: str | Path, family: str | None = None) -> str:
+    """The tool-call format a model was trained with: what an env's ``tool_format: auto`` means."""
+    if family:
+        return family_named(family).tool_format
+    return family_of(read_chat_template(model_dir), model_type(model_dir), model_dir).tool_format
+
+
+def turn_end_ids(tokenizer: Any, model_dir: str | Path | None) -> tuple[int, ...]:
+    """The end set an engine stops on: the family's when the model has a known family, else the
+    tokenizer's EOS and generation_config's (an engine serves models SEAL cannot build chats for too)."""
+    try:
+        family = detect_family(tokenizer, model_dir)
+    except UnknownFamily:
+        family = Family("unknown", tool_format="json", end_texts=())
+    return end_token_ids(tokenizer, family, model_dir)
 
 
 def single_token_id(tokenizer: Any, text: str) -> int | None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from families.registry import Family, detect_family, end_token_ids
+from families.registry import Family, detect_family, end_token_ids, family_named
 
 Message = dict[str, Any]
 
@@ -52,7 +52,7 @@ class Completion:
 @dataclass
 class ChatTokenizer:
     tokenizer: Any  # a transformers tokenizer with a chat template
-    family: Family | None = None  # None: detected from the model's config and template
+    family: Family | str | None = None  # a Family or its name (model.family); None: detected from the model
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # model.chat_template_kwargs
     model_dir: str | None = None  # None: the tokenizer's own directory
 
@@ -60,7 +60,10 @@ class ChatTokenizer:
         self.model_dir = self.model_dir or getattr(self.tokenizer, "name_or_path", None) or None
         self.name = str(self.model_dir or type(self.tokenizer).__name__)
         try:
-            family = self.family or detect_family(self.tokenizer, self.model_dir)
+            if isinstance(self.family, str):
+                family = family_named(self.family)
+            else:
+                family = self.family or detect_family(self.tokenizer, self.model_dir)
         except ValueError as exc:
             raise ChatBuildError(str(exc)) from None
         if family.unsupported:
@@ -75,7 +78,7 @@ class ChatTokenizer:
 
     @property
     def fam(self) -> Family:
-        assert self.family is not None  # set in __post_init__
+        assert isinstance(self.family, Family)  # set in __post_init__
         return self.family
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> str:

@@ -58,6 +58,7 @@ from typing import Any
 from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
 from actors.generation.sources import as_tensors, restarted_by_ray, send_weights_async
+from families.registry import turn_end_ids
 from replay.messages import Segment
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
 from weights.buckets import WeightManifest
@@ -136,6 +137,7 @@ class AsyncVllmGenerator(Generator):
         self._group_timeout_s: float | None = None  # the weight group's, once joined
         self.counters = ReplicaCounters()
         self._engine: Any = None
+        self._stop_ids: list[int] = []  # the family's end set, read from the engine's tokenizer at start
         self._start_lock: asyncio.Lock | None = None
         self._update_lock: asyncio.Lock | None = None
         self._serving: asyncio.Event | None = None  # clear while an update (or a restart's first weights) is pending
@@ -164,6 +166,9 @@ class AsyncVllmGenerator(Generator):
 
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs))
                 await engine.update_weight_version(str(self._version))
+                # The family's whole end set (EOS, generation_config's, <|eom_id|>, <end_of_turn>, ...),
+                # given explicitly: a turn ends on any of them, whatever vLLM reads by itself.
+                self._stop_ids = list(turn_end_ids(engine.get_tokenizer(), self._engine_kwargs["model"]))
                 self._engine = engine
         return self._engine
 
@@ -212,6 +217,7 @@ class AsyncVllmGenerator(Generator):
                     max_tokens=remaining,
                     logprobs=0,
                     seed=req.seed if req.seed is not None else sampling.seed,
+                    stop_token_ids=self._stop_ids,
                     output_kind=RequestOutputKind.FINAL_ONLY,
                 )
                 epoch, version_now = self._abort_epoch, self._version

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.generation.engine_settings import EngineSettings, engine_setup
 from actors.generation.sources import send_weights
+from families.registry import turn_end_ids
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ class VllmGenerator(Generator):
         from vllm import LLM
 
         self._llm = LLM(**setup.kwargs)
+        # The family's whole end set (EOS, generation_config's, <|eom_id|>, <end_of_turn>, ...), given
+        # explicitly: a turn ends on any of them, whatever vLLM reads by itself.
+        self._stop_ids = list(turn_end_ids(self._llm.get_tokenizer(), setup.settings.model_path))
         self.settings = setup.settings
         self.device = device
         self.dtype = setup.settings.dtype  # resolved: bfloat16 | float32; the learner sends weights in it
@@ -103,6 +107,7 @@ class VllmGenerator(Generator):
                 max_tokens=r.max_new_tokens,
                 logprobs=0,
                 seed=r.seed if r.seed is not None else sampling.seed,
+                stop_token_ids=self._stop_ids,
             )
             for r in requests
         ]

@@ -193,7 +193,7 @@ def _run_snapshot(
     started, generator, chat, results, ood = time.perf_counter(), None, None, [], None
     try:
         if todo:
-            from rollout.chat import ChatTokenizer
+            from seal.chat_setup import chat_tokenizer
             from seal.runtime.generator_spec import local_generator
 
             print(
@@ -203,7 +203,7 @@ def _run_snapshot(
             )
             with output_to_file(log):
                 generator = local_generator(cfg.generator, model_path=weights)
-            chat = ChatTokenizer(generator.tokenizer)
+            chat = chat_tokenizer(cfg, generator.tokenizer)
             ood = OodRunner(
                 generator, sampling, snapshot=name, seed=seed, details=run_dir / EVAL_DIR / "ood" / f"{name}.jsonl"
             )

@@ -59,7 +59,7 @@ def choose_tasks(cfg, env, interface, default_ids: list[str], named: str | None)
 
 
 def _generator(cfg, instantiate):
-    from rollout.chat import ChatTokenizer
+    from seal.chat_setup import chat_tokenizer
     from seal.config import instantiate_spec
     from seal.runtime.generator_spec import local_generator_spec
 
@@ -70,7 +70,7 @@ def _generator(cfg, instantiate):
         flush=True,
     )
     generator = instantiate_spec(spec)
-    return generator, ChatTokenizer(generator.tokenizer)
+    return generator, chat_tokenizer(cfg, generator.tokenizer)
 
 
 def rollout(args) -> int:

@@ -43,7 +43,7 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     from omegaconf import OmegaConf
 
     from evaluation.frozen import FINAL_FILE, FINAL_TASKS_FILE, final_record, final_tasks, play_snapshot, write_final
-    from rollout.chat import ChatTokenizer
+    from seal.chat_setup import chat_tokenizer
     from seal.config import instantiate
     from seal.console import output_to_file
     from seal.run.snapshots import read_snapshots, snapshot_weights
@@ -81,7 +81,7 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     with output_to_file(log):  # vLLM's start-up and weight-load chatter, not the user's terminal
         generator = local_generator(cfg.generator, model_path=snapshot_weights(run_dir, first), seed=int(cfg.seed))
     try:
-        chat = ChatTokenizer(generator.tokenizer)
+        chat = chat_tokenizer(cfg, generator.tokenizer)
         runs = []
         for i, record in enumerate(chosen):
             with output_to_file(log):

@@ -27,10 +27,9 @@ def room_text(cfg) -> str:
 
 
 def chat_tokenizer(cfg):
-    from rollout.chat import ChatTokenizer
-    from weights.model_assets import load_tokenizer
+    from seal.chat_setup import chat_tokenizer as configured
 
-    return ChatTokenizer(load_tokenizer(str(cfg.model.path)))
+    return configured(cfg)
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,7 @@ class ActorSet:
         import ray
 
         from actors.env_actor import EnvActor
+        from seal.chat_setup import chat_options
         from weights.model_assets import load_tokenizer
 
         if n < 1:
@@ -260,6 +261,7 @@ class ActorSet:
                     # auth guards the cluster, docs/main-job.md), never in a file; Ray keeps them to restart the actor.
                     self.replay_keys,
                     not self.generators.is_async,
+                    chat_options(self.cfg),
                 )
             )
             self.env[name] = handle

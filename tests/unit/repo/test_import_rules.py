@@ -16,14 +16,15 @@ ROOT = Path(__file__).resolve().parents[3]
 # weights/ (learner and generators), rollout/ (env actors and evaluation), replay/ (wire types).
 MAY_IMPORT: dict[str, set[str]] = {
     "weights": set(),
+    "families": {"weights"},  # model families: their templates, end tokens, tool formats; fetched tokenizers, twins
     "replay": set(),
     "env_pool": set(),
-    "rollout": {"weights", "replay", "env_pool"},
-    "learner": {"weights", "replay", "env_pool"},
-    "actors": {"weights", "replay", "env_pool", "rollout"},
-    "evaluation": {"weights", "replay", "env_pool", "rollout"},
-    "seal": {"weights", "replay", "env_pool", "rollout", "learner", "actors", "evaluation"},
-    "benchmarks": {"weights", "replay", "env_pool", "rollout", "learner", "actors", "evaluation", "seal"},
+    "rollout": {"weights", "families", "replay", "env_pool"},
+    "learner": {"weights", "families", "replay", "env_pool"},
+    "actors": {"weights", "families", "replay", "env_pool", "rollout"},
+    "evaluation": {"weights", "families", "replay", "env_pool", "rollout"},
+    "seal": {"weights", "families", "replay", "env_pool", "rollout", "learner", "actors", "evaluation"},
+    "benchmarks": {"weights", "families", "replay", "env_pool", "rollout", "learner", "actors", "evaluation", "seal"},
     # A user's environment (docs/custom-environment.md) needs the env contract and nothing else.
     "examples": {"env_pool"},
 }

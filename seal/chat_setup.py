@@ -1,0 +1,37 @@
+"""The conversation builder as the model group configures it (model.family, model.chat_template_kwargs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def chat_options(cfg: Any) -> dict[str, Any]:
+    """ChatTokenizer's settings from the model group: plain values, so they travel to Ray actors."""
+    model = cfg.model
+    return {"family": model.family or None, "template_kwargs": dict(model.chat_template_kwargs or {})}
+
+
+def chat_tokenizer(cfg: Any, tokenizer: Any = None) -> Any:
+    """The run's ChatTokenizer over ``tokenizer`` (default: the model's, loaded alone)."""
+    from rollout.chat import ChatTokenizer
+    from weights.model_assets import load_tokenizer
+
+    return ChatTokenizer(
+        tokenizer if tokenizer is not None else load_tokenizer(str(cfg.model.path)), **chat_options(cfg)
+    )
+
+
+def model_tool_format(path: str, family: str | None = None) -> str:
+    """``${model_tool_format:${model.path},${model.family}}``: the tool-call format the model was
+    trained with (its family's), which an env config can take instead of naming one."""
+    from families.registry import tool_format_of
+    from weights.model_assets import resolve_model
+
+    return tool_format_of(resolve_model(str(path)), family or None)
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("model_tool_format"):
+        OmegaConf.register_new_resolver("model_tool_format", model_tool_format, use_cache=True)
