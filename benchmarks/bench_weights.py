@@ -61,11 +61,11 @@ def _measure_model(cfg, repeats: int) -> dict[str, Any]:
     import ray
 
     from rollout.generator import GenerationRequest, SamplingConfig
-    from seal.config import instantiate
+    from seal.config import Settings, instantiate
     from seal.runtime.actor_set import ActorSet
 
     # No env actors are started, so nothing ever connects to the replay address.
-    actors = ActorSet(cfg, instantiate(cfg.cluster), "tcp://127.0.0.1:9")
+    actors = ActorSet(cfg, Settings.of(cfg), instantiate(cfg.cluster), "tcp://127.0.0.1:9")
     try:
         greedy = SamplingConfig(temperature=0.0, max_new_tokens=1)
         probe = [GenerationRequest("probe", list(range(1000, 1000 + PROBE_TOKENS)), 1)]

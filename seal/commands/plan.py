@@ -8,11 +8,12 @@ import json
 def run(args) -> int:
     """The `seal plan` handler: the table (or --json), then exit 2 with one line when it does not fit."""
     from seal.commands.plan_report import plan_json, plan_table
-    from seal.config import compose
+    from seal.config import Settings, compose
     from seal.errors import CliError
     from seal.runtime.plan import build_plan
 
-    plan = build_plan(compose(args.overrides))
+    cfg = compose(args.overrides)
+    plan = build_plan(cfg, settings=Settings.of(cfg))
     print(json.dumps(plan_json(plan)) if args.json else plan_table(plan), flush=True)
     if not plan.fits:
         raise CliError(plan.verdict())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from seal.config import LearnerGroupConfig, TrainerConfig
+from seal.config import Settings, TrainerConfig
 from seal.errors import CliError
 
 # Settings compared with numbers downstream: a string there would surface as a TypeError deep inside.
@@ -73,9 +73,9 @@ def check(cfg) -> None:
         raise ValueError(f"limit must be a number of tasks >= 1 or null, got {cfg.limit!r}")
     from seal.run.pipeline import check_pipeline_config
 
-    trainer = check_pipeline_config(
-        cfg
-    )  # the pipeline's own checks (the trainer group typed, learner size, guideline_policy)
+    # The pipeline's own checks (the groups typed, learner size, guideline_policy).
+    settings = check_pipeline_config(cfg)
+    trainer = settings.trainer
     _check_env_class(cfg)  # before it is built: a missing method is one line naming it
     built = {group: _build(cfg, group) for group in CHEAP}
     _build_queue(cfg, trainer)
@@ -92,10 +92,11 @@ def check(cfg) -> None:
 
     pool = training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
     _check_env_episode(built["env"], pool[0])
-    _check_cluster(cfg)
+    _check_cluster(cfg, settings)
     from seal.runtime.plan import check_fits
 
-    check_fits(cfg)  # `seal plan`'s memory and placement estimate (config.json only): refused only when it cannot fit
+    # `seal plan`'s memory and placement estimate (config.json only): refused only when it cannot fit.
+    check_fits(cfg, settings)
 
 
 def _is_int(value) -> bool:
@@ -281,13 +282,10 @@ def check_cluster_running(address: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"{where}: no Ray cluster answers there ({exc.strerror or exc}); {start}") from None
 
 
-def _check_cluster(cfg, gpus=None) -> None:
+def _check_cluster(cfg, settings: Settings, gpus=None) -> None:
     """``gpus``: how many GPUs a local Ray start would have (None: Ray's own detection)."""
     import os
 
-    from omegaconf import OmegaConf
-
-    from seal.runtime.generator_spec import split_generator_spec
     from seal.runtime.layout_guard import check_local_object_store, weights_bytes
     from seal.runtime.placement import ray_auth_env
 
@@ -298,7 +296,7 @@ def _check_cluster(cfg, gpus=None) -> None:
     if cluster.address:  # joining a cluster: its nodes' cores, GPUs and object stores are checked once joined
         return
     cluster.check_local_cpus()
-    replicas = split_generator_spec(OmegaConf.to_container(cfg.generator, resolve=True))[1]
-    cluster.check_local_resources(gpus, learner_ranks=LearnerGroupConfig.of(cfg).world_size, replicas=replicas)
+    ranks, replicas = settings.learner.world_size, settings.generator.replicas
+    cluster.check_local_resources(gpus, learner_ranks=ranks, replicas=replicas)
     # A replica's restore puts the whole model in the object store (cluster.object_store_gb).
-    check_local_object_store(cluster.object_store_gb, *weights_bytes(cfg))
+    check_local_object_store(cluster.object_store_gb, *weights_bytes(settings))

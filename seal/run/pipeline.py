@@ -29,7 +29,7 @@ from replay.auth import RunKeys
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
 from replay.transport import ReplayServer
-from seal.config import GeneratorConfig, LearnerGroupConfig, TrainerConfig, instantiate
+from seal.config import Settings, TrainerConfig, instantiate
 from seal.run.dispatch import Dispatcher
 from seal.run.learner_steps import LearnerSteps
 from seal.run.progress import Progress, engines_text
@@ -60,8 +60,9 @@ class Pipeline:
         """``tasks``: (task ids, overlong ones skipped) from ``select_tasks``, when the caller already chose them."""
         import ray
 
-        self.trainer = t = check_pipeline_config(cfg)
-        self.learner_group, self.fleet = LearnerGroupConfig.of(cfg), GeneratorConfig.of(cfg)
+        self.settings = check_pipeline_config(cfg)  # the typed groups, read once here
+        self.trainer = t = self.settings.trainer
+        self.learner_group, self.fleet = self.settings.learner, self.settings.generator
         self.cfg, self.run_dir = cfg, run_dir
         self.progress = progress or Progress(quiet=True)
         self.cluster = instantiate(cfg.cluster)
@@ -107,6 +108,7 @@ class Pipeline:
             with self.progress.timed("engine", f"starting {engines_text(cfg)}", "generator and learner ready"):
                 self.actors = ActorSet(
                     cfg,
+                    self.settings,
                     self.cluster,
                     self.replay.address,
                     storage=str(self.storage),
@@ -313,19 +315,17 @@ def replay_queue(cfg, t: TrainerConfig) -> ReplayQueue:
     )
 
 
-def check_pipeline_config(cfg) -> TrainerConfig:
-    """The checks no component makes of its own: the trainer, learner-group and generator-fleet
-    settings (typed, seal/config.py), the learner group's size against its backend, and the
-    guideline policy (built in the coordinator actor: it fails here, before anything starts).
-    Returns the trainer group."""
-    trainer = TrainerConfig.of(cfg)
+def check_pipeline_config(cfg) -> Settings:
+    """The checks no component makes of its own: the typed groups (seal/config.py), the learner
+    group's size against its backend, and the guideline policy (built in the coordinator actor: it
+    fails here, before anything starts). Returns the typed groups."""
+    settings = Settings.of(cfg)
+    trainer, learners = settings.trainer, settings.learner
     if trainer.min_group_size is not None and trainer.min_group_size > cfg.n:
         raise ValueError(f"trainer.min_group_size={trainer.min_group_size} is more than a group's n={cfg.n} rollouts")
-    learners = LearnerGroupConfig.of(cfg)
-    GeneratorConfig.of(cfg)
     if learners.world_size > 1 and learners.backend != "deepspeed":
         raise ValueError(
             f"learner.world_size={learners.world_size} needs a DeepSpeed learner (learner=zero2 or learner=zero3)"
         )
     instantiate(cfg.guideline_policy)
-    return trainer
+    return settings

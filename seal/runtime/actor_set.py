@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from replay.auth import ClientKeys
-from seal.config import GeneratorConfig, LearnerGroupConfig, instantiate, instantiate_spec
+from seal.config import Settings, instantiate, instantiate_spec
 from seal.runtime.placement import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,14 @@ class ActorSet:
     def __init__(
         self,
         cfg,
+        settings: Settings,
         cluster: ClusterConfig,
         replay_address: str,
         storage: str | None = None,
         replay_keys: ClientKeys | None = None,
     ) -> None:
-        """``replay_keys``: the env actors' CURVE keys for the replay stream (None: a plain stream)."""
+        """``settings``: ``cfg``'s typed groups (seal/config.py); ``replay_keys``: the env actors' CURVE
+        keys for the replay stream (None: a plain stream)."""
         import ray
 
         from seal.runtime.generator_fleet import GeneratorFleet
@@ -66,7 +68,8 @@ class ActorSet:
         from seal.runtime.learner_group import GroupSettings, LearnerGroup
         from seal.runtime.plan import run_io_bounds
 
-        self.cfg, self.cluster, self.replay_address, self.replay_keys = cfg, cluster, replay_address, replay_keys
+        self.cfg, self.settings, self.cluster = cfg, settings, cluster
+        self.replay_address, self.replay_keys = replay_address, replay_keys
         self.prefix = f"seal-{uuid.uuid4().hex[:8]}"  # actor names unique to this pipeline
         self.sampling = instantiate(cfg.sampling)
         transport = instantiate(cfg.transport)
@@ -81,20 +84,18 @@ class ActorSet:
         self.target_env = 0
         self._created = 0
         spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
-        settings, fleet = GroupSettings.from_spec(spec), GeneratorConfig.of(cfg)
-        io = run_io_bounds(cfg)  # checkpoint, resume and snapshot bounded by their bytes
+        group, fleet = GroupSettings.from_spec(spec), settings.generator
+        io = run_io_bounds(cfg, settings)  # checkpoint, resume and snapshot bounded by their bytes
         if io is not None:
-            settings = replace(settings, checkpoint_timeout_s=io.checkpoint_s, snapshot_timeout_s=io.snapshot_s)
+            group = replace(group, checkpoint_timeout_s=io.checkpoint_s, snapshot_timeout_s=io.snapshot_s)
         replicas = fleet.replicas
         # A blocking engine's options have no update timeout: its updates get the fleet's own bound.
         bound = {} if fleet.update_timeout_s is None else {"update_timeout_s": fleet.update_timeout_s}
         # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:
         # replicas started first could leave no node that holds every rank (seal/runtime/layout_guard.py).
         nodes = ray.nodes()
-        self.learner_plan = planned_learner_nodes(
-            cluster.generator, cluster.learner, replicas, settings.world_size, nodes
-        )
-        pg = reserve_learner(cluster.learner, settings.world_size, self.learner_plan, settings.timeout_s)
+        self.learner_plan = planned_learner_nodes(cluster.generator, cluster.learner, replicas, group.world_size, nodes)
+        pg = reserve_learner(cluster.learner, group.world_size, self.learner_plan, group.timeout_s)
         try:
             reserved = reserved_per_node(pg)
             check_replicas_fit(cluster.generator, replicas, nodes, reserved)
@@ -112,7 +113,7 @@ class ActorSet:
             # The learner group: world_size ranks in the reserved bundles, each with cluster.learner's resources; `learner` is rank 0.
             self.learners = LearnerGroup(
                 functools.partial(instantiate_spec, spec),
-                settings,
+                group,
                 cluster.learner,
                 env_vars=cluster.learner.env_vars(),
                 placement=pg,
@@ -142,7 +143,7 @@ class ActorSet:
         """Every node with a learner rank or a generator replica must see the run's storage (seal/runtime/storage.py)."""
         from seal.runtime.storage import check_nodes_see
 
-        check_nodes_see(storage, self.node_roles(), timeout_s=LearnerGroupConfig.of(self.cfg).timeout_s)
+        check_nodes_see(storage, self.node_roles(), timeout_s=self.settings.learner.timeout_s)
 
     def check_layout(self, nodes: list) -> None:
         """The ranks landed where the plan puts them, and every node with a rank or a replica has an
@@ -154,7 +155,7 @@ class ActorSet:
             [n.get("node_id", "?") for n in self.learners.nodes],
             {n["NodeID"]: node_name(n) for n in nodes},
         )
-        weights, what = weights_bytes(self.cfg)
+        weights, what = weights_bytes(self.settings)
         check_object_stores(nodes, self.node_roles(), weights, what)
 
     def placement(self) -> dict[str, dict[str, str]]:
@@ -195,7 +196,7 @@ class ActorSet:
             _spec(self.cfg.tag_weights),
             closed_loop,
             per_category,
-            str(self.cfg.learner.cfg.apatch.vocabulary),
+            self.settings.learner.cfg.apatch.vocabulary,
             _spec(self.cfg.guideline_policy),
         )
         options = dict(

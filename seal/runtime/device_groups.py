@@ -18,23 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _select(cfg: Any, key: str, default: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(cfg, key, default=default)
-    return default if value is None else value
+from seal.config import Settings
 
 
-def group_problems(cfg: Any, cluster: Any) -> list[str]:
-    """One line per collective group its members' devices cannot form (empty: none). ``cluster``:
-    the built ``cluster`` group (seal.runtime.placement.ClusterConfig), for what each actor reserves."""
-    learner = str(_select(cfg, "learner.cfg.device", "cpu"))
-    generator = str(_select(cfg, "generator.device", "cpu"))
-    world = int(_select(cfg, "learner.world_size", 1))
-    broadcast = str(_select(cfg, "generator.weight_sync", "reload")) == "broadcast"
-    tp = max(1, int(_select(cfg, "generator.tensor_parallel_size", 1)))
-    replicas = int(_select(cfg, "generator.replicas", 1))
+def group_problems(s: Settings, cluster: Any) -> list[str]:
+    """One line per collective group its members' devices cannot form (empty: none). ``s``: the
+    config's typed groups; ``cluster``: the built ``cluster`` group (seal.runtime.placement.ClusterConfig),
+    for what each actor reserves."""
+    learner, generator, world = s.learner.device, s.generator.device, s.learner.world_size
+    broadcast = s.generator.weight_sync == "broadcast"
+    tp, replicas = s.generator.tensor_parallel_size, s.generator.replicas
     problems = []
     if broadcast and learner != generator:
         backend, on = ("nccl", "CUDA") if learner == "cuda" else ("gloo", "the CPU")

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from seal.config import Settings
 from seal.runtime.placement import ActorResources
 
 # An object store must hold one copy of the generator's weights and a margin: batches, tag weights,
@@ -172,7 +173,7 @@ def check_learner_nodes(
 
 
 # ----------------------------------------------------------------------------- the object store
-def weights_bytes(cfg) -> tuple[float, str]:
+def weights_bytes(s: Settings) -> tuple[float, str]:
     """Bytes of the weights the generator takes (the model in the generator's dtype: what one
     weight manifest puts in the object store) and a description, from config.json only."""
     from pathlib import Path
@@ -180,9 +181,9 @@ def weights_bytes(cfg) -> tuple[float, str]:
     from seal.runtime.memory import DTYPE_BYTES, ModelSpec
     from seal.runtime.plan import generator_setup, model_config
 
-    config, source = model_config(cfg)
+    config, source = model_config(s.model)
     spec = ModelSpec.from_config(config, Path(source).parent.name)
-    dtype = generator_setup(cfg).dtype
+    dtype = generator_setup(s.generator).dtype
     return float(spec.params() * DTYPE_BYTES[dtype]), f"{spec.name} in {dtype}"
 
 

@@ -298,9 +298,9 @@ class GeneratorSetup:
     device: str = "cuda"
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float | None = 0.85  # CUDA only (None: a CPU engine's options have none)
     max_model_len: int = 4096
-    cpu_kv_cache_gb: float = 2.0  # CPU only: GiB per worker (vLLM's kv_cache_memory_bytes)
+    cpu_kv_cache_gb: float | None = 2.0  # CPU only: GiB per worker (vLLM's kv_cache_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -320,9 +320,14 @@ class GeneratorEstimate:
 def generator_memory(m: ModelSpec, g: GeneratorSetup, gpu_bytes: float | None) -> GeneratorEstimate:
     """One vLLM replica; ``gpu_bytes`` is one GPU's memory (None: unknown, the KV budget is then 0)."""
     wb = DTYPE_BYTES[g.dtype]
+    share = g.gpu_memory_utilization if g.device == "cuda" else g.cpu_kv_cache_gb
+    if share is None:  # seal/config.py GeneratorConfig refuses an option without its device's key
+        raise ValueError(
+            f"a {g.device} generator needs {'gpu_memory_utilization' if g.device == 'cuda' else 'cpu_kv_cache_gb'}"
+        )
     if g.device != "cuda":
         weights, kv_token = m.params() * wb, m.kv_bytes_per_token(wb, 1)
-        budget = g.cpu_kv_cache_gb * GIB
+        budget = share * GIB
         return GeneratorEstimate(
             weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), weights + budget + CPU_RUNTIME, 1
         )
@@ -330,7 +335,7 @@ def generator_memory(m: ModelSpec, g: GeneratorSetup, gpu_bytes: float | None) -
     weights, kv_token = m.params() * wb / tp, m.kv_bytes_per_token(wb, tp)
     if gpu_bytes is None:
         return GeneratorEstimate(weights, kv_token, 0.0, 0, weights + VLLM_RESERVE, tp)
-    taken = gpu_bytes * g.gpu_memory_utilization
+    taken = gpu_bytes * share
     budget = max(0.0, taken - weights - VLLM_RESERVE)
     return GeneratorEstimate(weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), taken, tp)
 

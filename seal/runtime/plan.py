@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from seal.config import GeneratorConfig, ModelConfig, Settings
 from seal.runtime.device_groups import group_problems
 from seal.runtime.io_bounds import IoBounds, io_bounds
 from seal.runtime.memory import (
@@ -77,19 +78,12 @@ class Plan:
 
 
 # ----------------------------------------------------------------------------- reading the config
-def _select(cfg, key: str, default=None):
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(cfg, key, default=default)
-    return default if value is None else value
-
-
-def model_config(cfg, config_root: Path | None = None) -> tuple[dict[str, Any], str]:
+def model_config(model: ModelConfig, config_root: Path | None = None) -> tuple[dict[str, Any], str]:
     """The model's config.json and where it was read: ``model.path`` when it holds one, else the
     spec ``model.spec`` names (or the bundled models' own) under configs/model_specs/."""
     from seal.config import config_dir
 
-    path = str(cfg.model.path)
+    path = model.path
     candidates: list[Path] = []
     if path in BUNDLED_SPECS:
         from weights.model_assets import embedded_model_dir, tiny_model_dir
@@ -97,7 +91,7 @@ def model_config(cfg, config_root: Path | None = None) -> tuple[dict[str, Any], 
         candidates.append((embedded_model_dir() if path == "embedded" else tiny_model_dir()) / "config.json")
     else:
         candidates.append(Path(path).expanduser() / "config.json")
-    spec = _select(cfg, "model.spec") or BUNDLED_SPECS.get(path)
+    spec = model.spec or BUNDLED_SPECS.get(path)
     if spec:
         candidates.append((config_root or config_dir()) / SPECS_DIR / str(spec) / "config.json")
     for c in candidates:
@@ -115,42 +109,41 @@ def model_config(cfg, config_root: Path | None = None) -> tuple[dict[str, Any], 
     raise FileNotFoundError(f"model.path={path}: no config.json there{hint}")
 
 
-def learner_setup(cfg) -> LearnerSetup:
+def learner_setup(cfg, s: Settings) -> LearnerSetup:
+    """The learner group's settings as the estimate takes them (``cfg``: the sampling group's length)."""
     from weights.precision import resolve_dtype
 
-    lc = cfg.learner.cfg
+    lc = s.learner.cfg
     return LearnerSetup(
-        backend=str(lc.backend),
-        zero_stage=int(lc.zero_stage),
-        world_size=int(_select(cfg, "learner.world_size", 1)),
-        device=str(lc.device),
-        dtype=resolve_dtype(str(lc.dtype), str(lc.device))[0],
-        optimizer=str(lc.optimizer),
-        offload_optimizer=bool(lc.offload_optimizer),
-        offload_param=bool(lc.offload_param),
+        backend=lc.backend,
+        zero_stage=lc.zero_stage,
+        world_size=s.learner.world_size,
+        device=lc.device,
+        dtype=resolve_dtype(lc.dtype, lc.device)[0],
+        optimizer=lc.optimizer,
+        offload_optimizer=lc.offload_optimizer,
+        offload_param=lc.offload_param,
         reference=bool(float(lc.loss.kl_coef)),
-        gradient_checkpointing=bool(lc.gradient_checkpointing),
-        micro_batch_size=int(lc.micro_batch_size),
-        shared_prefix=bool(lc.shared_prefix),
-        seq_len=int(cfg.generator.max_model_len),
+        gradient_checkpointing=lc.gradient_checkpointing,
+        micro_batch_size=lc.micro_batch_size,
+        shared_prefix=lc.shared_prefix,
+        seq_len=s.generator.max_model_len,
         response_len=int(cfg.sampling.max_new_tokens),
         weight_bucket_mb=float(lc.weight_bucket_mb),
-        logprob_head=str(lc.get("logprob_head", "chunked")),
+        logprob_head=lc.logprob_head,
     )
 
 
-def generator_setup(cfg) -> GeneratorSetup:
+def generator_setup(g: GeneratorConfig) -> GeneratorSetup:
     from weights.precision import resolve_dtype
 
-    g = cfg.generator
-    device = str(_select(cfg, "generator.device", "cpu"))
     return GeneratorSetup(
-        device=device,
-        dtype=resolve_dtype(str(_select(cfg, "generator.dtype", "float32")), device)[0],
-        tensor_parallel_size=int(_select(cfg, "generator.tensor_parallel_size", 1)),
-        gpu_memory_utilization=float(_select(cfg, "generator.gpu_memory_utilization", 0.85)),
-        max_model_len=int(g.max_model_len),
-        cpu_kv_cache_gb=float(_select(cfg, "generator.cpu_kv_cache_gb", 2)),
+        device=g.device,
+        dtype=resolve_dtype(g.dtype, g.device)[0],
+        tensor_parallel_size=g.tensor_parallel_size,
+        gpu_memory_utilization=g.gpu_memory_utilization,
+        max_model_len=g.max_model_len,
+        cpu_kv_cache_gb=g.cpu_kv_cache_gb,
     )
 
 
@@ -223,14 +216,16 @@ def target_nodes(
 
 
 # ----------------------------------------------------------------------------- the plan
-def build_plan(cfg, query: bool = True) -> Plan:
+def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Plan:
+    """``settings``: the typed groups of ``cfg`` when the caller has built them (None: built here)."""
     from seal.config import instantiate
 
-    config, source = model_config(cfg)
+    s = settings or Settings.of(cfg)
+    config, source = model_config(s.model)
     m = ModelSpec.from_config(config, Path(source).parent.name)
     cluster: ClusterConfig = instantiate(cfg.cluster)
-    ls, gs = learner_setup(cfg), generator_setup(cfg)
-    replicas = int(_select(cfg, "generator.replicas", 1))
+    ls, gs = learner_setup(cfg, s), generator_setup(s.generator)
+    replicas = s.generator.replicas
     asks_gpus = (
         ls.device == "cuda"
         or gs.device == "cuda"
@@ -244,10 +239,10 @@ def build_plan(cfg, query: bool = True) -> Plan:
     if ls.device == "cuda" and gpu_gb:
         cap = gpu_gb * min(cluster.learner.num_gpus, 1.0)
     plan = Plan(m, source, ls, lest, cap, gs, gen_est, replicas, where, None, notes=notes)
-    plan.io = io_bounds(m, ls, *_io_settings(cfg))
+    plan.io = io_bounds(m, ls, s.learner.timeout_s, s.trainer.storage_min_mb_s)
     _check_learner(plan, cluster)
     _check_generator(plan, cluster, cfg, gpu_gb)
-    plan.problems += group_problems(cfg, cluster)  # the collective groups' members on their backend's devices
+    plan.problems += group_problems(s, cluster)  # the collective groups' members on their backend's devices
     if nodes is not None:
         plan.layout = place(
             demands(cluster, replicas, ls.world_size, lest, ls.device == "cuda", gen_est, gs.device == "cuda"),
@@ -362,35 +357,31 @@ def _check_generator(plan: Plan, cluster: ClusterConfig, cfg, gpu_gb: float | No
             break
 
 
-def _io_settings(cfg) -> tuple[float, float]:
-    """(learner.timeout_s, trainer.storage_min_mb_s), as a config that predates them ran."""
-    return float(_select(cfg, "learner.timeout_s", 600.0)), float(_select(cfg, "trainer.storage_min_mb_s", 100.0))
-
-
-def run_io_bounds(cfg) -> IoBounds | None:
+def run_io_bounds(cfg, settings: Settings | None = None) -> IoBounds | None:
     """The learner group's checkpoint and snapshot bounds for a run of ``cfg``; None when the model's
     config.json cannot be read here (every call then has learner.timeout_s, as before)."""
+    s = settings or Settings.of(cfg)
     try:
-        config, source = model_config(cfg)
-        return io_bounds(
-            ModelSpec.from_config(config, Path(source).parent.name), learner_setup(cfg), *_io_settings(cfg)
-        )
+        config, source = model_config(s.model)
+        m = ModelSpec.from_config(config, Path(source).parent.name)
+        return io_bounds(m, learner_setup(cfg, s), s.learner.timeout_s, s.trainer.storage_min_mb_s)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def check_fits(cfg) -> None:
+def check_fits(cfg, settings: Settings | None = None) -> None:
     """`seal train`'s preflight: ValueError with the one-line verdict when the plan clearly cannot fit.
     Nothing is refused when the model's config.json cannot be read or is not a decoder-only
     HF config the estimate knows (the model check and the learner say what they think of it); a
     collective group its members' devices cannot form is refused whatever the model."""
     from seal.config import instantiate
 
-    problems = group_problems(cfg, instantiate(cfg.cluster))
+    s = settings or Settings.of(cfg)
+    problems = group_problems(s, instantiate(cfg.cluster))
     if problems:
         raise ValueError("; ".join(problems))
     try:
-        plan = build_plan(cfg, query=False)
+        plan = build_plan(cfg, query=False, settings=s)
     except (OSError, ValueError, KeyError, TypeError):  # json.JSONDecodeError is a ValueError
         return
     if not plan.fits:

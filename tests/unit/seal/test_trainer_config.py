@@ -142,7 +142,7 @@ def test_a_recorded_run_reads_with_todays_values_for_what_it_predates():
 def test_the_pipeline_checks_refuse_what_the_learner_group_cannot_do():
     from seal.run.pipeline import check_pipeline_config
 
-    assert check_pipeline_config(compose([])) == TrainerConfig.of(compose([]))
+    assert check_pipeline_config(compose([])).trainer == TrainerConfig.of(compose([]))
     with pytest.raises(ValueError, match="needs a DeepSpeed learner"):
         check_pipeline_config(compose(["learner=torch", "learner.world_size=2"]))
     with pytest.raises(ValueError, match="trainer.mode must be sync or async"):

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from seal.config import compose, instantiate
+from seal.config import Settings, compose, instantiate
 from seal.errors import CliError
 from seal.runtime.device_groups import group_problems
 from seal.runtime.plan import build_plan, check_fits
@@ -27,7 +27,7 @@ LEARNER_AND_REPLICA_ONE_GPU = [
 
 def problems(overrides: list[str]) -> list[str]:
     cfg = compose(overrides)
-    return group_problems(cfg, instantiate(cfg.cluster))
+    return group_problems(Settings.of(cfg), instantiate(cfg.cluster))
 
 
 def refused_by_plan_and_preflight(overrides: list[str], match: str) -> None:

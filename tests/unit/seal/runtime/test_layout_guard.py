@@ -136,20 +136,21 @@ def test_preflight_counts_world_size_gpus_and_sizes_the_object_store():
     """qwen7b_1x8 asks 6 ranks x 1 GPU + one TP-2 replica = 8 GPUs: on 4 it is refused (the old
     count was 1 + 2 = 3 and let it start, its ranks then waiting for GPUs for ever)."""
     from seal.commands.preflight import _check_cluster
-    from seal.config import compose
+    from seal.config import Settings, compose
 
     cfg = compose(["recipe=qwen7b_1x8"])
     with pytest.raises(ValueError, match=r"ask for 8 GPUs .*cluster.learner.num_gpus=1 x 6 learner ranks"):
-        _check_cluster(cfg, gpus=lambda: 4)
-    _check_cluster(cfg, gpus=lambda: 8)
+        _check_cluster(cfg, Settings.of(cfg), gpus=lambda: 4)
+    _check_cluster(cfg, Settings.of(cfg), gpus=lambda: 8)
+    small = compose(["recipe=qwen7b_1x8", "cluster.object_store_gb=4"])
     with pytest.raises(ValueError, match="cluster.object_store_gb=4 cannot hold"):
-        _check_cluster(compose(["recipe=qwen7b_1x8", "cluster.object_store_gb=4"]), gpus=lambda: 8)
+        _check_cluster(small, Settings.of(small), gpus=lambda: 8)
 
 
 @pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8"])
 def test_every_recipes_object_store_holds_its_weights(recipe):
-    from seal.config import compose, instantiate
+    from seal.config import Settings, compose, instantiate
     from seal.runtime.layout_guard import weights_bytes
 
     cfg = compose([f"recipe={recipe}"])
-    check_local_object_store(instantiate(cfg.cluster).object_store_gb, *weights_bytes(cfg))
+    check_local_object_store(instantiate(cfg.cluster).object_store_gb, *weights_bytes(Settings.of(cfg)))
