@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seal.config import GeneratorConfig, LearnerGroupConfig
+from seal.config import Settings
 from seal.errors import CliError
 
 STEPS = 2
@@ -45,13 +45,6 @@ NOT_REHEARSED = [
 ]
 
 
-def _select(cfg, key: str, default=None):
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(cfg, key, default=default)
-    return default if value is None else value
-
-
 def rehearsal_model(tp: int) -> str:
     """model.path for the rehearsal: the bundled tiny model when ``tp`` splits its 2 heads, else a
     tiny model with 8 attention / 4 KV heads (prepared once, cached beside it) that TP 4 and 8 split."""
@@ -67,15 +60,15 @@ def rehearsal_model(tp: int) -> str:
 
 
 def rehearsal_overrides(
-    target, user: list[str], address: str, run_dir: str, steps: int, model: str, local: bool
+    target: Settings, user: list[str], address: str, run_dir: str, steps: int, model: str, local: bool
 ) -> list[str]:
     """The `seal train` overrides of the rehearsal: the user's (the recipe among them), then the CPU stand-ins;
-    ``local``: ``address`` is the rehearsal's own cluster (no token to join it with)."""
+    ``target``: the recipe's typed groups; ``local``: ``address`` is the rehearsal's own cluster (no token
+    to join it with)."""
     from seal.runtime.generator_spec import is_async_engine
 
-    world = int(_select(target, "learner.world_size", 1))
-    gen = target.generator
-    engine = "vllm_async_cpu" if is_async_engine(gen._target_) else "vllm_cpu"
+    world, gen = target.learner.world_size, target.generator
+    engine = "vllm_async_cpu" if is_async_engine(gen.target) else "vllm_cpu"
     out = [
         *user,
         f"generator={engine}",
@@ -104,11 +97,16 @@ def rehearsal_overrides(
         "cluster.generator.threads=1",
     ]
     for key in CARRIED:
-        if key in gen:
-            value = gen[key]
+        value = getattr(gen, key)
+        if value is not None:  # None: the recipe's engine has no such setting
             out.append(f"++generator.{key}={json.dumps(value) if isinstance(value, str) else value}")
+    timeouts = {
+        "learner.timeout_s": target.learner.timeout_s,
+        "learner.step_timeout_s": target.learner.step_timeout_s,
+        "generator.update_timeout_s": gen.update_timeout_s,
+    }
     for key, limit in TIMEOUTS.items():
-        now = _select(target, key)
+        now = timeouts[key]
         out.append(f"{key}={min(float(now), limit) if now is not None else limit:g}")
     out.append(f"cluster.address={address}")
     if local:
@@ -144,11 +142,12 @@ def run(args) -> int:
     user = list(args.overrides)
     try:
         target = compose(user)  # the GPU configuration as `seal train` would run it
+        settings = Settings.of(target)
         cluster = instantiate(target.cluster)
-        plan = build_plan(target, query=False)
+        plan = build_plan(target, query=False, settings=settings)
     except (ValueError, KeyError, OSError) as exc:
         raise CliError(one_line(exc)) from None
-    recipe = str(_select(target, "recipe.name", "") or "the composed config")
+    recipe = settings.recipe or "the composed config"
     hardware = cluster.hardware
     address = user_address(user)
     if hardware is None and not address:
@@ -158,12 +157,9 @@ def run(args) -> int:
         )
     steps = int(getattr(args, "steps", None) or STEPS)
     run_dir = Path(
-        str(
-            _select(target, "run_dir")
-            or Path("runs") / f"rehearse-{recipe.replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
+        str(target.run_dir or Path("runs") / f"rehearse-{recipe.replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
-    tp = int(_select(target, "generator.tensor_parallel_size", 1))
+    tp = settings.generator.tensor_parallel_size
     report = Report(
         recipe=recipe,
         command="",
@@ -183,7 +179,7 @@ def run(args) -> int:
         )
     _rehearse(
         report,
-        target,
+        settings,
         user,
         address,
         hardware,
@@ -210,7 +206,7 @@ def _finish(report, args) -> int:
 
 
 def _rehearse(
-    report, target, user, address, hardware, run_dir: Path, steps: int, tp: int, timeout_s: float, quiet: bool
+    report, target: Settings, user, address, hardware, run_dir: Path, steps: int, tp: int, timeout_s: float, quiet: bool
 ) -> None:
     from seal.commands.rehearse_cluster import LocalCluster, MemorySampler, Watchdog, alive_nodes, node_specs
     from seal.run.progress import Progress
@@ -255,7 +251,7 @@ def _rehearse(
         watchdog.stop()
         try:
             if pipeline is not None:
-                _read_out(report, pipeline, target, steps)
+                _read_out(report, pipeline, steps)
         finally:
             if pipeline is not None:
                 pipeline.close()
@@ -296,7 +292,7 @@ def _start_pipeline(overrides: list[str], run_dir: Path, progress, watchdog):
     return RehearsalPipeline(cfg, run_dir, None, progress=progress, tasks=tasks)
 
 
-def _read_out(report, pipeline, target, steps: int) -> None:
+def _read_out(report, pipeline, steps: int) -> None:
     """Everything the report states, read from the pipeline and its run directory; judged here."""
     from seal.commands.rehearse_report import (
         Landing,
@@ -307,11 +303,9 @@ def _read_out(report, pipeline, target, steps: int) -> None:
     )
     from seal.runtime.storage import checkpoint_dir
 
-    cfg = pipeline.cfg
-    world, stage = LearnerGroupConfig.of(cfg).world_size, int(cfg.learner.cfg.zero_stage)
-    deepspeed = cfg.learner.cfg.backend == "deepspeed"
-    fleet = GeneratorConfig.of(cfg)
-    tp, gpus = fleet.tensor_parallel_size, pipeline.cluster.generator.num_gpus
+    learner = pipeline.settings.learner  # the rehearsal's own run: the recipe's ranks on the CPU
+    world, stage, deepspeed = learner.world_size, learner.cfg.zero_stage, learner.backend == "deepspeed"
+    tp, gpus = pipeline.settings.generator.tensor_parallel_size, pipeline.cluster.generator.num_gpus
     try:
         ranks = pipeline.learner_ranks()
     except Exception as exc:  # noqa: BLE001 - the group is gone (a rank died): its nodes are still known
@@ -358,7 +352,7 @@ def _read_out(report, pipeline, target, steps: int) -> None:
             report.failures.append(
                 f"the weight group has {g['world_size']} ranks where 1 + {len(replicas)} replicas x TP {tp} = {want}"
             )
-    if fleet.weight_sync == "broadcast" and not getattr(pipeline, "weight_groups", []):
+    if pipeline.settings.generator.weight_sync == "broadcast" and not getattr(pipeline, "weight_groups", []):
         report.failures.append("the weight group (weight_sync=broadcast) never formed")
     # Weights per replica.
     final = pipeline.state.version if hasattr(pipeline, "state") else 0

@@ -108,9 +108,9 @@ def test_report_text_states_the_failure_last():
 def test_overrides_keep_the_recipes_topology_and_compose():
     from seal.commands.preflight import preflight
     from seal.commands.rehearse import rehearsal_overrides, user_address
-    from seal.config import compose
+    from seal.config import Settings, compose
 
-    target = compose(["recipe=qwen7b_2x8"])
+    target = Settings.of(compose(["recipe=qwen7b_2x8"]))
     # Preflight knocks on the cluster's address: a listening socket here stands in for the rehearsal's Ray head.
     with socket.socket() as head:
         head.bind(("127.0.0.1", 0))
