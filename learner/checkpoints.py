@@ -4,7 +4,7 @@ DeepSpeed writes every rank's ZeRO shard under one tag folder per save
 (``stepNNNNNNN``); rank 0 writes the metadata (``learner.json``) and prunes
 old tags; each rank keeps its own RNG streams (torch's CPU and, with CUDA, every
 device's generator, Python's, numpy's). Resume needs the same backend,
-ZeRO stage and world size, and is exact.
+ZeRO stage (configured and run: one rank runs stage 1 or 2 as 0) and world size, and is exact.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from learner.ds_config import effective_zero_stage
 
 _TAG = re.compile(r"step(\d+)")
 
@@ -63,6 +65,27 @@ def set_cuda_rng_state(torch, rng: Mapping[str, Any], path: Path) -> None:
     torch.cuda.set_rng_state_all(states)
 
 
+def written_stage(meta: Mapping[str, Any], tag_dir: Path) -> int:
+    """The ZeRO stage DeepSpeed ran when it wrote ``tag_dir``: learner.json says so; a checkpoint from
+    before it did is read from its files (stages 1-3 keep the optimizer in ZeRO shards, 0 does not)."""
+    if "effective_zero_stage" in meta:
+        return int(meta["effective_zero_stage"])
+    return int(meta["zero_stage"]) if any(tag_dir.glob("*optim_states.pt")) else 0
+
+
+def check_effective_stage(meta: Mapping[str, Any], tag_dir: Path, running: int) -> None:
+    """Refuse, in one line, a checkpoint DeepSpeed wrote at another stage than it runs now: the optimizer
+    state does not load across stages (DeepSpeed fails deep in its load with an AttributeError or
+    TypeError). Stage 1 or 2 on one rank runs stage 0 (learner/ds_config.py effective_zero_stage)."""
+    written = written_stage(meta, tag_dir)
+    if written != running:
+        hint = "; offload_optimizer=true keeps stage 2 on one rank" if written and not running else ""
+        raise ValueError(
+            f"checkpoint {tag_dir.parent} was written by DeepSpeed running ZeRO stage {written} (configured "
+            f"{meta['zero_stage']}), this learner runs stage {running}: its optimizer state cannot load{hint}"
+        )
+
+
 def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int) -> Path:
     """``keep`` > 0: only the newest ``keep`` DeepSpeed tags stay."""
     import numpy as np
@@ -77,6 +100,8 @@ def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int
     }
     cfg = learner.cfg
     meta = {"step": learner.step, "backend": cfg.backend, "zero_stage": cfg.zero_stage, "extra": dict(extra or {})}
+    if learner.engine is not None:  # what DeepSpeed ran (stage 0 for zero2 on one rank): its files' layout
+        meta["effective_zero_stage"] = effective_zero_stage(cfg, learner.world_size)
     if learner.engine is not None:
         learner.engine.save_checkpoint(str(path), tag=step_tag(learner.step), client_state={"seal": meta})
     else:
@@ -116,6 +141,7 @@ def load_learner(learner, path: Path) -> dict[str, Any]:
         tag = step_tag(int(meta["step"]))
         if not (path / tag).is_dir():
             raise FileNotFoundError(f"learner checkpoint {path} names step {meta['step']}, but {path / tag} is missing")
+        check_effective_stage(meta, path / tag, effective_zero_stage(cfg, learner.world_size))
         loaded, _ = learner.engine.load_checkpoint(str(path), tag=tag)
         if loaded is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {path}")
