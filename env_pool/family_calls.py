@@ -57,12 +57,10 @@ def looks_like_llama_call(text: str) -> bool:
 def parse_llama_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
     """(name, arguments) of each call; [] for prose."""
     body = text.strip()
-    if "<tool_call>" in body:
-        return _parse_tagged(body)
     if body.startswith(PYTHON_TAG):
         body = body[len(PYTHON_TAG) :].lstrip()
-    if not body.startswith("{"):
-        return []
+    if not body.startswith("{"):  # <tool_call> blocks may follow prose, as in the json format
+        return _parse_tagged(body) if "<tool_call>" in body else []
     calls, pos = [], 0
     decoder = DECODER
     while pos < len(body):

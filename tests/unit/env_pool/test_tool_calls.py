@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from env_pool.tool_calls import (
+    FORMATS,
     ParsedStep,
     ToolCall,
     parse_python_calls,
@@ -34,7 +35,7 @@ values = st.recursive(
 calls = st.lists(st.builds(ToolCall, names, st.dictionaries(keys, values, max_size=4)), min_size=1, max_size=3)
 
 
-@pytest.mark.parametrize("fmt", ["json", "python"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @settings(max_examples=300, deadline=None)
 @given(calls=calls)
 def test_render_then_parse_round_trips_exactly(fmt, calls):
@@ -55,7 +56,7 @@ def test_bare_python_calls_round_trip_and_only_a_single_call_goes_bare(calls):
     assert render_calls(calls, "json", bare=True) == render_calls(calls, "json")  # json has no brackets to drop
 
 
-@pytest.mark.parametrize("fmt", ["json", "python"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @settings(max_examples=500, deadline=None)
 @given(text=st.text(max_size=300))
 def test_arbitrary_text_never_raises(fmt, text):
@@ -90,10 +91,19 @@ _FRAGMENTS = [
     "**",
     "-",
     "1e9",
+    "<|python_tag|>",
+    '{"name": "f", "parameters": ',
+    ";",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n",
+    "```json\n",
+    "```",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
 ]
 
 
-@pytest.mark.parametrize("fmt", ["json", "python"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @settings(max_examples=500, deadline=None)
 @given(parts=st.lists(st.sampled_from(_FRAGMENTS), max_size=30))
 def test_call_shaped_noise_never_raises(fmt, parts):
@@ -102,7 +112,7 @@ def test_call_shaped_noise_never_raises(fmt, parts):
 
 def test_string_arguments_keep_text_byte_for_byte():
     content = "a(b) </tool_call> \\x28 'q' \"dq\" \u00e9\U0001f600 \x00 ls(x) \\n"
-    for fmt in ("json", "python"):
+    for fmt in FORMATS:
         (call,) = parse_step(render_calls([ToolCall("echo", {"content": content})], fmt), fmt).calls
         assert call.arguments["content"] == content
 
