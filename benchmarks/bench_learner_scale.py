@@ -78,15 +78,15 @@ def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> di
     from omegaconf import OmegaConf
 
     from env_pool.tags import RELEASED_BASE_WEIGHTS
-    from seal.config import instantiate, instantiate_spec
-    from seal.runtime.learner_group import GroupSettings, LearnerGroup
+    from seal.config import LearnerGroupConfig, instantiate, instantiate_spec
+    from seal.runtime.learner_group import LearnerGroup
 
     spec = OmegaConf.to_container(cfg.learner, resolve=True)
     spec["world_size"] = world_size
     cluster = instantiate(cfg.cluster)
     group = LearnerGroup(
         functools.partial(instantiate_spec, spec),
-        GroupSettings.from_spec(spec),
+        LearnerGroupConfig.from_spec(spec),
         cluster.learner,
         env_vars=cluster.learner.env_vars(),
     )

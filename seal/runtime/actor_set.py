@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from dataclasses import replace
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -65,7 +64,7 @@ class ActorSet:
             reserve_learner,
             reserved_per_node,
         )
-        from seal.runtime.learner_group import GroupSettings, LearnerGroup
+        from seal.runtime.learner_group import LearnerGroup
         from seal.runtime.plan import run_io_bounds
 
         self.cfg, self.settings, self.cluster = cfg, settings, cluster
@@ -84,10 +83,8 @@ class ActorSet:
         self.target_env = 0
         self._created = 0
         spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
-        group, fleet = GroupSettings.from_spec(spec), settings.generator
+        group, fleet = settings.learner, settings.generator
         io = run_io_bounds(cfg, settings)  # checkpoint, resume and snapshot bounded by their bytes
-        if io is not None:
-            group = replace(group, checkpoint_timeout_s=io.checkpoint_s, snapshot_timeout_s=io.snapshot_s)
         replicas = fleet.replicas
         # A blocking engine's options have no update timeout: its updates get the fleet's own bound.
         bound = {} if fleet.update_timeout_s is None else {"update_timeout_s": fleet.update_timeout_s}
@@ -115,6 +112,7 @@ class ActorSet:
                 functools.partial(instantiate_spec, spec),
                 group,
                 cluster.learner,
+                io=io,
                 env_vars=cluster.learner.env_vars(),
                 placement=pg,
             )

@@ -25,6 +25,7 @@ from typing import Any
 from learner.group import Rendezvous, shard_batch
 from learner.step_result import StepResult, merge_results
 from seal.config import LearnerGroupConfig
+from seal.runtime.io_bounds import IoBounds
 from seal.runtime.placement import ActorResources
 from weights.buckets import WeightManifest
 
@@ -49,52 +50,29 @@ class GroupCall:
     survivable: tuple[type, ...] = ()
 
 
-@dataclass(frozen=True)
-class GroupSettings:
-    world_size: int = 1
-    timeout_s: float = 600.0  # collectives (the ranks' process group) and control calls
-    step_timeout_s: float = 3600.0  # one training step on every rank
-    mini_batch_groups: int = 1
-    backend: str = "gloo"
-    # A checkpoint or resume, and a snapshot, on every rank: their bytes at the slowest storage
-    # assumed (seal/runtime/io_bounds.py); None: timeout_s, as every other call.
-    checkpoint_timeout_s: float | None = None
-    snapshot_timeout_s: float | None = None
-
-    @property
-    def wait_s(self) -> float:
-        """How long a rank's call may wait for the one before it (learner/call_order.py): the longest
-        call the driver allows, a step or a checkpoint."""
-        return max(self.step_timeout_s, self.checkpoint_timeout_s or 0.0, self.snapshot_timeout_s or 0.0)
-
-    @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> GroupSettings:
-        """From the resolved ``learner`` node, typed (seal/config.py): a key it lacks is one line."""
-        c = LearnerGroupConfig.from_spec(spec)
-        return cls(
-            c.world_size, c.timeout_s, c.step_timeout_s, c.mini_batch_groups, "nccl" if c.device == "cuda" else "gloo"
-        )
-
-
 class LearnerGroup:
     def __init__(
         self,
         make_learner: Callable[[], Any],
-        settings: GroupSettings,
+        settings: LearnerGroupConfig,
         resources: ActorResources,
+        io: IoBounds | None = None,
         storage: str | Path | None = None,
         env_vars: Mapping[str, str] | None = None,
         placement: Any = None,
     ) -> None:
-        """``placement``: a placement group already reserved for the ranks, one bundle per rank, which
-        the group then owns (seal/runtime/layout_guard.py reserve_learner: the plan's layout); None: PACK here."""
+        """``settings``: the ``learner`` group, typed (seal/config.py); ``io``: how long a checkpoint,
+        a resume and a snapshot may take on every rank (seal/runtime/io_bounds.py; None: the model's
+        size is not known here, so ``timeout_s`` as every other call); ``placement``: a placement
+        group already reserved for the ranks, one bundle per rank, which the group then owns
+        (seal/runtime/layout_guard.py reserve_learner: the plan's layout); None: PACK here."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from learner.rank import LearnerRank
 
-        self.settings, self.step = settings, 0
+        self.settings, self.io, self.step = settings, io, 0
         self.actors: list = []
         self.nodes: list[dict[str, Any]] = [{"ip": "?", "host": "?"}] * settings.world_size
         self._pending: list[GroupCall] = []  # calls not waited for (broadcast), checked at the next call
@@ -139,9 +117,9 @@ class LearnerGroup:
                         port,
                         r,
                         settings.world_size,
-                        settings.backend,
+                        settings.process_group_backend,
                         settings.timeout_s,
-                        settings.wait_s,
+                        self.wait_s,
                     ),
                     factory,
                 ),
@@ -151,6 +129,22 @@ class LearnerGroup:
         except BaseException:
             self.close()
             raise
+
+    # ---------------------------------------------------------------- bounds
+    @property
+    def checkpoint_timeout_s(self) -> float | None:
+        """A checkpoint or resume on every rank: its bytes at the slowest storage assumed (None: timeout_s)."""
+        return self.io.checkpoint_s if self.io is not None else None
+
+    @property
+    def snapshot_timeout_s(self) -> float | None:
+        return self.io.snapshot_s if self.io is not None else None
+
+    @property
+    def wait_s(self) -> float:
+        """How long a rank's call may wait for the one before it (learner/call_order.py): the longest
+        call the driver allows, a step or a checkpoint."""
+        return max(self.settings.step_timeout_s, self.checkpoint_timeout_s or 0.0, self.snapshot_timeout_s or 0.0)
 
     # ---------------------------------------------------------------- calls
     def _name(self, rank: int) -> str:
@@ -332,7 +326,7 @@ class LearnerGroup:
         return self._all("canary_logprobs", "weight canary", lambda r: (list(token_ids),))[0]
 
     def save_snapshot(self, out_dir: str, version: int) -> tuple[str, float]:
-        return self._all("save_snapshot", "snapshot", lambda r: (out_dir, version), self.settings.snapshot_timeout_s)[0]
+        return self._all("save_snapshot", "snapshot", lambda r: (out_dir, version), self.snapshot_timeout_s)[0]
 
     def weight_group_address(self) -> tuple[str, int]:
         return self._get_one(self.actors[0].weight_group_address.remote(), 0, "weight group")
@@ -348,12 +342,12 @@ class LearnerGroup:
         among them. The receivers' joins start after this, so their clocks do not run while rank 0
         is not yet listening. Bounded as rank 0 bounds its own wait for a turn (``wait_s``)."""
         ticket = self._weight_join_ticket
-        deadline = time.monotonic() + self.settings.wait_s
+        deadline = time.monotonic() + self.wait_s
         while self._get_one(self.actors[0].next_ticket.remote(), 0, "weight group") < ticket:
             if time.monotonic() > deadline:
                 self._fail(
                     f"{self._name(0)}: its weight-group join (ticket {ticket}) did not get its turn "
-                    f"within {self.settings.wait_s:g} s"
+                    f"within {self.wait_s:g} s"
                 )
             time.sleep(every_s)
 
@@ -375,12 +369,10 @@ class LearnerGroup:
 
     # ---------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
-        return self._all(
-            "save_checkpoint", "checkpoint", lambda r: (path, extra, keep), self.settings.checkpoint_timeout_s
-        )[0]
+        return self._all("save_checkpoint", "checkpoint", lambda r: (path, extra, keep), self.checkpoint_timeout_s)[0]
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        return self._all("load_checkpoint", "resume", lambda r: (path,), self.settings.checkpoint_timeout_s)[0]
+        return self._all("load_checkpoint", "resume", lambda r: (path,), self.checkpoint_timeout_s)[0]
 
     def check_storage(self, storage: Path) -> None:
         """Every rank's node writes a probe under the run's storage path; the driver must read each back."""

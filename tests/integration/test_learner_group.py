@@ -18,7 +18,8 @@ import torch
 from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
-from seal.runtime.learner_group import GroupSettings, LearnerGroup, LearnerGroupError
+from seal.config import LearnerGroupConfig
+from seal.runtime.learner_group import LearnerGroup, LearnerGroupError
 from seal.runtime.placement import ActorResources
 from tests.conftest import local_ray
 from tests.integration.test_learner_engine import assert_same_update, make_batch, update_gap
@@ -65,8 +66,20 @@ def config(stage: int, kl_coef: float = 0.1, bucket_mb: float = BUCKET_MB) -> Le
 
 def group(tiny_path, cfg: LearnerConfig, world_size: int = 2, storage=None) -> LearnerGroup:
     make = functools.partial(Learner, tiny_path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S)
-    settings = GroupSettings(world_size, TIMEOUT_S, TIMEOUT_S, cfg.mini_batch_groups, "gloo")
+    settings = settings_of(cfg, world_size, TIMEOUT_S, TIMEOUT_S)
     return LearnerGroup(make, settings, ActorResources(num_cpus=1, threads=1), storage=storage)
+
+
+def settings_of(cfg: LearnerConfig, world_size: int, timeout_s: float, step_timeout_s: float) -> LearnerGroupConfig:
+    """The learner group as configs/learner/ would give it, around ``cfg`` (a CPU learner: gloo)."""
+    return LearnerGroupConfig(
+        model_path="tiny",
+        group_size=N,
+        world_size=world_size,
+        timeout_s=timeout_s,
+        step_timeout_s=step_timeout_s,
+        cfg=cfg,
+    )
 
 
 def manifest_weights(manifest) -> dict[str, torch.Tensor]:
@@ -323,7 +336,7 @@ def test_a_round_whose_receiver_stays_silent_fails_alone_before_the_gathers_time
 
     short = 45.0  # the training group's collectives and rank 0's weight group alike (learner.timeout_s)
     make = functools.partial(Learner, tiny_path, config(3), group_size=N, world_size=2, timeout_s=short)
-    g = LearnerGroup(make, GroupSettings(2, short, TIMEOUT_S, GROUPS, "gloo"), ActorResources(num_cpus=1, threads=1))
+    g = LearnerGroup(make, settings_of(config(3), 2, short, TIMEOUT_S), ActorResources(num_cpus=1, threads=1))
     silent = None
     try:
         host, port = g.weight_group_address()
@@ -413,7 +426,7 @@ def _alive(pid: int) -> bool:
 def test_a_start_past_the_timeout_names_the_rank_and_step_not_a_bare_key_error():
     """A blocking call whose wait runs out raises the named timeout (it once fell through and
     surfaced as ``KeyError: 0`` from the missing result)."""
-    settings = GroupSettings(1, timeout_s=3.0, step_timeout_s=3.0, mini_batch_groups=1, backend="gloo")
+    settings = settings_of(LearnerConfig(mini_batch_groups=1), 1, timeout_s=3.0, step_timeout_s=3.0)
     t0 = time.monotonic()
     with pytest.raises(
         LearnerGroupError,

@@ -53,7 +53,8 @@ def ray_two_gpus():
 
 def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
     from learner.engine import Learner, LearnerConfig
-    from seal.runtime.learner_group import GroupSettings, LearnerGroup
+    from seal.config import LearnerGroupConfig
+    from seal.runtime.learner_group import LearnerGroup
     from seal.runtime.placement import ActorResources
 
     cfg = LearnerConfig(
@@ -70,7 +71,9 @@ def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
     make = functools.partial(Learner, path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S)
     return LearnerGroup(
         make,
-        GroupSettings(world_size, TIMEOUT_S, TIMEOUT_S, cfg.mini_batch_groups, "nccl"),
+        LearnerGroupConfig(  # a CUDA learner: its ranks' group is NCCL
+            model_path=path, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S, step_timeout_s=TIMEOUT_S, cfg=cfg
+        ),
         ActorResources(num_cpus=1, num_gpus=1, threads=1),
     )
 

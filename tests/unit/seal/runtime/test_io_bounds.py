@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from seal.config import compose
+from seal.config import LearnerGroupConfig, compose
 from seal.runtime.io_bounds import IoBounds, checkpoint_bytes, io_bounds, snapshot_bytes
-from seal.runtime.learner_group import GroupSettings, LearnerGroup
+from seal.runtime.learner_group import LearnerGroup
 from seal.runtime.memory import LearnerSetup
 from seal.runtime.plan import build_plan, run_io_bounds
 from tests.unit.seal.runtime.test_plan import P7, QWEN7
@@ -54,10 +54,11 @@ def test_seal_plan_shows_the_bounds(capsys):
 def test_the_run_gives_the_learner_group_the_bounds_and_its_calls_use_them(monkeypatch):
     io = run_io_bounds(compose([]))  # the CPU default (the embedded model): what actor_set.py passes on
     assert io is not None and io.base_s == 600.0 and io.min_mb_s == 100.0
-    settings = GroupSettings(2, 600.0, 3600.0, checkpoint_timeout_s=5000.0, snapshot_timeout_s=900.0)
-    assert settings.wait_s == 5000.0  # a call queued behind a checkpoint waits it out on the rank
     group = LearnerGroup.__new__(LearnerGroup)  # its calls, without Ray
-    group.settings = settings
+    group.settings = LearnerGroupConfig.of(compose(["learner.world_size=2"]))
+    group.io = IoBounds(checkpoint_bytes=4400e6, snapshot_bytes=300e6, base_s=600.0, min_mb_s=1.0)
+    assert (group.checkpoint_timeout_s, group.snapshot_timeout_s) == (5000.0, 900.0)
+    assert group.wait_s == 5000.0  # a call queued behind a checkpoint waits it out on the rank
     asked: dict[str, float | None] = {}
     monkeypatch.setattr(
         group, "_all", lambda method, what, args, timeout_s=None: asked.update({what: timeout_s}) or ["x"]

@@ -14,8 +14,10 @@ import time
 
 import pytest
 
+from learner.config import LearnerConfig
+from seal.config import LearnerGroupConfig
 from seal.runtime.generator_fleet import GeneratorFleet
-from seal.runtime.learner_group import GroupSettings, LearnerGroup
+from seal.runtime.learner_group import LearnerGroup
 from seal.runtime.publisher import WeightPublisher
 from tests.conftest import local_ray
 
@@ -98,7 +100,15 @@ class Fleet:
 def learner_group(rank) -> LearnerGroup:
     """LearnerGroup's own calls over one rank actor (its constructor would start DeepSpeed)."""
     g = object.__new__(LearnerGroup)
-    g.settings = GroupSettings(1, RANK0_TIMEOUT_S, 60.0, 1, "gloo")
+    g.settings = LearnerGroupConfig(
+        model_path="tiny",
+        group_size=2,
+        world_size=1,
+        timeout_s=RANK0_TIMEOUT_S,
+        step_timeout_s=60.0,
+        cfg=LearnerConfig(),
+    )
+    g.io = None
     g.actors, g.nodes, g.step = [rank], [{"ip": "127.0.0.1", "host": "test"}], 0
     g._tickets, g._pending, g.survivable_failures, g._weight_join_ticket = [0], [], [], 0
     return g
