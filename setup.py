@@ -33,6 +33,7 @@ setup(
             "seal*",
             "evaluation*",
             "benchmarks*",
+            "families*",
         ]
     ),
     package_data={"env_pool": ["data/*.json", "data/*.md"]},

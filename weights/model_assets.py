@@ -154,16 +154,43 @@ def _prepare_tiny(out: Path, heads: int, kv_heads: int, seed: int, force: bool) 
     return out
 
 
+# Model names that packages above weights/ provide (families/twins.py: the tiny twins), as
+# "module:function" taking a name and returning its directory or None. Looked up by name when a
+# name is neither bundled nor a directory: weights/ imports none of them (docs/layout.md), and every
+# process that resolves a name (learner, generators, env actors) finds them with no registration.
+NAMED_MODEL_PROVIDERS = ("families.twins:resolve_named",)
+
+
+def _provided(name: str) -> Path | None:
+    import importlib
+
+    for provider in NAMED_MODEL_PROVIDERS:
+        module, _, function = provider.partition(":")
+        try:
+            resolve = getattr(importlib.import_module(module), function)
+        except ImportError:  # a provider's package not installed: its names are unknown, no more
+            continue
+        path = resolve(name)
+        if path is not None:
+            return Path(path)
+    return None
+
+
 def resolve_model(name_or_path: str) -> Path:
-    """'embedded' and 'tiny' name the bundled models (prepared once); anything else is a local directory."""
+    """'embedded' and 'tiny' name the bundled models (prepared once), a provider's names its own
+    (``NAMED_MODEL_PROVIDERS``: the twins, built once); anything else is a local directory."""
     if name_or_path == "embedded":
         return prepare_embedded_model()
     if name_or_path == "tiny":
         return prepare_tiny_model()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
+        provided = _provided(name_or_path)
+        if provided is not None:
+            return provided
         raise FileNotFoundError(
-            f"not a model directory (no config.json): {path}; use embedded, tiny or a local HF model directory"
+            f"not a model directory (no config.json): {path}; use embedded, tiny, a tiny twin "
+            "(families/twins.py; `seal model prepare --twins` builds them) or a local HF model directory"
         )
     return path
 

