@@ -80,7 +80,7 @@ def check(cfg) -> None:
     built = {group: _build(cfg, group) for group in CHEAP}
     _build_queue(cfg, trainer)
     _check_signatures(cfg)
-    _check_batch_split(cfg, trainer)
+    _check_batch_split(cfg, settings)
     if cfg.sampling.max_new_tokens >= cfg.generator.max_model_len:
         raise ValueError(
             f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} leaves no room for a prompt in "
@@ -209,8 +209,8 @@ def _check_signatures(cfg) -> None:
             raise ValueError(f"generator.{exc}") from None
 
 
-def _check_batch_split(cfg, trainer: TrainerConfig) -> None:
-    lc, groups = cfg.learner.cfg, trainer.groups_per_step
+def _check_batch_split(cfg, settings: Settings) -> None:
+    lc, groups = settings.learner.cfg, settings.trainer.groups_per_step
     per_mini = lc.mini_batch_groups * cfg.n
     if per_mini % lc.micro_batch_size:
         raise ValueError(

@@ -45,24 +45,26 @@ def run(args) -> int:
         ),
     )
 
-    from seal.config import TrainerConfig
+    from seal.config import Settings
     from seal.run.pipeline import Pipeline
     from seal.run.run_dir import create_run_dir, forget_start
 
-    trainer = TrainerConfig.of(cfg)  # checked by preflight: the values it let through
+    settings = Settings.of(cfg)  # the typed groups preflight checked: the values it let through
+    trainer = settings.trainer
     resume = Path(cfg.resume) if cfg.resume else None
     wanted = resume or (Path(cfg.run_dir) if cfg.run_dir else None)
     was_empty = wanted is None or not wanted.exists() or not any(wanted.iterdir())
     run_dir = create_run_dir(str(wanted) if wanted else None, cfg, list(args.overrides))
-    learner = f"ZeRO-{cfg.learner.cfg.zero_stage}" if cfg.learner.cfg.backend == "deepspeed" else "torch"
+    lc = settings.learner.cfg
+    learner = f"ZeRO-{lc.zero_stage}" if lc.backend == "deepspeed" else "torch"
     progress.emit(
         "run",
-        f"{run_dir}: mode={trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} model={cfg.model.path} "
+        f"{run_dir}: mode={trainer.mode} env={cfg.env._target_.rsplit('.', 1)[-1]} model={settings.model.path} "
         f"learner={learner} env_actors={cfg.cluster.env_actors}; {trainer.steps} steps x "
         f"{trainer.groups_per_step} groups/step x {cfg.n} rollouts",
     )
     try:
-        pipeline = Pipeline(cfg, run_dir, resume, progress=progress, tasks=tasks)
+        pipeline = Pipeline(cfg, run_dir, resume, progress=progress, tasks=tasks, settings=settings)
     except BaseException:
         forget_start(run_dir, was_empty and resume is None)
         raise

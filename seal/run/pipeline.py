@@ -56,11 +56,13 @@ class Pipeline:
         resume: Path | None = None,
         progress: Progress | None = None,
         tasks: tuple[list[str], int] | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        """``tasks``: (task ids, overlong ones skipped) from ``select_tasks``, when the caller already chose them."""
+        """``tasks``: (task ids, overlong ones skipped) from ``select_tasks``, when the caller already chose them;
+        ``settings``: ``cfg``'s typed groups, when the caller's preflight built them (None: built and checked here)."""
         import ray
 
-        self.settings = check_pipeline_config(cfg)  # the typed groups, read once here
+        self.settings = settings or check_pipeline_config(cfg)  # every typed group the run reads
         self.trainer = t = self.settings.trainer
         self.learner_group, self.fleet = self.settings.learner, self.settings.generator
         self.cfg, self.run_dir = cfg, run_dir
@@ -105,7 +107,9 @@ class Pipeline:
             # theirs through Ray, `seal scale` from a 0600 file outside the run dir (seal/runtime/control.py).
             self.keys = RunKeys.generate() if transport.curve else None
             self.replay = ReplayServer(queue, transport, self.keys)
-            with self.progress.timed("engine", f"starting {engines_text(cfg)}", "generator and learner ready"):
+            with self.progress.timed(
+                "engine", f"starting {engines_text(self.settings)}", "generator and learner ready"
+            ):
                 self.actors = ActorSet(
                     cfg,
                     self.settings,
@@ -142,14 +146,14 @@ class Pipeline:
             learners=actors.learners,
             version=self.state.version,
             broadcast=self.fleet.weight_sync == "broadcast",
-            backend="nccl" if self.learner_group.device == "cuda" else "gloo",
+            backend=self.learner_group.process_group_backend,  # the weight group's follows the learner's device
             canary_model=str(self.cfg.model.path) if t.weight_canary else None,
             canary_max_diff=t.canary_max_logprob_diff,
         )
         self.publisher.start(resumed=resumed is not None)
         if resumed is None and self.state.needs_base_snapshot():
             self.state.snapshot(initial=True)
-        lc = self.cfg.learner.cfg
+        lc = self.learner_group.cfg
         self.dispatch = Dispatcher(
             actors,
             self.ledger,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
-from seal.config import LearnerGroupConfig
+from seal.config import Settings
 
 KIND_WIDTH = 8
 # Above this many groups per step, group lines would flood: one line per batch's worth of groups instead.
@@ -89,14 +89,13 @@ def learner_work(groups: int, trajectories: int, mini_batch_groups: int, old_log
     return what
 
 
-def engines_text(cfg) -> str:
-    """``the generator (VLLMGenerator, model tiny) and the learner (ZeRO-2)`` from the resolved config."""
-    lc = cfg.learner.cfg
-    learner = f"ZeRO-{lc.zero_stage}" if lc.backend == "deepspeed" else str(lc.backend)
-    ranks = LearnerGroupConfig.of(cfg).world_size
-    if ranks > 1:
-        learner += f" over {ranks} ranks"
-    return f"the generator ({str(cfg.generator._target_).rsplit('.', 1)[-1]}, model {cfg.model.path}) and the learner ({learner})"
+def engines_text(s: Settings) -> str:
+    """``the generator (VLLMGenerator, model tiny) and the learner (ZeRO-2)`` from the typed groups."""
+    lc = s.learner.cfg
+    learner = f"ZeRO-{lc.zero_stage}" if lc.backend == "deepspeed" else lc.backend
+    if s.learner.world_size > 1:
+        learner += f" over {s.learner.world_size} ranks"
+    return f"the generator ({s.generator.target.rsplit('.', 1)[-1]}, model {s.model.path}) and the learner ({learner})"
 
 
 def guideline_change(before: Sequence[str] | None, after: Sequence[str]) -> str:

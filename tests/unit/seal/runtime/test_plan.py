@@ -226,7 +226,7 @@ RECIPES = {
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_each_recipe_has_the_papers_hyperparameters_and_fits_its_hardware(name):
     from seal.commands.preflight import _check_batch_split, _check_signatures
-    from seal.config import TrainerConfig
+    from seal.config import Settings
 
     nodes, gpus, model = RECIPES[name]
     cfg = compose([f"recipe={name}"])
@@ -240,7 +240,7 @@ def test_each_recipe_has_the_papers_hyperparameters_and_fits_its_hardware(name):
     hw = cfg.cluster.hardware
     assert (hw.nodes, hw.gpus_per_node, hw.gpu_gb) == (nodes, gpus, 80)
     _check_signatures(cfg)  # generator and learner take every key the recipe sets
-    _check_batch_split(cfg, TrainerConfig.of(cfg))
+    _check_batch_split(cfg, Settings.of(cfg))
     plan = build_plan(cfg, query=False)
     assert plan.fits, plan.problems
     assert plan.model.name == model and not plan.layout.unplaced
