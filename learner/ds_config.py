@@ -39,7 +39,7 @@ def effective_zero_stage(cfg, world_size: int) -> int:
     return cfg.zero_stage
 
 
-def deepspeed_config(cfg, grad_accum: int, dtype: str, world_size: int = 1) -> dict[str, Any]:
+def deepspeed_config(cfg, grad_accum: int, dtype: str, world_size: int) -> dict[str, Any]:
     """ZeRO stage, accumulation, clipping and the offload switches of ``cfg`` (a LearnerConfig);
     ``dtype``: the resolved compute dtype (``Learner.dtype``); ``world_size``: the learner's ranks."""
     zero: dict[str, Any] = {"stage": effective_zero_stage(cfg, world_size)}

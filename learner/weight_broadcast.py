@@ -84,9 +84,10 @@ class WeightBroadcaster:
         port: int,
         world_size: int,
         backend: str = "gloo",
+        *,
+        timeout_s: float,  # the group's joins: learner.timeout_s (learner/rank.py)
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        timeout_s: float = 600.0,
         op_timeout_s: float = OP_TIMEOUT_S,
     ) -> None:
         device = device if device is not None else ("cuda" if backend == "nccl" else "cpu")

@@ -35,7 +35,7 @@ class ProbedPublisher(WeightPublisher):
         join = fleet.join_weight_group
         seen: dict[str, Any] = {}
 
-        def on_join(host, port, backend, timeout_s=600.0):
+        def on_join(host, port, backend, timeout_s):  # the publisher passes learner.timeout_s
             world, refs = join(host, port, backend, timeout_s)
             seen.update(world=world, refs=refs, backend=backend, names=list(fleet.names))
             return world, refs

@@ -37,16 +37,16 @@ def split_generator_spec(spec: dict) -> tuple[dict, int]:
 
 
 def check_fleet_spec(spec: dict) -> dict:
-    """The fleet's settings checked before anything starts; returns the engine's arguments."""
+    """The fleet's settings checked before anything starts (the typed group, seal/config.py
+    GeneratorConfig, has checked its own: update_timeout_s > 0 among them); returns the engine's
+    arguments. An update mode left out is the engine's own."""
     spec, _ = split_generator_spec(spec)
     if is_async_engine(spec.get("_target_")):
         from actors.generation.async_vllm_engine import UPDATE_MODES
 
-        mode = spec.get("update_mode", "pause")
-        if mode not in UPDATE_MODES:
+        if "update_mode" in spec and spec["update_mode"] not in UPDATE_MODES:
+            mode = spec["update_mode"]
             raise ValueError(f"generator.update_mode must be one of {', '.join(UPDATE_MODES)}, got {mode!r}")
-        if float(spec.get("update_timeout_s", 600.0)) <= 0:
-            raise ValueError(f"generator.update_timeout_s must be > 0, got {spec.get('update_timeout_s')}")
     elif "update_mode" in spec:
         raise ValueError(
             "generator.update_mode needs the async engine (generator=vllm_async_cpu or vllm_async_gpu): "

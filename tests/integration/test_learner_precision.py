@@ -23,7 +23,7 @@ def tiny_path():
 def test_both_engines_get_one_autocast_section():
     cfg = LearnerConfig(backend="deepspeed", zero_stage=3)
     for dtype in ("bfloat16", "float32"):
-        policy, ref = deepspeed_config(cfg, 2, dtype), reference_config(cfg, dtype)
+        policy, ref = deepspeed_config(cfg, 2, dtype, 1), reference_config(cfg, dtype)
         assert policy.get("torch_autocast") == ref.get("torch_autocast") == torch_autocast_section(dtype)
     assert torch_autocast_section("bfloat16")["dtype"] == "bfloat16" and torch_autocast_section("float32") is None
 

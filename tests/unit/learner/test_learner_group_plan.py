@@ -131,9 +131,9 @@ def test_pruning_keeps_the_newest_tags_only():
 
 def test_offload_switches_reach_deepspeed_and_are_checked():
     cfg = LearnerConfig(zero_stage=3, offload_optimizer=True, offload_param=True)
-    zero = deepspeed_config(cfg, 4, "float32")["zero_optimization"]
+    zero = deepspeed_config(cfg, 4, "float32", 1)["zero_optimization"]
     assert zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
-    assert "offload_param" not in deepspeed_config(LearnerConfig(zero_stage=2), 1, "float32")["zero_optimization"]
+    assert "offload_param" not in deepspeed_config(LearnerConfig(zero_stage=2), 1, "float32", 1)["zero_optimization"]
     with pytest.raises(ValueError, match="offload_param"):
         LearnerConfig(zero_stage=2, offload_param=True)
     with pytest.raises(ValueError, match="weight_bucket_mb"):
