@@ -10,6 +10,7 @@ it serves (``await_weights``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -70,12 +71,26 @@ def send_weights(rpc: Callable[..., Any], source: str | Mapping[str, Any] | Weig
         return
     buckets = fetch_buckets(source, who) if isinstance(source, WeightManifest) else [source]
     rpc("begin_weight_records")
-    for tensors in buckets:
-        records = weight_records(tensors)
-        del tensors
-        rpc("load_weight_records", kwargs={"records": records})
-        del records
+    try:
+        for tensors in buckets:
+            records = weight_records(tensors)
+            del tensors
+            rpc("load_weight_records", kwargs={"records": records})
+            del records
+    except BaseException:
+        _abort_records(rpc)
+        raise
     rpc("finish_weight_records")
+
+
+def _abort_records(rpc: Callable[..., Any]) -> None:
+    """A load that failed (a fetch, a bad record) leaves the workers' reload open: the modules not yet
+    loaded on the meta device, which the next forward would die on. Abort it: each module keeps its
+    old weights unless the load had finished it (WeightSyncExtension.abort_weight_records)."""
+    try:
+        rpc("abort_weight_records")
+    except Exception:  # the load's own error is the one to report
+        pass
 
 
 async def send_weights_async(
@@ -90,11 +105,18 @@ async def send_weights_async(
         await rpc("reload_weights", kwargs=_directory(source))
         return
     await rpc("begin_weight_records")
-    if isinstance(source, WeightManifest):
-        for i in range(len(source.buckets)):
-            records = weight_records(await fetch_bucket_async(source, i, who, timeout_s))
-            await rpc("load_weight_records", kwargs={"records": records})
-            del records
-    else:
-        await rpc("load_weight_records", kwargs={"records": weight_records(source)})
+    try:
+        if isinstance(source, WeightManifest):
+            for i in range(len(source.buckets)):
+                records = weight_records(await fetch_bucket_async(source, i, who, timeout_s))
+                await rpc("load_weight_records", kwargs={"records": records})
+                del records
+        else:
+            await rpc("load_weight_records", kwargs={"records": weight_records(source)})
+    except BaseException:  # a cancelled load too (the update's timeout): the abort is awaited within a bound
+        try:
+            await asyncio.wait_for(rpc("abort_weight_records"), timeout_s)
+        except Exception:  # the load's own error (or cancellation) is the one to report
+            pass
+        raise
     await rpc("finish_weight_records")

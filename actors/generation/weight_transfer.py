@@ -168,10 +168,11 @@ class GlooWeightTransferEngine(WeightTransferEngine):
             # vLLM calls finish_weight_update only after a receive that returned: a round that failed
             # would leave the layerwise reload open, and the next round's start_weight_update would
             # find its layers' loaders unwrapped ("'Parameter' object has no attribute 'weight_loader'").
-            # Close it (layers not received get their old tensors back); the model is part loaded
-            # until a whole round arrives, as after any failed round.
+            # Close it without finishing the modules the round began (abort_layerwise_reload): each
+            # module holds the old version or the new one, never part of each.
             try:
-                self.finish_weight_update()
+                abort_layerwise_reload(self.model, self.model_config)
+                refresh_tied_cpu_weights(self.model)
             except Exception:  # the receive's own error is the one to report
                 pass
             raise
@@ -193,6 +194,30 @@ class NcclWeightTransferEngine(GlooWeightTransferEngine):
     GPU, its store wait bounded by the group's timeout, every receive by its watchdog)."""
 
     group_backend = "nccl"
+
+
+def abort_layerwise_reload(model: torch.nn.Module, model_config) -> list[str]:
+    """Close a layerwise reload that a failed round left open (vLLM 0.32's reload/layerwise.py),
+    leaving each module whole: the old version's weights or the new one's. Returns the modules
+    the round had begun but not finished.
+
+    vLLM processes a module once all of its weights have come (then it holds the new version);
+    until then it buffers them. ``finalize_layerwise_reload`` would process a begun module anyway
+    (its "delayed processing" of padded weights): materialised by ``torch.empty_strided``, the
+    buffered shards loaded, the rest (k and v of a qkv_proj whose q came) whatever the allocator
+    held, all copied into the live kernel tensors. Its buffered loads are dropped first, so the
+    finalize puts its old tensors back, as for a module the round never reached."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO, finalize_layerwise_reload
+
+    begun = []
+    for name, module in model.named_modules():
+        info = LAYERWISE_INFO.get(module)
+        if info is not None and info.can_load() and info.load_numel > 0:
+            begun.append(name)
+            info.loaded_weights.clear()
+            info.load_numel = 0
+    finalize_layerwise_reload(model, model_config)
+    return begun
 
 
 def refresh_tied_cpu_weights(model: torch.nn.Module) -> int:

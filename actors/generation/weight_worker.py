@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from actors.generation.weight_transfer import refresh_tied_cpu_weights, register
+from actors.generation.weight_transfer import abort_layerwise_reload, refresh_tied_cpu_weights, register
 from weights.group import WeightGroup, WeightMeta
 
 
@@ -52,12 +52,12 @@ class WeightSyncExtension:
         and ``finish_weight_records`` closes: vLLM's layerwise reload processes a layer once all
         of its weights have come, so a layer split over two buckets is still processed whole
         (a reload per bucket would process it half loaded). A round left open by a failed
-        update is closed first, so this one starts from a clean state."""
+        update is aborted first (``abort_weight_records``), so this one starts from a clean state."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         if getattr(self, "_seal_records_open", False):
-            self.finish_weight_records()
+            self.abort_weight_records()
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.get_model())
         self._seal_records_open = True
@@ -92,6 +92,26 @@ class WeightSyncExtension:
             getattr(self.model_runner, reset, lambda: None)()
         refresh_tied_cpu_weights(self.get_model())
 
+    def abort_weight_records(self) -> list[str]:
+        """Close a reload whose load failed or was cancelled (actors/generation/sources.py): each module
+        keeps its old weights unless the round had processed it whole (abort_layerwise_reload). Left
+        open, the modules not yet loaded would stay on the meta device and the next forward kill the
+        engine. Returns the modules begun and not finished; nothing open: nothing done."""
+        if not getattr(self, "_seal_records_open", False):
+            return []
+        self._seal_records_open = False
+        return self._seal_abort_reload()
+
+    def _seal_abort_reload(self) -> list[str]:
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            begun = abort_layerwise_reload(self.get_model(), self.vllm_config.model_config)
+        for reset in ("reset_encoder_cache", "reset_mm_cache"):
+            getattr(self.model_runner, reset, lambda: None)()
+        refresh_tied_cpu_weights(self.get_model())
+        return begun
+
     def init_weight_group(
         self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 600.0, label: str = ""
     ) -> int:
@@ -116,8 +136,9 @@ class WeightSyncExtension:
         every load but its last, and the worker holds one bucket beyond the
         model. 0 = one tensor at a time (least memory; measured on CPU with
         the 135M model: the learner blocked ~1 s against ~0.3 s with the whole
-        model in one bucket). After a failed round the model is part loaded:
-        send a whole round again before generating.
+        model in one bucket). After a failed round each module holds the old
+        version, or the new one where the round finished it: send a whole
+        round again before generating.
         """
         group = getattr(self, "_seal_weight_group", None)
         if group is None:
@@ -151,6 +172,12 @@ class WeightSyncExtension:
             if not state["comm_failed"]:
                 for _ in stream:
                     pass
+            # vLLM's reload_weights has no finally: its layerwise reload is still open, the modules
+            # not reached on the meta device, the begun one buffered. Closed here, each module whole.
+            try:
+                self._seal_abort_reload()
+            except Exception:  # the round's own error is the one to report
+                pass
             raise
         unread = [name for name, _ in stream]  # a loader that stopped early leaves rank 0 waiting
         group.synchronize()

@@ -61,3 +61,42 @@ def test_arrays_become_tensors_over_the_same_memory_and_paths_and_manifests_pass
 
 def test_outside_a_ray_actor_nothing_was_restarted():
     assert restarted_by_ray() is False
+
+
+class FailingRpc(Rpc):
+    """An engine whose load of records fails (a bad record) or never ends (cancelled by the update's bound)."""
+
+    def __init__(self, hang: bool = False) -> None:
+        super().__init__()
+        self.hang = hang
+
+    def __call__(self, method, kwargs=None):
+        super().__call__(method, kwargs)
+        if method == "load_weight_records":
+            raise KeyError("model.layers.0.no_such.weight")
+
+    async def remote(self, method, kwargs=None):
+        if method == "load_weight_records" and self.hang:
+            self.calls.append((method, kwargs))
+            await asyncio.sleep(3600)
+        self(method, kwargs)
+
+
+def test_a_load_that_fails_or_is_cancelled_aborts_the_workers_reload_before_it_raises():
+    """Issue 46 item 4: a failed or cancelled load left the reload open (modules on the meta device:
+    the next forward kills the engine). The workers' reload is aborted, never finished, then the error goes on."""
+    import torch
+
+    opened = ["begin_weight_records", "load_weight_records", "abort_weight_records"]
+    rpc = FailingRpc()
+    with pytest.raises(KeyError, match="no_such"):
+        send_weights(rpc, {"w": torch.ones(2)}, "test loader")
+    assert [m for m, _ in rpc.calls] == opened
+    failing = FailingRpc()
+    with pytest.raises(KeyError, match="no_such"):
+        asyncio.run(send_weights_async(failing.remote, {"w": torch.ones(2)}, "test loader", 5.0))
+    assert [m for m, _ in failing.calls] == opened
+    hanging = FailingRpc(hang=True)
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(send_weights_async(hanging.remote, {"w": torch.ones(2)}, "test", 5.0), 0.5))
+    assert [m for m, _ in hanging.calls] == opened
