@@ -7,6 +7,9 @@
   ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>
   ... <｜tool▁calls▁end｜>``.
 
+- "harmony": gpt-oss's calls, each a commentary-channel message to a function:
+  ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>``.
+
 As in env_pool/tool_calls.py, model output is parsed into literal values only; a step that does
 not start like a call in the format is prose (it ends the turn), not a failed call.
 """
@@ -14,6 +17,7 @@ not start like a call in the format is prose (it ends the turn), not a failed ca
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from env_pool.strict_json import DECODER
@@ -155,3 +159,39 @@ def _skip_ws(text: str, pos: int) -> int:
     while pos < len(text) and text[pos] in " \t\r\n":
         pos += 1
     return pos
+
+
+# ------------------------------------------------------------------- harmony
+HARMONY_CALL_END = "<|call|>"
+_HARMONY_TO = re.compile(r"to=functions\.([A-Za-z_][\w.\-]*)")
+
+
+def looks_like_harmony_call(text: str) -> bool:
+    return "to=functions." in text
+
+
+def parse_harmony_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
+    calls: list[tuple[str, dict[str, Any]]] = []
+    pos = 0
+    while (found := _HARMONY_TO.search(text, pos)) is not None:
+        name, where = found.group(1), f"call {len(calls) + 1} ({found.group(1)})"
+        body = text.find("<|message|>", found.end())
+        if body < 0:
+            raise FamilyCallError(f"{where}: expected <|message|> before the arguments")
+        try:
+            args, end = DECODER.raw_decode(text, _skip_ws(text, body + len("<|message|>")))
+        except (ValueError, RecursionError) as exc:
+            raise FamilyCallError(f"{where}: arguments are not valid JSON: {exc}") from None
+        calls.append(_call_object({"name": name, "arguments": args}, where))
+        end = _skip_ws(text, end)
+        pos = end + len(HARMONY_CALL_END) if text.startswith(HARMONY_CALL_END, end) else end
+    return calls
+
+
+def render_harmony_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """One commentary message per call, as gpt-oss writes them one after another."""
+    return "<|start|>assistant".join(
+        f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{json.dumps(a, ensure_ascii=False)}"
+        f"{HARMONY_CALL_END}"
+        for n, a in calls
+    )

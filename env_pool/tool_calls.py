@@ -28,18 +28,20 @@ from typing import Any, Literal
 from env_pool.family_calls import (
     FamilyCallError,
     parse_deepseek_calls,
+    parse_harmony_calls,
     parse_llama_calls,
     render_deepseek_calls,
+    render_harmony_calls,
     render_llama_calls,
 )
 from env_pool.strict_json import DECODER as _DECODER
 
-ToolCallFormat = Literal["json", "python", "llama_json", "deepseek"]
+ToolCallFormat = Literal["json", "python", "llama_json", "deepseek", "harmony"]
 # Tool name -> its parameter names in positional order.
 Signatures = Mapping[str, Sequence[str]]
-# json and python are SEAL's prompt-defined formats; llama_json and deepseek are model families'
+# json and python are SEAL's prompt-defined formats; llama_json, deepseek and harmony are model families'
 # own (env_pool/family_calls.py). An env's `tool_format: auto` takes the model family's.
-FORMATS: tuple[str, ...] = ("json", "python", "llama_json", "deepseek")
+FORMATS: tuple[str, ...] = ("json", "python", "llama_json", "deepseek", "harmony")
 
 _TAG_OPEN = "<tool_call>"
 _TAG_CLOSE = "</tool_call>"
@@ -105,7 +107,8 @@ def parse_step(text: str, fmt: str, signatures: Signatures | None = None) -> Par
 
 
 def _family_calls(text: str, fmt: str) -> list[ToolCall]:
-    pairs = parse_llama_calls(text) if fmt == "llama_json" else parse_deepseek_calls(text)
+    parse = {"llama_json": parse_llama_calls, "deepseek": parse_deepseek_calls, "harmony": parse_harmony_calls}[fmt]
+    pairs = parse(text)
     for name, args in pairs:
         _check_depth(args, f"call {name}")
     return [ToolCall(name, args) for name, args in pairs]
@@ -299,6 +302,8 @@ def render_calls(calls: list[ToolCall], fmt: str, bare: bool = False) -> str:
         return render_llama_calls([(c.name, c.arguments) for c in calls])
     if fmt == "deepseek":
         return render_deepseek_calls([(c.name, c.arguments) for c in calls])
+    if fmt == "harmony":
+        return render_harmony_calls([(c.name, c.arguments) for c in calls])
     raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
 
 

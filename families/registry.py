@@ -31,6 +31,9 @@ class Family:
     json_tool_results: bool = False  # the template JSON-dumps tool content: give it parsed JSON, not a string
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # fixed for a deterministic render
     unsupported: str | None = None  # why SEAL cannot build this family's conversations yet (None: it can)
+    # "template": the tokenizer's chat template renders; "harmony": openai-harmony does (gpt-oss ships
+    # no template; its reasoning is the analysis channel, rollout/harmony_chat.py)
+    renderer: str = "template"
     summary: str = ""
 
     def template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -128,10 +131,7 @@ FAMILIES: dict[str, Family] = {
             "gpt-oss",
             tool_format="harmony",
             end_texts=("<|return|>", "<|call|>"),
-            unsupported=(
-                "gpt-oss speaks the harmony format (channels, a developer message, calls on the commentary "
-                "channel), which SEAL's conversation builder does not render yet"
-            ),
+            renderer="harmony",
             summary="harmony: analysis/commentary/final channels, calls to=functions.NAME, ends <|return|>/<|call|>",
         ),
     )

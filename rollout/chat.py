@@ -70,6 +70,14 @@ class ChatTokenizer:
             raise ChatBuildError(f"{self.name}: family {family.name}: {family.unsupported}")
         self.family = family
         self.kwargs = {**family.template_kwargs, **self.template_kwargs}
+        self.harmony = None
+        if family.renderer == "harmony":
+            from rollout.harmony_chat import HarmonyRenderer
+
+            try:
+                self.harmony = HarmonyRenderer(self.tokenizer, self.kwargs)
+            except ValueError as exc:
+                raise ChatBuildError(f"{self.name} (family {family.name}): {exc}") from None
         self.end_ids = end_token_ids(self.tokenizer, family, self.model_dir)
         if not self.end_ids:
             raise ChatBuildError(f"{self.name}: no end-of-turn token (no EOS, no generation_config eos_token_id)")
@@ -82,6 +90,10 @@ class ChatTokenizer:
         return self.family
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
+        if self.harmony is not None:
+            ids = self.harmony.prompt_ids(messages)
+            ids = ids if generation_prompt else ids[: len(ids) - len(self.harmony.generation_prompt())]
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
         try:
             return self.tokenizer.apply_chat_template(
                 self.fam.template_messages(messages),
@@ -99,7 +111,17 @@ class ChatTokenizer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        if self.harmony is not None:
+            return self._harmony_call(lambda h: h.prompt_ids(messages))
         return self.encode(self.render(messages, generation_prompt=True))
+
+    def _harmony_call(self, call: Any) -> list[int]:
+        try:
+            return list(call(self.harmony))
+        except Exception as exc:  # openai-harmony's own errors: a message it cannot render
+            raise ChatBuildError(
+                f"{self.name} (family {self.fam.name}): harmony: {type(exc).__name__}: {exc}"
+            ) from None
 
     def completion(self, gen_ids: Sequence[int]) -> Completion:
         """One generated turn as the environment reads it: the end token, whichever of the
@@ -107,6 +129,9 @@ class ChatTokenizer:
         ended = bool(gen_ids) and gen_ids[-1] in self.end_ids
         body = list(gen_ids[:-1]) if ended else list(gen_ids)
         text = self.tokenizer.decode(body, skip_special_tokens=False)
+        if self.harmony is not None:  # harmony's parser wants the turn's own end token
+            reasoning, content = self.harmony.split(list(gen_ids), text)
+            return Completion(content, reasoning, ended)
         reasoning, content = self.fam.split_reasoning(text)
         return Completion(content, reasoning, ended)
 
@@ -114,6 +139,8 @@ class ChatTokenizer:
         """Tokens that follow a generated turn: the close of the assistant message (unless the
         model emitted an end token itself), the env's messages, and the next generation
         prompt (none when ``new_messages`` is empty: the episode's end)."""
+        if self.harmony is not None:
+            return self._harmony_call(lambda h: h.continuation_ids(ended, new_messages))
         marker: list[Message] = [
             {"role": "user", "content": MARK_USER},
             {"role": "assistant", "content": MARK_ASSISTANT},

@@ -45,7 +45,12 @@ DEEPSEEK_TOOLS = (
     "{{arguments as a JSON object}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>\n"
     "Several calls go one after another inside <｜tool▁calls▁begin｜> ... <｜tool▁calls▁end｜>."
 )
-FAMILY_TOOLS = {"json": HERMES_TOOLS, "llama_json": LLAMA_TOOLS, "deepseek": DEEPSEEK_TOOLS}
+# gpt-oss (harmony): calls are commentary-channel messages to functions.NAME.
+HARMONY_TOOLS = (
+    "# Tools\n\nCall a tool with a message on the commentary channel to functions.<tool name>, "
+    "its arguments as a JSON object:\n{tools}"
+)
+FAMILY_TOOLS = {"json": HERMES_TOOLS, "llama_json": LLAMA_TOOLS, "deepseek": DEEPSEEK_TOOLS, "harmony": HARMONY_TOOLS}
 
 
 @lru_cache(maxsize=1)

@@ -19,6 +19,7 @@ FORMAT_HINTS = {
     "llama_json": 'Write each call as {"name": "tool_name", "parameters": {"param": "value"}} with valid JSON.',
     "deepseek": "Write calls as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>tool_name, "
     "then the arguments in a ```json block, then <｜tool▁call▁end｜><｜tool▁calls▁end｜>.",
+    "harmony": "Call a tool with a commentary-channel message to functions.tool_name whose text is a JSON object.",
 }
 
 # (pattern on the error text, hint); the first match wins.

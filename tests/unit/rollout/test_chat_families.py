@@ -7,7 +7,8 @@ Where a template renders a conversation as a growing prefix, the episode built t
 exactly the template's one-shot rendering of the whole conversation. Where it is not, the test
 states the documented choice: Qwen3 keeps the policy's earlier reasoning in context (the template
 drops it before the last user query), DeepSeek V3 opens every round of tool outputs with its
-begin token (the template's flag for it never resets)."""
+begin token (the template's flag for it never resets). gpt-oss has no template: its harmony
+conversation is rendered message by message by openai-harmony itself."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ FAMILIES = {
     "llama3_2": ("llama", [128001, 128008, 128009]),
     "gemma3": ("gemma3_text", [1, 106]),
     "deepseek_v3": ("deepseek_v3", [1]),
+    "gptoss": ("gpt_oss", [200002, 199999, 200012]),
 }
 THINK = "<think>\nThe user wants this done; the tools say how.\n</think>\n\n"
 
@@ -47,6 +49,7 @@ def model_dir(root: Path, key: str) -> Path:
             shutil.copy(fetch_tokenizer(key) / f, out / f)
         kind, ends = FAMILIES[key]
         (out / "config.json").write_text(json.dumps({"model_type": kind}))
+        # gpt-oss's <|call|> ends a turn too; the scripted generator below ends a call with it
         (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
     return out
 
@@ -238,3 +241,52 @@ def test_template_arguments_reach_every_render(tmp_path):
     assert chat.render(opening, generation_prompt=True).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     tool = [{"role": "tool", "name": "cd", "content": "{}"}]
     assert chat.tokenizer.decode(chat.continuation_ids(True, tool)).endswith("<think>\n\n</think>\n\n")
+
+
+def test_gpt_oss_plays_the_episode_in_harmony_rendered_by_openai_harmony(chats):
+    from openai_harmony import Author, DeveloperContent, Message, Role, SystemContent
+
+    chat = chats["gptoss"]
+    assert chat.fam.tool_format == "harmony" and set(chat.end_texts) >= {"<|return|>", "<|call|>"}
+    call_end = chat.tokenizer.convert_tokens_to_ids("<|call|>")
+    env = BfclEnv(tool_format="harmony")
+    turns = [s for turn in env.reference_turns(TASK) for s in turn]
+    texts = [t.removesuffix("<|call|>") if t.endswith("<|call|>") else f"<|channel|>final<|message|>{t}" for t in turns]
+    gen = ScriptedGenerator(chat, texts)
+    gen.end = None
+
+    def generate(requests, sampling, _orig=gen.generate):  # a call ends with <|call|>, an answer with <|return|>
+        gen.end = call_end if "to=functions." in gen.texts[0] else None
+        return _orig(requests, sampling)
+
+    gen.generate = generate
+    (traj,) = run_group(lambda: BfclEnv(tool_format="harmony"), gen, chat, TASK, 1, SamplingConfig(max_new_tokens=512))
+    assert traj.infra_fault is None and traj.reward == 1.0 and traj.num_tool_calls == 10 and traj.num_parse_errors == 0
+    check_trained_tokens_are_the_sampled_ones(traj, gen)
+    enc = chat.harmony.enc
+    opening = BfclEnv(tool_format="harmony").reset(TASK, RAW_INTERFACE)
+    system = SystemContent.new().with_reasoning_effort(chat.harmony.effort).with_conversation_start_date("2024-07-26")
+    expected = list(enc.render(Message.from_role_and_content(Role.SYSTEM, system)))
+    expected += enc.render(
+        Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new().with_instructions(opening[0]["content"]))
+    )
+    expected += enc.render(Message.from_role_and_content(Role.USER, opening[1]["content"]))
+    assert gen.prompts[0] == expected + chat.harmony.generation_prompt()
+    # A tool reply is harmony's own rendering of a message from functions.NAME to the assistant.
+    reply = Message.from_author_and_content(Author.new(Role.TOOL, "functions.cd"), "{}")
+    reply = reply.with_channel("commentary").with_recipient("assistant")
+    assert chat.continuation_ids(True, [{"role": "tool", "name": "cd", "content": "{}"}]) == (
+        list(enc.render(reply)) + chat.harmony.generation_prompt()
+    )
+
+
+def test_gpt_oss_never_acts_on_a_call_in_its_analysis_channel(chats):
+    chat = chats["gptoss"]
+    call = '<|channel|>commentary to=functions.cd <|constrain|>json<|message|>{"folder": "document"}<|call|>'
+    analysis = f"<|channel|>analysis<|message|>Maybe {call}<|end|>"
+    for text, want in (
+        (analysis + "<|start|>assistant<|channel|>final<|message|>Which folder?", "Which folder?"),
+        (analysis[:-7], ""),
+    ):
+        turn = chat.completion(chat.encode(text) + [chat.eos_id])
+        assert "to=functions" not in turn.text and want in turn.text
