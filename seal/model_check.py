@@ -139,15 +139,21 @@ def _family(state: dict[str, Any], family: str | None, template_kwargs: Mapping[
     from rollout.chat import ChatBuildError, ChatTokenizer
 
     tok = state["tokenizer"]
-    if not getattr(tok, "chat_template", None):
-        raise _Failed("the tokenizer has no chat template", "add the model's chat_template to tokenizer_config.json")
     try:
         chat = ChatTokenizer(tok, family=family, template_kwargs=dict(template_kwargs or {}))
     except ChatBuildError as exc:
-        raise _Failed(str(exc), f"set model.family to one of {', '.join(FAMILIES)}") from None
+        fix = (
+            "add the model's chat template (tokenizer_config.json's chat_template or chat_template.jinja)"
+            if "no chat template" in str(exc)
+            else f"set model.family to one of {', '.join(FAMILIES)}"
+        )
+        raise _Failed(str(exc), fix) from None
+    if chat.harmony is None and not getattr(tok, "chat_template", None):
+        raise _Failed("the tokenizer has no chat template", "add the model's chat template to tokenizer_config.json")
     state["chat"] = chat
     fam = chat.fam
     reasoning = f", reasoning {fam.reasoning[0]}" if fam.reasoning else ""
+    reasoning = ", rendered by openai-harmony (reasoning: the analysis channel)" if chat.harmony else reasoning
     return f"{fam.name}: tool format {fam.tool_format}{reasoning}" + (" (model.family)" if family else "")
 
 
@@ -174,7 +180,8 @@ def _chat(state: dict[str, Any]) -> str:
     ]
     turns = [render_calls([ToolCall("ls", {"a": True})], fmt), "There is one file: notes.txt.", "Glad to help."]
     for k, (turn, reply) in enumerate(zip(turns, replies)):
-        generated = chat.encode(turn) + [chat.eos_id]
+        ends_itself = any(turn.endswith(e) for e in chat.end_texts)  # a harmony call ends with <|call|>
+        generated = chat.encode(turn) + ([] if ends_itself else [chat.eos_id])
         done = chat.completion(generated)
         if done.text != turn:
             raise _Failed(f"turn {k + 1} reads back as {done.text!r}, not {turn!r}", "report it: a tokenizer quirk")
@@ -217,8 +224,10 @@ def _weights(path: Path, state: dict[str, Any], engine: bool) -> str:
     missing, extra = sorted(expected - names), sorted(names - expected)
     if missing or extra:
         raise _Failed(
-            f"the checkpoint's names are not {type(model).__name__}'s: missing {missing[:3]}, extra {extra[:3]}",
-            "save the model with save_pretrained of this transformers version",
+            f"the learner publishes {type(model).__name__}'s own tensor names and this checkpoint (what vLLM "
+            f"loads) names them otherwise: the learner's {missing[:2]} against the checkpoint's {extra[:2]}",
+            "not supported yet: a layout transformers converts on load (fused MoE experts) needs a name map "
+            "from the learner to vLLM",
         )
     detail = f"{len(names)} tensors named as {type(model).__name__} publishes them"
     if engine:

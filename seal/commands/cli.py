@@ -215,6 +215,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the named ones or, with no name, every one vLLM's CPU build runs",
     )
     prep.set_defaults(handler="seal.commands.model:prepare")
+    chk = model_sub.add_parser(
+        "check",
+        help="will a model go through the loop: its config, tokenizer, family, end tokens, a scripted chat, "
+        "a tool call, its weight names; one line per check, exit 2 with the fix when one fails",
+    )
+    chk.add_argument("path", help="a local HF model directory, or a twin's name (qwen3-twin, ...)")
+    chk.add_argument("--max-model-len", type=int, default=None, help="the model.max_model_len to run it with")
+    chk.add_argument("--family", default=None, help="name the family (model.family) instead of detecting it")
+    chk.add_argument(
+        "--engine", action="store_true", help="also ask the installed vLLM for the architecture (imports vLLM)"
+    )
+    chk.set_defaults(handler="seal.commands.model:check")
 
     bench = sub.add_parser(
         "bench",

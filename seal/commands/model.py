@@ -39,3 +39,21 @@ def prepare_twins(names: list[str], force: bool) -> None:
         t0 = time.perf_counter()
         path = prepare_twin(name, force=force)
         print(f"twin ready: {path} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def check(args) -> int:
+    """`seal model check PATH`: one verdict line per check; 2 when one fails (its fix in the last line)."""
+    from seal.errors import CliError
+    from seal.model_check import check_model_dir, verdict
+    from weights.model_assets import resolve_model
+
+    try:
+        path = resolve_model(args.path)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise CliError(str(exc).strip("'\"")) from None
+    print(f"checking {path}", flush=True)
+    checks = check_model_dir(path, args.max_model_len, args.family, engine=args.engine)
+    for c in checks:
+        print(c.line(), flush=True)
+    print(verdict(checks))
+    return 0 if all(c.ok for c in checks) else 2
