@@ -30,7 +30,6 @@ class Family:
     env_messages: str = "roles"
     json_tool_results: bool = False  # the template JSON-dumps tool content: give it parsed JSON, not a string
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # fixed for a deterministic render
-    unsupported: str | None = None  # why SEAL cannot build this family's conversations yet (None: it can)
     # "template": the tokenizer's chat template renders; "harmony": openai-harmony does (gpt-oss ships
     # no template; its reasoning is the analysis channel, rollout/harmony_chat.py)
     renderer: str = "template"

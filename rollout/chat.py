@@ -66,8 +66,6 @@ class ChatTokenizer:
                 family = self.family or detect_family(self.tokenizer, self.model_dir)
         except ValueError as exc:
             raise ChatBuildError(str(exc)) from None
-        if family.unsupported:
-            raise ChatBuildError(f"{self.name}: family {family.name}: {family.unsupported}")
         self.family = family
         self.kwargs = {**family.template_kwargs, **self.template_kwargs}
         self.harmony = None
@@ -91,7 +89,7 @@ class ChatTokenizer:
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
         if self.harmony is not None:
-            ids = self.harmony.prompt_ids(messages)
+            ids = self.prompt_ids(messages)
             ids = ids if generation_prompt else ids[: len(ids) - len(self.harmony.generation_prompt())]
             return self.tokenizer.decode(ids, skip_special_tokens=False)
         try:

@@ -148,9 +148,10 @@ class HarmonyRenderer:
             head, analysis, rest = raw.partition("<|channel|>analysis")
             if not analysis:
                 return "", raw
-            reasoning, closed, after = rest.partition(MESSAGE_END)
-            return reasoning, (after if closed else head)
-        reasoning, visible = [], []
+            thought, closed, after = rest.partition(MESSAGE_END)
+            return thought, (after if closed else head)
+        reasoning: list[str] = []
+        visible: list[str] = []
         for m in messages:
             text = "".join(getattr(c, "text", "") for c in m.content)
             if m.channel == "analysis":

@@ -6,8 +6,10 @@ from typing import Any
 
 
 def chat_options(cfg: Any) -> dict[str, Any]:
-    """ChatTokenizer's settings from the model group: plain values, so they travel to Ray actors."""
-    model = cfg.model
+    """ChatTokenizer's settings from the typed model group: plain values, so they travel to Ray actors."""
+    from seal.config import ModelConfig
+
+    model = ModelConfig.of(cfg)
     return {"family": model.family or None, "template_kwargs": dict(model.chat_template_kwargs or {})}
 
 

@@ -22,7 +22,8 @@ def error_line(capsys) -> str:
         ("modle=tiny", "seal: error: modle is not a config key; did you mean model?"),
         (
             "model=tinny",
-            "seal: error: model=tinny: no such option (the model options are embedded local tiny); did you mean model=tiny?",
+            "seal: error: model=tinny: no such option (the model options are deepseek-v3-twin embedded gemma3-twin "
+            "gpt-oss-twin llama3.1-twin local qwen2.5-3b-twin qwen2.5-7b-twin qwen3-twin tiny); did you mean model=tiny?",
         ),
         ("job", "seal: error: 'job' is not an override: settings are KEY=VALUE"),
     ],
