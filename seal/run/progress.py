@@ -57,11 +57,19 @@ def number(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".") if x == x else "nan"
 
 
-def rewards_text(rewards: Sequence[float], shown: int = 8) -> str:
+def scored_rewards(rewards: Sequence[float], faults: Sequence[str]) -> list[float]:
+    """The rewards the policy earned: those of episodes no infra fault ended (``faults``: a kind or "")."""
+    return [r for r, fault in zip(rewards, faults or [""] * len(rewards)) if not fault]
+
+
+def rewards_text(rewards: Sequence[float], shown: int = 8, faults: Sequence[str] = ()) -> str:
+    """A faulted episode (``faults``, per rollout) shows as "-": not scored, out of the mean."""
     if not rewards:
         return "rewards unknown"
-    head = " ".join(number(r) for r in rewards[:shown]) + (" ..." if len(rewards) > shown else "")
-    return f"rewards {head} (mean {sum(rewards) / len(rewards):.2f})"
+    marks = [number(r) if not f else "-" for r, f in zip(rewards, faults or [""] * len(rewards))]
+    head = " ".join(marks[:shown]) + (" ..." if len(rewards) > shown else "")
+    scored = scored_rewards(rewards, faults)
+    return f"rewards {head} " + (f"(mean {sum(scored) / len(scored):.2f})" if scored else "(none scored)")
 
 
 def eta_s(durations: Sequence[float], remaining: int) -> float | None:
@@ -115,7 +123,8 @@ def group_done_text(report, filtered: bool) -> str:
         kinds = ", ".join(sorted(set(faults)))
         note += f"; {len(faults)} of {len(report.faults)} episodes ended by an infra fault ({kinds}): not scored"
     return (
-        f"{report.group_id} done on {report.actor} in {duration(report.wall_s)}: {rewards_text(report.rewards)}{note}, "
+        f"{report.group_id} done on {report.actor} in {duration(report.wall_s)}: "
+        f"{rewards_text(report.rewards, faults=report.faults)}{note}, "
         f"{report.generation.generated_tokens} tokens ({rate:.1f} tok/s), policy v{report.start_version}, "
         f"interface v{report.interface_version}"
     )
@@ -212,7 +221,7 @@ class Progress:
         self._batch.append(report)
         if len(self._batch) >= self.groups_per_step:
             now = time.monotonic()
-            rewards = [r for rep in self._batch for r in rep.rewards]
+            rewards = [r for rep in self._batch for r in scored_rewards(rep.rewards, rep.faults)]
             self.emit(
                 "groups",
                 groups_batch_text(

@@ -231,6 +231,7 @@ class StepWindow:
             "fault_reissued_groups": len(self.decided["infra_failed"]),
             "given_up": facts.given_up,
             **self._token_books(facts, undecided),
+            **self._end_faults(undecided),
             "generator_restores": facts.generator_restores,
             "env_actors": facts.env_actors,
             "skipped_overlong_tasks": self.skipped_overlong,
@@ -240,6 +241,19 @@ class StepWindow:
         }
         self._reset(now)
         return row
+
+    def _end_faults(self, undecided: Mapping[str, int] | None) -> dict[str, Any]:
+        """At the run's end (``undecided`` given): the infra faults and episodes of the groups that finished
+        but no step decided (they came in after the last batch), from their reports; the closing note
+        counts them with the rows' (seal/run/summary.py infra_text)."""
+        if undecided is None:
+            return {}
+        ended = [self.reports[g] for g in sorted(set(undecided) | set(self.reports)) if g in self.reports]
+        kinds = Counter(kind for r in ended for kind in r.faults if kind)
+        return {
+            "infra_failures_end": {k: kinds[k] for k in INFRA_FAULT_KINDS},
+            "episodes_played_end": sum(len(r.faults) or r.sent for r in ended),
+        }
 
     def _token_books(self, facts: RunFacts, undecided: Mapping[str, int] | None) -> dict[str, Any]:
         """``tokens``: this step's buckets and the generator's own count over the step; at the run's

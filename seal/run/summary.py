@@ -205,11 +205,13 @@ def verdict(final: Mapping[str, Any]) -> str:
 
 
 def infra_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The run's episodes the system ended (never scored), by kind, against every episode played."""
+    """The run's episodes the system ended (never scored), by kind, against every episode played;
+    the groups that finished after an invocation's last step count too (its last row's ``_end`` keys)."""
     kinds: Counter[str] = Counter()
     for r in rows:
-        kinds.update({k: int(v) for k, v in (r.get("infra_failures") or {}).items() if v})
-    played = sum(int(r.get("episodes_played") or 0) for r in rows)
+        for key in ("infra_failures", "infra_failures_end"):
+            kinds.update({k: int(v) for k, v in (r.get(key) or {}).items() if v})
+    played = sum(int(r.get("episodes_played") or 0) + int(r.get("episodes_played_end") or 0) for r in rows)
     total = sum(kinds.values())
     reissued = sum(int(r.get("fault_reissued_groups") or 0) for r in rows)
     given_up = max((int(r.get("given_up") or 0) for r in rows), default=0)

@@ -7,6 +7,7 @@ import re
 
 from replay.messages import GroupJob, GroupReport, GroupStats
 from seal.run.progress import (
+    GROUP_LINES_MAX,
     Progress,
     clock,
     duration,
@@ -112,6 +113,24 @@ def test_group_done_line_has_rewards_tokens_rate_and_versions():
         groups_batch_text(16, [1.0, 0.0], 800, 100.0, 4)
         == "16 groups done (mean reward 0.50), 800 tokens (8.0 tok/s), 4 in flight"
     )
+
+
+def test_group_line_shows_a_faulted_episode_as_not_scored_and_means_the_scored_ones():
+    """Issue 46 item 12: the faulted episode's 0 is not the policy's, and the learner trains on the five."""
+    faults = ("", "generation_error", "", "", "", "")
+    text = group_done_text(report(rewards=(0.0, 0.0, 1.0, 1.0, 1.0, 1.0), faults=faults), filtered=False)
+    assert text.startswith(
+        "g0000003a0 done on env-1 in 40 s: rewards 0 - 1 1 1 1 (mean 0.80); "
+        "1 of 6 episodes ended by an infra fault (generation_error): not scored, 200 tokens"
+    )
+    every = report(rewards=(0.0, 0.0), faults=("deadline", "env_error"))
+    assert "rewards - - (none scored); 2 of 2 episodes ended" in group_done_text(every, filtered=False)
+    out = io.StringIO()
+    p = Progress(stream=out)
+    p.run_started(target=1, groups_per_step=GROUP_LINES_MAX + 1)
+    for _ in range(GROUP_LINES_MAX + 1):  # a line per batch of groups: its mean over the scored episodes
+        p.group_done(report(rewards=(0.0, 1.0, 1.0), faults=("env_error", "", "")), filtered=False, in_flight=0)
+    assert "groups done (mean reward 1.00)" in out.getvalue()
 
 
 def test_step_line_trained_and_skipped():
