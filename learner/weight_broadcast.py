@@ -11,11 +11,40 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
 from weights.buckets import bucket_bounds
 from weights.group import OP_TIMEOUT_S, WeightGroup, WeightGroupError, WeightMeta
+
+
+def _loaded_in_another_layout(model: Any) -> bool:  # a transformers PreTrainedModel
+    """Whether transformers holds ``model``'s parameters in a layout other than its checkpoint's
+    (``_weight_conversions``: what ``from_pretrained`` applied; a model built otherwise: its type's
+    default conversions). For most models none: their names are the checkpoint's."""
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions is None:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        conversions = get_model_conversion_mapping(model, add_legacy=False)
+    return bool(conversions)
+
+
+def checkpoint_tensors(model: Any, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """One learner parameter as the model's checkpoint holds it: the (name, tensor) pairs vLLM's
+    loader and a snapshot expect. transformers 5 loads some checkpoints into another layout, e.g. a
+    MoE layer's per-expert ``experts.<i>.{gate,up,down}_proj.weight`` stacked into one
+    ``experts.gate_up_proj`` / ``experts.down_proj`` parameter (DeepSeek V3; Qwen3-MoE, Mixtral):
+    sent under the learner's name, vLLM finds no such weight. Here that is undone as
+    ``save_pretrained`` undoes it, one parameter at a time (each of these conversions comes from a
+    single parameter, so a bucket or a ZeRO-3 gather never needs another); the pieces are views of
+    ``tensor``. A meta ``tensor`` gives the names and shapes alone (metadata, snapshot headers)."""
+    if not _loaded_in_another_layout(model):
+        return [(name, tensor)]
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return list(revert_weight_conversion(model, {name: tensor}).items())
 
 
 def weight_buckets(
@@ -40,15 +69,19 @@ def model_weight_buckets(
     walk this iterator in step.
     """
     buckets = weight_buckets(list(model.named_parameters()), bucket_bytes, element_size)
+
+    def as_saved(bucket) -> list[tuple[str, torch.Tensor]]:  # the checkpoint's names and layout
+        return [pair for name, param in bucket for pair in checkpoint_tensors(model, name, param.data)]
+
     if not zero3:
         for bucket in buckets:
-            yield [(name, param.data) for name, param in bucket]
+            yield as_saved(bucket)
         return
     import deepspeed
 
     for bucket in buckets:
         with deepspeed.zero.GatheredParameters([p for _, p in bucket], modifier_rank=None):
-            yield [(name, param.data) for name, param in bucket]
+            yield as_saved(bucket)
 
 
 def model_weights(
@@ -59,11 +92,19 @@ def model_weights(
         yield from bucket
 
 
+def checkpoint_specs(model: torch.nn.Module) -> list[tuple[str, torch.Size, torch.dtype]]:
+    """(name, full shape, dtype) of each tensor ``model_weights`` yields, in its order, without a gather
+    (ZeRO-3 shapes come from ds_shape; ``checkpoint_tensors`` on meta tensors)."""
+    out = []
+    for name, p in model.named_parameters():
+        meta = torch.empty(getattr(p, "ds_shape", p.shape), dtype=p.dtype, device="meta")
+        out += [(n, t.shape, t.dtype) for n, t in checkpoint_tensors(model, name, meta)]
+    return out
+
+
 def model_metadata(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[WeightMeta]:
-    """What ``model_weights`` will send, cast to ``dtype`` if given; ZeRO-3 shapes come from ds_shape."""
-    return [
-        WeightMeta.of(name, getattr(p, "ds_shape", p.shape), dtype or p.dtype) for name, p in model.named_parameters()
-    ]
+    """What ``model_weights`` will send, cast to ``dtype`` if given."""
+    return [WeightMeta.of(name, shape, dtype or d) for name, shape, d in checkpoint_specs(model)]
 
 
 class WeightBroadcaster:

@@ -110,7 +110,12 @@ class WeightsOut:
         the embedded model's bytes moved for nothing."""
         import torch
 
-        weights = self._full_cpu(self.model.named_parameters)
+        from learner.weight_broadcast import checkpoint_tensors
+
+        model = self.model
+        weights = self._full_cpu(  # under the checkpoint's names, as vLLM loads them (checkpoint_tensors)
+            lambda: (pair for name, p in model.named_parameters() for pair in checkpoint_tensors(model, name, p.data))
+        )
         if dtype is None:
             return weights
         target = getattr(torch, dtype)
@@ -174,9 +179,11 @@ class WeightsOut:
         """(the parameters' TensorSpecs in ``model_weight_buckets`` order, a tied one once; the
         persistent buffers as (TensorSpec, tensor)): what ``save_pretrained`` puts in the file."""
         from learner.safetensors_out import TensorSpec
+        from learner.weight_broadcast import checkpoint_specs
 
         named = list(self.model.named_parameters())
-        params = [TensorSpec.of(n, getattr(p, "ds_shape", p.shape), p.dtype) for n, p in named]
+        # The checkpoint's names and layout, as model_weight_buckets writes them (checkpoint_tensors).
+        params = [TensorSpec.of(n, shape, dtype) for n, shape, dtype in checkpoint_specs(self.model)]
         held = {id(p) for _, p in named}
         buffers = [
             (TensorSpec.of(n, t.shape, t.dtype), t)
