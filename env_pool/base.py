@@ -52,8 +52,8 @@ class EpisodeResult:
     env: str
     task_id: str
     category: str
-    reward: int
-    success: bool
+    reward: float  # in [0, 1]: 0 or 1 for a binary verifier, partial credit between
+    success: bool  # reward >= the env's success_threshold
     progress: float
     tags: list[str]  # released vocabulary, one per user turn
     labels: list[str]  # paper vocabulary, one per user turn
@@ -106,10 +106,17 @@ class Environment(abc.ABC):
     """The episode API (docs/custom-environment.md). ``kind`` names the environment in
     trajectories and errors. The built-in environments are listed in env_pool/registry.py; one
     from elsewhere also sets ``task_prefix`` (every one of its task ids starts with it) and
-    ``category_of``, which is how the registry finds a task's environment and category."""
+    ``category_of``, which is how the registry finds a task's environment and category.
+
+    A verdict's reward is a number in [0, 1] (partial credit welcome: GRPO normalises rewards
+    within a group, so their scale is free, and [0, 1] is the one the success threshold, the
+    coordinator's ``1 - reward_mean`` pressure and the reward charts read). An episode succeeds
+    when its reward reaches ``success_threshold``: 1.0, a binary verifier's pass, unless the
+    environment says how much partial credit counts as solved (the frozen evaluation's success)."""
 
     kind: str = "base"
     task_prefix: str = ""
+    success_threshold: float = 1.0
 
     def __init__(self) -> None:
         self.stats = EnvStats()

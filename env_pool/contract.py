@@ -5,14 +5,17 @@ the method, before any actor starts (docs/custom-environment.md).
   ids can be told apart from every other environment's (a ``kind`` and a ``task_prefix`` of its own).
 - ``check_verdict``: a verdict's tags and labels come from the vocabularies of env_pool/tags.py
   (the coordinator's weights, the capability state and the guidelines know no others), one each
-  per user turn, and its reward is 0 or 1. ``MultiTurnEnv.result`` runs it on every episode.
-- ``check_episode``: one task played twice (a correct agent's steps, then an agent that never
-  calls a tool): both verdicts checked, the correct one earns the reward, and a step after the
-  episode ended is refused. `seal train` runs it on the first training task in its preflight.
+  per user turn, and its reward is a number in [0, 1] (env_pool/base.py says why those bounds).
+  ``MultiTurnEnv.result`` runs it on every episode.
+- ``check_episode``: one task played three times (a correct agent's steps, an agent that never
+  calls a tool, and the correct agent's first step alone: a partial answer): every verdict
+  checked, the correct one succeeds, and a step after the episode ended is refused. `seal train`
+  runs it on the first training task in its preflight.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from env_pool import tags as T
@@ -39,6 +42,11 @@ def check_env_class(cls: object, known: Mapping[str, tuple[str, Callable[[str], 
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         raise EnvContractError(f"env {_name(cls)} does not implement {', '.join(missing)} ({DOC})")
+    if not (isinstance(cls.success_threshold, (int, float)) and 0 < cls.success_threshold <= 1):
+        raise EnvContractError(
+            f"env {_name(cls)}: success_threshold {cls.success_threshold!r} is not in (0, 1]: the reward "
+            f"at or above which an episode counts as solved ({DOC})"
+        )
     if cls.task_prefix == "" and cls.kind in set(builtin):
         return  # a built-in environment, or a subclass playing its tasks
     if cls.kind in ("", "base") or not cls.task_prefix:
@@ -54,10 +62,16 @@ def check_env_class(cls: object, known: Mapping[str, tuple[str, Callable[[str], 
             )
 
 
+def check_reward(where: str, reward: object) -> None:
+    """A number in [0, 1]; NaN, infinities, strings and None are refused by value."""
+    ok = isinstance(reward, (int, float)) and math.isfinite(reward) and 0 <= reward <= 1
+    if not ok:
+        raise EnvContractError(f"{where}: reward {reward!r} is not a number in [0, 1] ({DOC})")
+
+
 def check_verdict(env: Environment, reward: float, tags: Sequence[str], labels: Sequence[str]) -> None:
     where = f"env {_name(type(env))}._judge"
-    if reward not in (0, 1):
-        raise EnvContractError(f"{where}: reward {reward!r} is not 0 or 1 (the verifier's verdict is binary; {DOC})")
+    check_reward(where, reward)
     if not tags or len(tags) != len(labels):
         raise EnvContractError(f"{where}: {len(tags)} tags and {len(labels)} labels: give one of each per user turn")
     if bad := [t for t in tags if t not in TAGS]:
@@ -75,11 +89,17 @@ def check_episode(env: Environment, task_id: str, category: str) -> None:
         raise EnvContractError(f"env {name}.task_ids: 'all' does not list {task_id!r} ({DOC})")
     reference = env.reference_turns(task_id)
     results = []
-    for turns in (reference, [["I cannot help with that."]] * len(reference)):
+    partial = [reference[0][:1]] if reference and reference[0] else []
+    for turns in (reference, [["I cannot help with that."]] * len(reference), partial):
         result = play_scripted(env, task_id, turns)
         if not isinstance(result, EpisodeResult):
             raise EnvContractError(f"env {name}.result: returned {type(result).__name__}, not an EpisodeResult")
         check_verdict(env, result.reward, result.tags, result.labels)
+        if result.success != (result.reward >= env.success_threshold):
+            raise EnvContractError(
+                f"env {name}.result: success {result.success} with reward {result.reward}: success is the reward "
+                f"reaching success_threshold {env.success_threshold} ({DOC})"
+            )
         if (result.task_id, result.env, result.category) != (task_id, env.kind, category):
             raise EnvContractError(
                 f"env {name}.result: says task {result.task_id!r} of env {result.env!r} in category "
@@ -87,10 +107,11 @@ def check_episode(env: Environment, task_id: str, category: str) -> None:
             )
         _check_step_after_done(env, name)
         results.append(result)
-    if not results[0].reward:
+    if not results[0].success:
         raise EnvContractError(
-            f"env {name}.reference_turns: a correct agent's steps for {task_id} earn no reward from _judge "
-            f"(tags {results[0].tags}): the verifier and the reference disagree"
+            f"env {name}.reference_turns: a correct agent's steps for {task_id} earn reward {results[0].reward} "
+            f"from _judge, under its success_threshold {env.success_threshold} (tags {results[0].tags}): "
+            "the verifier and the reference disagree"
         )
 
 

@@ -52,7 +52,7 @@ class Verdict(Protocol):
     """What an env's verifier says about a finished episode (read-only: a frozen dataclass is one)."""
 
     @property
-    def reward(self) -> int: ...  # 0 or 1
+    def reward(self) -> float: ...  # in [0, 1]: 0 or 1 from a binary verifier, partial credit between
 
     @property
     def progress(self) -> float: ...
@@ -208,13 +208,14 @@ class MultiTurnEnv(Environment):
             t0 = time.perf_counter()
             verdict = self._judge()
             check_verdict(self, verdict.reward, verdict.tags, verdict.labels)
+            reward = int(verdict.reward) if isinstance(verdict.reward, bool) else verdict.reward
             task = self._task
             self._result = EpisodeResult(
                 env=self.kind,
                 task_id=task.id,
                 category=task.category,
-                reward=verdict.reward,
-                success=bool(verdict.reward),
+                reward=reward,  # as the verifier gave it: a binary one's int stays an int
+                success=reward >= self.success_threshold,
                 progress=verdict.progress,
                 tags=list(verdict.tags),
                 labels=list(verdict.labels),

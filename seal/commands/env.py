@@ -59,24 +59,28 @@ def replay_gt(args) -> int:
 
     interface = _interface(args.interface)
     env = env_for(args)
-    by_cat: dict[str, dict[str, int]] = {}
+    by_cat: dict[str, dict[str, Any]] = {}
     tag_counts: Counter = Counter()
     failures = []
+    reward_sum = 0.0
     t0 = time.perf_counter()
     ids = env.task_ids(args.split)
     for task_id in ids:
         result = play_scripted(env, task_id, env.reference_turns(task_id), interface)
+        # reward_1: tasks the reference solves (its reward reaches the env's success threshold: 1 when binary)
         cat = by_cat.setdefault(category_of(task_id), {"tasks": 0, "reward_1": 0})
         cat["tasks"] += 1
-        cat["reward_1"] += result.reward
+        cat["reward_1"] += int(result.success)
+        reward_sum += result.reward
         tag_counts.update(result.tags)
-        if not result.reward:
-            failures.append((task_id, result.error_type))
+        if not result.success:
+            failures.append((task_id, result.error_type or f"reward {result.reward}"))
     seconds = time.perf_counter() - t0
     summary = {
         "env": env.kind,
         "tasks": len(ids),
         "reward_1": sum(c["reward_1"] for c in by_cat.values()),
+        "reward_mean": reward_sum / len(ids) if ids else 0.0,
         "by_category": by_cat,
         "tags": dict(sorted(tag_counts.items())),
     }
@@ -87,10 +91,10 @@ def replay_gt(args) -> int:
             f"ground-truth replay, env={env.kind}, split={args.split}, format={env.tool_format}, "
             f"interface={'raw' if interface.is_raw else args.interface}"
         )
-        print(f"{'category':<14}{'tasks':>7}{'reward 1':>10}")
+        print(f"{'category':<14}{'tasks':>7}{'solved':>10}")
         for cat_name, v in summary["by_category"].items():
             print(f"{cat_name:<14}{v['tasks']:>7}{v['reward_1']:>10}")
-        print(f"{'total':<14}{summary['tasks']:>7}{summary['reward_1']:>10}")
+        print(f"{'total':<14}{summary['tasks']:>7}{summary['reward_1']:>10}   mean reward {summary['reward_mean']:.2f}")
         print("tags: " + ", ".join(f"{k}={v}" for k, v in summary["tags"].items()))
         print(f"{env.stats.tool_calls} tool calls, {env.stats.steps} steps in {seconds:.2f} s")
         for task_id, error in failures[:20]:

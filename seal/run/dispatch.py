@@ -30,6 +30,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+def contract_broken(exc: BaseException) -> Exception | None:
+    """The env's contract error behind a failed group (env_pool/contract.py), as one line naming the
+    env, the method and the value, or None. It stops the run at once: it is no infra fault."""
+    from env_pool.contract import EnvContractError
+
+    cause = getattr(exc, "cause", None)
+    for candidate in (cause, exc):
+        if isinstance(candidate, EnvContractError):
+            text = str(candidate.args[0] if candidate.args else candidate).splitlines()[0]
+            return EnvContractError(f"{text}; the run stops: a verdict the contract refuses is the env's to fix")
+    return None
+
+
 # A decided group's report is at most a moment behind its trajectories (the env actor returns it
 # once they are handed to the transport): a minute means the actor is gone.
 SETTLE_TIMEOUT_S = 60.0
@@ -142,6 +156,9 @@ class Dispatcher:
         try:
             report: GroupReport = ray.get(ref)
         except (ray.exceptions.RayActorError, GeneratorUnavailable, ray.exceptions.RayTaskError) as exc:
+            broken = contract_broken(exc)
+            if broken is not None:  # the env's own bug: every retry would break it again
+                raise broken from None
             # A crash (kill -9, node loss, a dead generator: Ray restarts it)
             # says nothing about the task; any other task error counts toward
             # the slot's bounded retries. Either way the group is given up and

@@ -89,11 +89,17 @@ def test_a_step_after_done_is_refused():
         env.step("again")
 
 
-def test_a_verdict_needs_a_binary_reward_and_one_tag_and_label_per_turn():
+def test_a_verdict_needs_a_reward_in_0_1_and_one_tag_and_label_per_turn():
     env = ThermostatEnv()
-    check_verdict(env, 1, ["pass", "correct_abstention"], ["pass", "pass"])
-    with pytest.raises(EnvContractError, match="reward 0.5 is not 0 or 1"):
-        check_verdict(env, 0.5, ["pass"], ["pass"])
+    for reward in (0, 1, 0.0, 0.5, 1.0):  # partial credit is a reward like any other
+        check_verdict(env, reward, ["pass", "correct_abstention"], ["pass", "pass"])
+    for reward in (1.5, -0.1, float("nan"), float("inf"), "1", None):
+        with pytest.raises(EnvContractError) as exc:
+            check_verdict(env, reward, ["pass"], ["pass"])  # type: ignore[arg-type]
+        assert one_line(exc) == (
+            f"env examples.thermostat.env.ThermostatEnv._judge: reward {reward!r} is not a number in [0, 1] "
+            "(docs/custom-environment.md)"
+        )
     with pytest.raises(EnvContractError, match="2 tags and 1 labels"):
         check_verdict(env, 0, ["pass", "pass"], ["pass"])
     with pytest.raises(EnvContractError, match="label 'so_so' is not in the vocabulary"):
@@ -109,3 +115,26 @@ def test_a_reference_the_verifier_fails_is_refused():
 
     with pytest.raises(EnvContractError, match="NeverPasses.reference_turns: a correct agent's steps for thermo_0"):
         check_episode(NeverPasses(), "thermo_0", "set")
+
+
+def test_partial_credit_under_the_success_threshold_fails_the_reference_and_a_bad_threshold_the_class():
+    class HalfCredit(ThermostatEnv):
+        def _judge(self):
+            import dataclasses
+
+            return dataclasses.replace(super()._judge(), reward=0.5)
+
+    with pytest.raises(EnvContractError) as exc:
+        check_episode(HalfCredit(), "thermo_0", "set")
+    assert "earn reward 0.5 from _judge, under its success_threshold 1.0" in one_line(exc)
+
+    class Lenient(HalfCredit):
+        success_threshold = 0.5  # half credit counts as solved
+
+    check_episode(Lenient(), "thermo_0", "set")
+
+    class Impossible(ThermostatEnv):
+        success_threshold = 1.5
+
+    with pytest.raises(EnvContractError, match=r"Impossible: success_threshold 1.5 is not in \(0, 1\]"):
+        check_class(Impossible)

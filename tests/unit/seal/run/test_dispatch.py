@@ -3,7 +3,8 @@ actor set, the fleet's up/down state, the publisher's acknowledged version) and 
 replay server, router and step window: every idle env actor gets a job the ledger admits, routed to a
 replica; a report comes back to the step's books; a task error, a crashed actor and a lost replica each
 re-issue the slot under a new group id (only the task error counts toward its retries), the crashed actor
-gets no job until it answers, the lost replica is reported and the weights checked."""
+gets no job until it answers, the lost replica is reported and the weights checked; a verdict the env
+contract refuses stops the run instead (the env's bug: a retry breaks it again)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ class FakeEnvActor:
     def run_group(self, job) -> GroupReport:
         if self.fails == "task":
             raise ValueError(f"task {job.task_id} broke the env")
+        if self.fails == "contract":
+            from env_pool.contract import EnvContractError
+
+            raise EnvContractError("env my_env.MyEnv._judge: reward 2.0 is not a number in [0, 1] (docs/x.md)")
         if self.fails == "crash":
             os._exit(1)
         if self.fails == "replica":
@@ -192,5 +197,22 @@ def test_a_job_that_starts_a_pass_over_the_tasks_ends_the_coordinators_epoch():
         assert sorted(job.slot for job, _ in d.jobs.values()) == [0, 1, 2]
         assert ray.get(d.actors.coordinator.epochs_ended.remote(), timeout=30) == 1
         settle(d)
+    finally:
+        replay.close()
+
+
+def test_a_verdict_the_contract_refuses_stops_the_run_in_one_line_and_is_never_retried():
+    from env_pool.contract import EnvContractError
+
+    d, replay = dispatcher({"env-0": "contract"}, groups_per_step=1)
+    try:
+        d.fill()
+        with pytest.raises(EnvContractError) as exc:
+            settle(d)
+        assert str(exc.value) == (
+            "env my_env.MyEnv._judge: reward 2.0 is not a number in [0, 1] (docs/x.md); "
+            "the run stops: a verdict the contract refuses is the env's to fix"
+        )
+        assert d.ledger.counters.reissued == 0 and not d.ledger.errors
     finally:
         replay.close()
