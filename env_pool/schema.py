@@ -58,3 +58,41 @@ def argument_problems(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -
             if bad:
                 problems.append(f"argument {name!r} items expected {items.get('type')}")
     return problems
+
+
+# BFCL's type names that are not JSON Schema's (bfcl-eval writes Python's names); "any": no type.
+_JSON_SCHEMA_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "int": "integer"}
+
+
+def json_schema(node: Any) -> Any:
+    """A BFCL schema node in JSON Schema, as a chat template's ``tools=`` block expects it."""
+    if isinstance(node, list):
+        return [json_schema(n) for n in node]
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "type" and isinstance(value, str):
+            if value != "any":
+                out["type"] = _JSON_SCHEMA_TYPES.get(value, value)
+        elif key == "properties" and isinstance(value, Mapping):
+            out["properties"] = {name: json_schema(prop) for name, prop in value.items()}
+        else:
+            out[key] = json_schema(value)
+    return out
+
+
+def function_tools(docs: Any) -> list[dict[str, Any]]:
+    """BFCL function docs as OpenAI-style function tools (what ``apply_chat_template(tools=...)`` takes);
+    a doc's ``response`` schema is left out: no template shows it."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": doc["name"],
+                "description": doc.get("description", ""),
+                "parameters": json_schema(doc.get("parameters", {"type": "dict", "properties": {}})),
+            },
+        }
+        for doc in docs
+    ]

@@ -33,6 +33,9 @@ class Family:
     # "template": the tokenizer's chat template renders; "harmony": openai-harmony does (gpt-oss ships
     # no template; its reasoning is the analysis channel, rollout/harmony_chat.py)
     renderer: str = "template"
+    # The template (or harmony) has a tools block of its own: on the training interface an env may hand
+    # its tools to it (``tools=``) instead of writing them into its system prompt.
+    tools_block: bool = False
     summary: str = ""
 
     def template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -95,6 +98,7 @@ FAMILIES: dict[str, Family] = {
             "qwen2.5",
             tool_format="json",
             end_texts=("<|im_end|>", "<|endoftext|>"),
+            tools_block=True,
             summary="ChatML, tools in <tools>, calls <tool_call> JSON, results in <tool_response>",
         ),
         Family(
@@ -102,6 +106,7 @@ FAMILIES: dict[str, Family] = {
             tool_format="json",
             end_texts=("<|im_end|>", "<|endoftext|>"),
             reasoning=("<think>", "</think>"),
+            tools_block=True,
             summary="Qwen2.5's format plus <think> reasoning (enable_thinking)",
         ),
         Family(
@@ -111,6 +116,7 @@ FAMILIES: dict[str, Family] = {
             json_tool_results=True,
             # The template prints today's date unless given one: a render must not change with the day.
             template_kwargs={"date_string": "26 Jul 2024"},
+            tools_block=True,
             summary='Llama 3.1/3.2: calls as bare JSON {"name", "parameters"} or after <|python_tag|>; results as ipython',
         ),
         Family(
@@ -131,6 +137,7 @@ FAMILIES: dict[str, Family] = {
             tool_format="harmony",
             end_texts=("<|return|>", "<|call|>"),
             renderer="harmony",
+            tools_block=True,
             summary="harmony: analysis/commentary/final channels, calls to=functions.NAME, ends <|return|>/<|call|>",
         ),
     )
@@ -216,6 +223,14 @@ def tool_format_of(model_dir: str | Path, family: str | None = None) -> str:
     if family:
         return family_named(family).tool_format
     return family_of(read_chat_template(model_dir), model_type(model_dir), model_dir).tool_format
+
+
+def tools_block_of(model_dir: str | Path, family: str | None = None, tool_format: str | None = None) -> bool:
+    """Whether the model's template takes tools itself, for calls in ``tool_format``: what an env's
+    ``tools_in_template`` follows. A template's tools block teaches its family's own call format, so
+    an env told to use another format keeps its tools in its prompt."""
+    fam = family_named(family) if family else family_of(read_chat_template(model_dir), model_type(model_dir), model_dir)
+    return fam.tools_block and tool_format in (None, fam.tool_format)
 
 
 def turn_end_ids(tokenizer: Any, model_dir: str | Path | None) -> tuple[int, ...]:

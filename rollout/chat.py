@@ -92,11 +92,14 @@ class ChatTokenizer:
             ids = self.prompt_ids(messages)
             ids = ids if generation_prompt else ids[: len(ids) - len(self.harmony.generation_prompt())]
             return self.tokenizer.decode(ids, skip_special_tokens=False)
+        # An env that hands its tools to the template's own tools block puts them on a message.
+        tools = next((m["tools"] for m in messages if m.get("tools")), None)
         try:
             return self.tokenizer.apply_chat_template(
                 self.fam.template_messages(messages),
                 tokenize=False,
                 add_generation_prompt=generation_prompt,
+                **({"tools": tools} if tools else {}),
                 **self.kwargs,
             )
         except Exception as exc:  # jinja's TemplateError and the template's own raise_exception

@@ -97,11 +97,23 @@ class HarmonyRenderer:
         self.date = str(template_kwargs.get("conversation_start_date", CONVERSATION_DATE))
 
     def _message(self, m: Mapping[str, Any]) -> Any:
-        from openai_harmony import Author, DeveloperContent, Message, Role
+        from openai_harmony import Author, DeveloperContent, Message, Role, ToolDescription
 
         role, text = m["role"], str(m["content"])
         if role == "system":
-            return Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new().with_instructions(text))
+            developer = DeveloperContent.new().with_instructions(text)
+            if m.get("tools"):  # the env's tools, for harmony's own `namespace functions` block
+                developer = developer.with_function_tools(
+                    [
+                        ToolDescription.new(
+                            t["function"]["name"],
+                            t["function"].get("description", ""),
+                            parameters=t["function"].get("parameters"),
+                        )
+                        for t in m["tools"]
+                    ]
+                )
+            return Message.from_role_and_content(Role.DEVELOPER, developer)
         if role == "user":
             return Message.from_role_and_content(Role.USER, text)
         if role == "tool":

@@ -32,8 +32,19 @@ def model_tool_format(path: str, family: str | None = None) -> str:
     return tool_format_of(resolve_model(str(path)), family or None)
 
 
+def model_tools_block(path: str, family: str | None = None, tool_format: str | None = None) -> bool:
+    """``${model_tools_block:${model.path},${model.family},${.tool_format}}``: whether the model's chat
+    template has a tools block of its own for calls in ``tool_format``, which an env can hand its
+    tools to on the training interface."""
+    from families.registry import tools_block_of
+    from weights.model_assets import resolve_model
+
+    return tools_block_of(resolve_model(str(path)), family or None, tool_format or None)
+
+
 def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
-    if not OmegaConf.has_resolver("model_tool_format"):
-        OmegaConf.register_new_resolver("model_tool_format", model_tool_format, use_cache=True)
+    for name, resolver in (("model_tool_format", model_tool_format), ("model_tools_block", model_tools_block)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver, use_cache=True)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from env_pool.base import Message, TokenCounter
 from env_pool.bfcl.judge import Diagnosis, judge
-from env_pool.bfcl.prompts import reveal_message, system_prompt
+from env_pool.bfcl.prompts import reveal_message, system_prompt, template_tools
 from env_pool.bfcl.replay import ground_truth_turns
 from env_pool.bfcl.runtime import ExecCall, InstanceSet, call_signatures, error_text, is_error_result
 from env_pool.bfcl.tasks import BfclTask, get_task, split_ids
@@ -29,9 +29,14 @@ class BfclEnv(MultiTurnEnv):
         max_context_tokens: int | None = None,
         token_counter: TokenCounter | None = None,
         instance_mismatch: str = "release",
+        tools_in_template: bool = False,
     ) -> None:
+        """``tools_in_template``: on the training interface, the opening system message carries the tools
+        (``"tools"``, JSON Schema) for the chat template's own tools block instead of the prompt's text;
+        the raw interface always shows the benchmark's prompt."""
         super().__init__(tool_format, step_limit, instance_mismatch, max_context_tokens, token_counter)
         self.tool_doc_indent = tool_doc_indent
+        self.tools_in_template = tools_in_template
         self._task: BfclTask | None = None
 
     def task_ids(self, split: str = "all") -> list[str]:
@@ -60,8 +65,10 @@ class BfclEnv(MultiTurnEnv):
 
     def _open(self, task: BfclTask) -> list[Message]:
         self._instances = InstanceSet(task.initial_config, list(task.involved_classes), task.long_context)
+        in_template = self.tools_in_template and not self._interface.is_raw
+        tools = task.tools_at_turn(0)
         sys_msg = system_prompt(
-            task.tools_at_turn(0), self.tool_format, self._interface, task.category, self.tool_doc_indent
+            tools, self.tool_format, self._interface, task.category, self.tool_doc_indent, not in_template
         )
         first = [dict(m) for m in self._turn_messages(0)]
         if first and first[0]["role"] == "system":  # as bfcl-eval: ours goes first
@@ -69,6 +76,8 @@ class BfclEnv(MultiTurnEnv):
             head, first = first[:1], first[1:]
         else:
             head = [{"role": "system", "content": sys_msg}]
+        if in_template:
+            head[0]["tools"] = template_tools(tools, self._interface)
         return head + self._worked_examples(task) + first
 
     def _signatures(self) -> Signatures:

@@ -21,6 +21,7 @@ from env_pool.bfcl.runtime import prepare_import
 from env_pool.interface.guidelines import guideline_block
 from env_pool.interface.schema_lite import SYSTEM_LINE, annotate_tools
 from env_pool.interface.state import InterfaceState
+from env_pool.schema import function_tools
 
 HERMES_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -97,9 +98,14 @@ def system_prompt(
     interface: InterfaceState,
     category: str | None = None,
     indent: int | None = None,
+    tools_text: bool = True,
 ) -> str:
+    """``tools_text=False``: the tools go to the chat template's own tools block (``template_tools``),
+    so the prompt leaves them out (the json, llama_json, deepseek and harmony formats only)."""
     p = _bfcl_prompt_parts()
     docs = tool_docs_text(annotate_tools(benchmark_docs(tools), interface), fmt, indent)
+    if not tools_text and fmt not in FAMILY_TOOLS:
+        raise ValueError(f"tool format {fmt!r} shows its tools in the prompt; a template's tools block cannot")
     if fmt == "python":
         prompt = p["template"].format(
             persona=p["persona"],
@@ -109,8 +115,8 @@ def system_prompt(
             available_tools=p["available_tools"].format(format="json", functions=docs),
         )
     elif fmt in FAMILY_TOOLS:
-        tools_part = FAMILY_TOOLS[fmt].format(tools=docs)
-        prompt = f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n" + tools_part + "\n"
+        tools_part = FAMILY_TOOLS[fmt].format(tools=docs) + "\n" if tools_text else ""
+        prompt = f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n" + tools_part
     else:
         raise ValueError(f"unknown tool-call format {fmt!r}")
     extras = []
@@ -122,6 +128,12 @@ def system_prompt(
     if extras:
         prompt = prompt.rstrip("\n") + "\n\n" + "\n\n".join(extras) + "\n"
     return prompt
+
+
+def template_tools(tools: Sequence[dict[str, Any]], interface: InterfaceState) -> list[dict[str, Any]]:
+    """The tools as a chat template's tools block takes them: the prompt's docs (the benchmark's hint,
+    the interface's annotations) in JSON Schema."""
+    return function_tools(annotate_tools(benchmark_docs(tools), interface))
 
 
 def reveal_message(

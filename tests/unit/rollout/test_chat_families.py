@@ -290,3 +290,42 @@ def test_gpt_oss_never_acts_on_a_call_in_its_analysis_channel(chats):
     ):
         turn = chat.completion(chat.encode(text) + [chat.eos_id])
         assert "to=functions" not in turn.text and want in turn.text
+
+
+@pytest.mark.parametrize(
+    "key,marker",
+    [
+        ("qwen2_5", '<tools>\n{"type": "function", "function": {"name": '),
+        ("llama3_2", "Given the following functions, please respond with a JSON for a function call"),
+        ("gptoss", "namespace functions {"),
+    ],
+)
+def test_on_the_training_interface_tools_go_to_the_templates_own_tools_block(chats, key, marker):
+    from env_pool.interface.state import InterfaceState
+
+    chat = chats[key]
+    train = InterfaceState(version=1, schema_lite=True)
+    fmt = chat.fam.tool_format
+    env = BfclEnv(tool_format=fmt, tools_in_template=True)
+    opening = env.reset(TASK, train)
+    tools = opening[0]["tools"]
+    assert {t["function"]["name"] for t in tools} >= {"cd", "mv", "ls"}
+    assert all(t["function"]["parameters"]["type"] == "object" for t in tools)  # BFCL's dict, in JSON Schema
+    prompt = chat.tokenizer.decode(chat.prompt_ids(opening), skip_special_tokens=False)
+    assert marker in prompt and prompt.count('"name": "cd"') + prompt.count("type cd =") == 1  # shown once
+    # The raw interface is the benchmark's prompt, whatever the setting.
+    assert "tools" not in env.reset(TASK, RAW_INTERFACE)[0]
+    turns = [s for turn in env.reference_turns(TASK) for s in turn]
+    if chat.harmony is None:  # an episode under it (gpt-oss's is played above)
+        gen = ScriptedGenerator(chat, turns)
+        (traj,) = run_group(
+            lambda: BfclEnv(tool_format=fmt, tools_in_template=True),
+            gen,
+            chat,
+            TASK,
+            1,
+            SamplingConfig(max_new_tokens=512),
+            interface=train,
+        )
+        assert traj.infra_fault is None and traj.reward == 1.0
+        check_trained_tokens_are_the_sampled_ones(traj, gen)

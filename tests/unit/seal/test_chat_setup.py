@@ -25,9 +25,13 @@ def test_settings_given_on_the_command_line_reach_the_builder():
 
 
 @pytest.mark.parametrize(
-    "model,fmt", [("embedded", "json"), ("llama3.1-twin", "llama_json"), ("deepseek-v3-twin", "deepseek")]
+    "model,fmt,block",
+    [("embedded", "json", False), ("llama3.1-twin", "llama_json", True), ("gemma3-twin", "json", False)],
 )
-def test_bfcl_takes_the_model_familys_tool_format_unless_told(model, fmt):
-    assert compose(["env=bfcl", f"model={model}"]).env.tool_format == fmt
-    assert compose(["env=bfcl", f"model={model}", "model.family=qwen2.5"]).env.tool_format == "json"
-    assert compose(["env=bfcl", f"model={model}", "env.tool_format=python"]).env.tool_format == "python"
+def test_bfcl_takes_the_model_familys_tool_format_and_tools_block_unless_told(model, fmt, block):
+    env = compose(["env=bfcl", f"model={model}"]).env
+    assert (env.tool_format, env.tools_in_template) == (fmt, block)
+    env = compose(["env=bfcl", f"model={model}", "model.family=deepseek_v3"]).env
+    assert (env.tool_format, env.tools_in_template) == ("deepseek", False)
+    env = compose(["env=bfcl", f"model={model}", "env.tool_format=python"]).env
+    assert (env.tool_format, env.tools_in_template) == ("python", False)  # a tools block teaches its own format
