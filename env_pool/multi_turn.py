@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from env_pool import tags as T
@@ -48,23 +49,46 @@ class Task(Protocol):
     def num_turns(self) -> int: ...
 
 
-class Verdict(Protocol):
+class Judged(Protocol):
     """What an env's verifier says about a finished episode (read-only: a frozen dataclass is one)."""
 
     @property
     def reward(self) -> float: ...  # in [0, 1]: 0 or 1 from a binary verifier, partial credit between
 
     @property
-    def progress(self) -> float: ...
+    def progress(self) -> float | None: ...  # None: the reward
 
     @property
-    def tags(self) -> Sequence[str]: ...  # released vocabulary, one per user turn
+    def tags(self) -> Sequence[str]: ...  # released vocabulary, one per user turn; none: every turn unknown
 
     @property
-    def labels(self) -> Sequence[str]: ...  # paper vocabulary, one per user turn
+    def labels(self) -> Sequence[str]: ...  # paper vocabulary, one per user turn; none: every turn unknown
 
     @property
     def error_type(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verdict to return from ``_judge``: only the reward is required. Without tags and labels it is
+    reward-only: every user turn is tagged ``unknown``, which the A-Patch weights leave at 1 and no
+    guideline answers (docs/custom-environment.md, the verdict); a bare number from ``_judge`` is one."""
+
+    reward: float
+    progress: float | None = None  # for logging (e.g. passed turns / turns); None: the reward
+    tags: Sequence[str] = ()  # env_pool.tags.RELEASED_TAGS, one per user turn
+    labels: Sequence[str] = ()  # env_pool.tags.PAPER_LABELS, one per user turn
+    error_type: str | None = None  # why the episode failed (None: it passed, or no reason given)
+
+
+def _verdict(judged: Judged | float, num_turns: int) -> Judged:
+    """A bare reward as a Verdict; a verdict without tags and labels gets ``unknown`` for every turn."""
+    if isinstance(judged, (int, float)):
+        judged = Verdict(judged)
+    if len(judged.tags) == len(judged.labels) == 0:
+        unknown = (T.UNKNOWN,) * num_turns
+        judged = Verdict(judged.reward, judged.progress, unknown, unknown, judged.error_type)
+    return judged
 
 
 class MultiTurnEnv(Environment):
@@ -117,8 +141,9 @@ class MultiTurnEnv(Environment):
         """The messages that open user turn ``turn``."""
 
     @abc.abstractmethod
-    def _judge(self) -> Verdict:
-        """The verifier's verdict on the finished episode (``self._turn_parsed``, ``self._outcome``)."""
+    def _judge(self) -> Judged | float:
+        """The verifier's verdict on the finished episode (``self._turn_parsed``, ``self._outcome``): a
+        ``Verdict`` (or an env's own class with its fields), or a bare reward."""
 
     def _release(self) -> None:
         """Free per-episode tool state once the episode ends (nothing by default)."""
@@ -206,17 +231,17 @@ class MultiTurnEnv(Environment):
             raise EpisodeStateError("result() is available once the episode is done")
         if self._result is None:
             t0 = time.perf_counter()
-            verdict = self._judge()
+            task = self._task
+            verdict = _verdict(self._judge(), task.num_turns)
             check_verdict(self, verdict.reward, verdict.tags, verdict.labels)
             reward = int(verdict.reward) if isinstance(verdict.reward, bool) else verdict.reward
-            task = self._task
             self._result = EpisodeResult(
                 env=self.kind,
                 task_id=task.id,
                 category=task.category,
                 reward=reward,  # as the verifier gave it: a binary one's int stays an int
                 success=reward >= self.success_threshold,
-                progress=verdict.progress,
+                progress=reward if verdict.progress is None else verdict.progress,
                 tags=list(verdict.tags),
                 labels=list(verdict.labels),
                 error_type=verdict.error_type,

@@ -3,7 +3,8 @@
 Once per learner step, from the window (else totals) statistics:
   target = base * (1 + alpha * prevalence * (1 - reward_mean) * min(1, count / C)), clipped to [0.5, 2.0]
   weight = (1 - beta) * previous + beta * target        (previous starts at base)
-``pass`` keeps its base weight; excluded tags weigh 1.0. A configured 0 means 0
+``pass`` and ``unknown`` keep their base weights (a turn the env did not diagnose gives the weights
+nothing to learn from: a reward-only env's advantages stay at scale 1); excluded tags weigh 1.0. A configured 0 means 0
 (the released code silently replaced 0 by the default; we do not).
 """
 
@@ -75,7 +76,7 @@ class TagWeights:
             if tag in self.excluded:
                 self.weights[tag] = 1.0
                 continue
-            if tag == T.PASS:
+            if tag in (T.PASS, T.UNKNOWN):
                 self.weights[tag] = self._base(tag)
                 continue
             stat = counts.get(tag)

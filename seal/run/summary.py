@@ -127,6 +127,12 @@ def interface_text(rows: Sequence[Mapping[str, Any]], start: int) -> str:
     head = f"v{start} -> v{end}" if end != start else f"v{start} throughout"
     on = guidelines_turned_on(rows)
     turned = ", ".join(f"{g} (step {s})" for g, s in on) if on else "none"
+    tags = {t for r in rows for t in (r.get("tag_fractions") or {})}
+    if tags == {"unknown"}:  # a reward-only env (docs/custom-environment.md, the verdict): said, not silent
+        turned += (
+            " (the env's verdicts carry no diagnosis tags, every turn unknown: the interface and the "
+            "A-Patch weights had nothing to act on)"
+        )
     return f"{head}; guidelines turned on: {turned}"
 
 
