@@ -76,7 +76,7 @@ def _encoding(vocab_dir: str) -> Any:
 
 
 def harmony_encoding(tokenizer: Any) -> Any:
-    from weights.model_assets import cache_root
+    from weights.cache import cache_root
 
     vocab_dir = cache_root() / "harmony"
     o200k_base_file(tokenizer.get_vocab(), vocab_dir)

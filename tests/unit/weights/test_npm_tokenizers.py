@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from families.npm_tokenizers import (
+from weights.npm_tokenizers import (
     MEMBERS,
     SOURCES,
     IntegrityError,

@@ -117,7 +117,7 @@ def _source(key: str) -> TokenizerSource:
 
 
 def tokenizer_dir(key: str) -> Path:
-    from weights.model_assets import cache_root
+    from weights.cache import cache_root
 
     src = _source(key)
     return cache_root() / "tokenizers" / f"{src.key}-{src.version}"

