@@ -1,50 +1,50 @@
 """A generator replica on vLLM's async engine (AsyncLLM): continuous batching.
 
-Every request enters the engine's running batch as it arrives and returns as
-it finishes, so an env actor whose episode needs a short turn is not held
-behind the longest sequence of someone else's batch (the blocking
+Every request enters the engine's running batch as it arrives and returns as it finishes, so an env actor whose
+episode needs a short turn is not held behind the longest sequence of someone else's batch (the blocking
 ``VllmGenerator`` serves one ``LLM.generate`` batch at a time).
 
-Used as a Ray async actor (``max_concurrency`` calls at once on its event
-loop); the method names are those of ``actors.generation.server.GeneratorServer``,
-so the driver and the env actors drive either the same way. Engine settings
-and environment: actors/generation/engine_settings.py, shared with ``VllmGenerator``.
+Used as a Ray async actor (``max_concurrency`` calls at once on its event loop); the method names are those of
+``actors.generation.server.GeneratorServer``, so the driver and the env actors drive either the same way. Engine
+settings and environment: actors/generation/engine_settings.py, shared with ``VllmGenerator``.
 
-Weight updates pause the engine with vLLM's own ``pause_generation``; the
-``update_mode`` says what happens to requests in flight:
+Weight updates pause the engine with vLLM's own ``pause_generation``; the ``update_mode`` says what happens to
+requests in flight:
 
-- ``pause``: no new request is scheduled, in-flight ones finish on the old
-  weights (vLLM mode ``wait``), then the weights change;
-- ``keep``: in-flight requests freeze (their KV cache kept) and continue
-  under the new weights after the update (vLLM mode ``keep``);
-- ``abort``: in-flight requests are aborted; each one's partial output is
-  kept and continued on the new weights as a new engine request whose prompt
-  is the old prompt plus the tokens so far (AReaL's interruptible rollouts).
+- ``pause``: no new request is scheduled, in-flight ones finish on the old weights (vLLM mode ``wait``), then
+  the weights change;
+- ``keep``: in-flight requests freeze (their KV cache kept) and continue under the new weights after the update
+  (vLLM mode ``keep``);
+- ``abort``: in-flight requests are aborted; each one's partial output is kept and continued on the new weights
+  as a new engine request whose prompt is the old prompt plus the tokens so far (AReaL's interruptible
+  rollouts).
 
-Per-span versions come from vLLM itself: the engine labels every output
-token with the weight version it was sampled under (``set_weight_version``),
-and a finished output carries the spans (``CompletionOutput.weight_versions``).
+Per-span versions come from vLLM itself: the engine labels every output token with the weight version it was
+sampled under (``set_weight_version``), and a finished output carries the spans
+(``CompletionOutput.weight_versions``).
 
-The prefix cache is partitioned by weight version: every request carries
-``cache_salt`` = the version it was issued under (vLLM mixes it into its block
-hashes), so a request never reads KV computed under other weights, even while
-vLLM refuses the ``reset_prefix_cache`` tried after each update (always in
-``keep``: the frozen requests hold blocks; counted ``prefix_cache_reset_refused``).
-A request in the engine at the update keeps the KV of its own version
-(docs/generator-fleet.md, "Prefix cache across updates").
+The prefix cache is partitioned by weight version: every request carries ``cache_salt`` = the version it was
+issued under (vLLM mixes it into its block hashes), so a request never reads KV computed under other weights,
+even while vLLM refuses the ``reset_prefix_cache`` tried after each update (always in ``keep``: the frozen
+requests hold blocks; counted ``prefix_cache_reset_refused``). A request in the engine at the update keeps the
+KV of its own version (docs/generator-fleet.md, "Prefix cache across updates").
 
-``pause`` drains for at most ``drain_timeout_s`` (default half the update timeout,
-or of the learner's wait for the replica's "ready" when weights come by broadcast,
-weights/group.py's ``READY_FRACTION`` of the group's timeout, so that wait never
-outlasts a drain); requests still running then are aborted and
-continued on the new weights as in ``abort`` (counted: ``drain_timeouts``).
+``pause`` drains for at most ``drain_timeout_s`` (default half the update timeout, or of the learner's wait for
+the replica's "ready" when weights come by broadcast, weights/group.py's ``READY_FRACTION`` of the group's
+timeout, so that wait never outlasts a drain); requests still running then are aborted and continued on the new
+weights as in ``abort`` (counted: ``drain_timeouts``).
 
-Weights reach the engine's workers (another process) three ways: a
-safetensors directory; name -> array records through ``collective_rpc`` (as
-raw bytes: vLLM's RPC encodes tensors as lists), one bucket of the learner's
-``WeightManifest`` at a time; or the learner's broadcast group through vLLM's
-weight-transfer interface (``join_weight_group`` / ``update_weights_from_group``:
-``seal_nccl`` on CUDA, ``seal_gloo`` on CPU, actors/generation/weight_transfer.py).
+A load that fails part way (a broken broadcast, a failed or cancelled restore) leaves each module old or new
+(actors/generation/weight_transfer.py's abort), so the model is a mix of two versions: the requests in flight
+are aborted (keep's frozen ones would otherwise go on on it, labelled with the old version), and the replica
+holds every request, as a restarted one does (``awaiting_weights``), until a whole version lands; the fleet
+restores it. A replica whose engine core died says so (``ReplicaEngineDead``) and the fleet replaces it.
+
+Weights reach the engine's workers (another process) three ways: a safetensors directory; name -> array records
+through ``collective_rpc`` (as raw bytes: vLLM's RPC encodes tensors as lists), one bucket of the learner's
+``WeightManifest`` at a time; or the learner's broadcast group through vLLM's weight-transfer interface
+(``join_weight_group`` / ``update_weights_from_group``: ``seal_nccl`` on CUDA, ``seal_gloo`` on CPU,
+actors/generation/weight_transfer.py).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from typing import Any
 
 from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
+from actors.generation.server import ReplicaEngineDead
 from actors.generation.sources import as_tensors, restarted_by_ray, send_weights_async
 from families.registry import turn_end_ids
 from replay.messages import Segment
@@ -141,6 +142,7 @@ class AsyncVllmGenerator(Generator):
         self._start_lock: asyncio.Lock | None = None
         self._update_lock: asyncio.Lock | None = None
         self._serving: asyncio.Event | None = None  # clear while an update (or a restart's first weights) is pending
+        self._no_update: asyncio.Event | None = None  # clear while an update runs (the canary waits for it)
         self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
         self._group_ready = False
         self._awaiting_weights = await_weights or restarted_by_ray()
@@ -152,7 +154,8 @@ class AsyncVllmGenerator(Generator):
             return self._engine
         if self._start_lock is None:
             self._start_lock, self._update_lock = asyncio.Lock(), asyncio.Lock()
-            self._serving = asyncio.Event()
+            self._serving, self._no_update = asyncio.Event(), asyncio.Event()
+            self._no_update.set()
             if not self._awaiting_weights:
                 self._serving.set()
         async with self._start_lock:
@@ -182,11 +185,10 @@ class AsyncVllmGenerator(Generator):
 
     # --------------------------------------------------------- generation
     async def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
-        """Every request goes to the engine at once and is served as it finishes;
-        the call returns when all of them have. A coroutine. Unlike the interface's
-        promise, an update may land during the call (update modes keep and abort,
-        or a pause drain past its bound): such an output carries one span per version
-        (``GenerationOutput.spans``) and ``policy_version`` is its oldest."""
+        """Every request goes to the engine at once and is served as it finishes; the call returns when
+        all of them have. A coroutine. Unlike the interface's promise, an update may land during the call
+        (modes keep and abort, or a pause drain past its bound): such an output carries one span per
+        version (``GenerationOutput.spans``) and ``policy_version`` is its oldest."""
         await self._ready()
         return list(await asyncio.gather(*(self._complete(r, sampling) for r in requests)))
 
@@ -274,10 +276,9 @@ class AsyncVllmGenerator(Generator):
     async def update_weights(
         self, version: int, source: str | Mapping[str, Any] | WeightManifest, mode: str | None = None
     ) -> float:
-        """Load new weights under ``mode`` (default: the configured update_mode); seconds taken.
-        ``source``: a snapshot directory, the learner's WeightManifest (weights/buckets.py)
-        or a name -> tensor mapping (callers in this process). A coroutine: requests keep
-        being served (or drained, frozen, aborted: ``mode``) while it runs."""
+        """Load new weights under ``mode`` (default: the configured update_mode); seconds taken. ``source``:
+        a snapshot directory, the learner's WeightManifest (weights/buckets.py) or a name -> tensor mapping
+        (callers in this process). A coroutine: requests are served (drained, frozen, aborted) meanwhile."""
 
         async def load(engine) -> None:
             await send_weights_async(
@@ -354,10 +355,12 @@ class AsyncVllmGenerator(Generator):
         if version < self._version:
             raise ValueError(f"weight version {version} is older than the loaded {self._version}")
         engine = await self._ready()
+        self._check_engine()
         async with self._update_lock:
             t0 = time.perf_counter()
             was_serving = self._serving.is_set()
             self._serving.clear()  # pieces continued after an abort wait here, not on the old weights
+            self._no_update.clear()
             if mode == "abort":
                 self._abort_epoch += 1
             try:
@@ -368,9 +371,11 @@ class AsyncVllmGenerator(Generator):
                     f"did not finish within {self.update_timeout_s:.0f} s"
                 ) from None
             except BaseException:
-                if was_serving and not self._awaiting_weights:
+                if was_serving and not self._awaiting_weights:  # failed before the load: the model is whole
                     self._serving.set()
                 raise
+            finally:
+                self._no_update.set()
             self._version = version
             self._awaiting_weights = False
             self._serving.set()
@@ -390,8 +395,22 @@ class AsyncVllmGenerator(Generator):
             # its cache_salt is the new version.
             if not await engine.reset_prefix_cache():
                 self.counters.prefix_cache_reset_refused += 1
+        except BaseException:  # a cancelled load too (the update's bound)
+            await self._hold(engine)
+            raise
         finally:
             await engine.resume_generation()
+
+    async def _hold(self, engine) -> None:
+        """After a load that failed part way (the model a mix of two versions: module docstring): the
+        requests in flight are aborted and go on, as every request, once a whole version lands."""
+        self._awaiting_weights = True
+        self._abort_epoch += 1  # their pieces go on (in _complete) under the next whole version
+        self.counters.failed_updates += 1
+        try:
+            await engine.pause_generation(mode="abort", clear_cache=True)
+        except Exception:  # a dead engine: the fleet replaces the replica (ReplicaEngineDead)
+            pass
 
     def drain_timeout_s(self) -> float:
         """How long a pause-mode update waits for requests in flight to finish."""
@@ -421,13 +440,13 @@ class AsyncVllmGenerator(Generator):
 
     # ------------------------------------------------------- diagnostics
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
-        """Logprob of each token after the first under the current weights: the canary
-        the driver compares with the learner's after an update."""
+        """Logprob of each token after the first under the weights loaded now (between updates, as the
+        blocking server answers): the canary the driver compares with the learner's after an update."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         engine = await self._ready()
-        await self._serving.wait()
+        await self._no_update.wait()  # the weights loaded now, even while the replica holds its requests
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         final = None
         async for out in engine.generate(
@@ -463,7 +482,14 @@ class AsyncVllmGenerator(Generator):
         return os.getpid()
 
     def awaiting_weights(self) -> bool:
+        """The fleet's probe: True while the replica holds its requests for a whole version (restarted,
+        or after a failed load); ``ReplicaEngineDead`` once its engine core has died."""
+        self._check_engine()
         return self._awaiting_weights
+
+    def _check_engine(self) -> None:
+        if self._engine is not None and self._engine.errored:
+            raise ReplicaEngineDead(f"generator replica (pid {os.getpid()}): its vLLM engine core is dead")
 
     async def close(self) -> None:
         """A coroutine, unlike the interface's: like every call that touches the engine it runs on the

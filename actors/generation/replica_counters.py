@@ -30,6 +30,7 @@ class ReplicaCounters:
     # blocks); requests issued later still never read those blocks (their cache_salt differs)
     prefix_cache_reset_refused: int = 0
     drain_timeouts: int = 0  # pause-mode updates whose drain hit its bound: the rest were continued as in abort
+    failed_updates: int = 0  # loads that failed part way: requests in flight aborted, all held for a whole version
     busy_s: float = 0.0  # time with at least one request outstanding
     started: float = field(default_factory=time.perf_counter)
     # Drawn at start: a replica Ray restarted counts from 0 again, and the driver's run-long token

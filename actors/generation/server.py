@@ -30,6 +30,11 @@ from rollout.generator import GenerationOutput, GenerationRequest, Generator, Ge
 from weights.buckets import WeightManifest
 
 
+class ReplicaEngineDead(RuntimeError):
+    """A replica's vLLM engine core has died inside its live actor: it answers calls but can serve
+    none. The fleet replaces it (seal/runtime/generator_fleet.py) rather than restore it for ever."""
+
+
 @dataclass
 class _Job:
     kind: str  # generate | update (new weights: a callable returning seconds) | call (any other engine call)
@@ -69,7 +74,9 @@ class GeneratorServer:
         self, make_generator: Callable[[], Generator], max_batch_requests: int = 256, await_weights: bool = False
     ) -> None:
         """``await_weights``: hold generate calls until the first weight update
-        (a restarted generator must not serve the base weights as if current)."""
+        (a restarted generator must not serve the base weights as if current). An update that
+        fails part way (the generator's ``weights_whole`` False after it) holds them the same
+        way until a whole version lands."""
         self.generator = make_generator()
         self.max_batch_requests = max_batch_requests
         self.counters = ServerCounters()
@@ -131,6 +138,9 @@ class GeneratorServer:
         return os.getpid()
 
     def awaiting_weights(self) -> bool:
+        """The fleet's probe; ``ReplicaEngineDead`` once the generator's engine core has died."""
+        if getattr(self.generator, "engine_dead", lambda: False)():
+            raise ReplicaEngineDead(f"generator replica (pid {os.getpid()}): its vLLM engine core is dead")
         return self._awaiting_weights
 
     # ------------------------------------------------------------- engine
@@ -193,6 +203,8 @@ class GeneratorServer:
                         job.future.set_result(outputs[k : k + len(job.args[0])])
                         k += len(job.args[0])
             except Exception as exc:  # the callers get the engine's error
+                if batch[0].kind == "update" and not getattr(self.generator, "weights_whole", True):
+                    self._awaiting_weights = True  # a mix of two versions: nothing is served until a whole one
                 for job in batch:
                     if not job.future.done():
                         job.future.set_exception(exc)

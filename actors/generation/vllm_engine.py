@@ -89,6 +89,10 @@ class VllmGenerator(Generator):
         self.policy_version = initial_version
         self.weight_sync = weight_sync
         self._group_ready = False
+        # False from the start of a load until it ends whole: after one that failed part way each module
+        # holds the old version or the new one (the workers abort the reload), a mix GeneratorServer
+        # serves nothing from until a whole version lands.
+        self.weights_whole = True
 
     @property
     def tokenizer(self) -> Any:
@@ -139,6 +143,7 @@ class VllmGenerator(Generator):
         mapping (callers in this process); seconds taken."""
         self._check_version(version)
         t0 = time.perf_counter()
+        self.weights_whole = False
         send_weights(self._llm.collective_rpc, source, f"generator loading v{version}")
         self._llm.collective_rpc("refresh_tied_weights")  # receive_weights does this itself
         return self._loaded(version, t0)
@@ -186,6 +191,7 @@ class VllmGenerator(Generator):
             raise ValueError("empty metadata: a round carries every weight of the model")
         wire = [WeightMeta.from_wire(m).to_wire() for m in metadata]
         t0 = time.perf_counter()
+        self.weights_whole = False
         self._llm.collective_rpc("receive_weights", kwargs={"metadata": wire, "bucket_bytes": int(bucket_mb * 2**20)})
         return self._loaded(version, t0)
 
@@ -203,7 +209,13 @@ class VllmGenerator(Generator):
                 "(a request still holds KV blocks between generate calls)"
             )
         self.policy_version = version
+        self.weights_whole = True
         return time.perf_counter() - t0
+
+    def engine_dead(self) -> bool:
+        """Whether the engine core, a process of its own (CUDA; multiprocessing on), has died."""
+        resources = getattr(self._llm.llm_engine.engine_core, "resources", None)
+        return bool(getattr(resources, "engine_dead", False))
 
     def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """Logprob of each token after the first under the loaded weights (the weight-sync canary)."""

@@ -12,8 +12,10 @@ The fleet owns:
   the learner's broadcast group, which spans 1 + M x TP ranks); a replica
   that does not confirm within ``update_timeout_s`` is named in the log,
   taken out of the router and restarted (Ray restarts it), then re-synced;
-- restore: a restarted replica holds its requests until it has the latest
-  weights (probed every 2 s), and only then rejoins the router;
+- restore: a restarted replica, or one whose load failed part way, holds its
+  requests until it has the latest weights (probed every 2 s), and only then
+  rejoins the router; one whose engine core died in its live actor
+  (``ReplicaEngineDead``, from the probe or the restore) is restarted instead;
 - scaling: ``scale(M)`` starts replicas (current weights before they serve)
   or retires the newest (out of the router first; stopped once its groups end).
 """
@@ -43,30 +45,7 @@ class FleetCounters:
     failed_replicas: list[str] = field(default_factory=list)  # named in the metrics of the step they failed in
     canary_failures: int = 0  # replicas whose logprobs after an update did not match the learner's
     canary_max_diff: float | None = None  # max |logprob difference| over the canaries since the last metrics row
-
-
-def spread_choice(
-    handles: Mapping[str, Any],
-    chosen: Mapping[str, str],
-    ask: Mapping[str, float],
-    reserved: Mapping[str, Mapping[str, float]],
-) -> tuple[str | None, Any]:
-    """The node for one more replica and its scheduling strategy (soft node affinity), or (None, None)
-    to leave it to Ray: the node hosting the fewest of ``handles`` (placed, or ``chosen`` at their start)
-    that holds one more beside them and beside ``reserved`` (the learner ranks' placement group)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from seal.runtime.layout_guard import free_nodes
-    from seal.runtime.placement import actor_nodes, least_used_node
-
-    used: dict[str, int] = {}
-    for name, node in actor_nodes(handles, key="NodeID").items():
-        node = node if node != "?" else chosen.get(name)
-        if node is not None:
-            used[node] = used.get(node, 0) + 1
-    node = least_used_node(free_nodes(ray.nodes(), reserved), ask, used, prefer=ray.get_runtime_context().get_node_id())
-    return (node, NodeAffinitySchedulingStrategy(node, soft=True)) if node is not None else (None, None)
+    engine_restarts: int = 0  # replicas restarted because their engine core had died in the live actor
 
 
 def canary_gap(got: list[float], want: list[float]) -> float:
@@ -144,6 +123,8 @@ class GeneratorFleet:
             runtime_env={"env_vars": res.env_vars()},
             **res.ray_options(),
         )
+        from seal.runtime.layout_guard import spread_choice
+
         node, strategy = spread_choice(self.handles, self.chosen_nodes, self.resources.bundle(), self.reserved)
         if node is not None:  # replicas on different nodes where there are several (soft: Ray may still move it)
             options["scheduling_strategy"] = strategy
@@ -227,8 +208,8 @@ class GeneratorFleet:
             ray.get(ref)
         except ray.exceptions.RayError as exc:
             log.warning("generator replica %s failed the update to v%d: %s", name, version, exc.__class__.__name__)
-            if name in self.handles:
-                self._take_out(name)
+            if name in self.handles and not self._engine_dead(name, exc):
+                self._take_out(name)  # it holds its requests until the restore brings a whole version
             return None
         self.versions[name] = max(self.versions.get(name, 0), version)
         self._send_canary(name, version)
@@ -337,6 +318,8 @@ class GeneratorFleet:
             except ray.exceptions.RayError as exc:
                 # Restarting (RayActorError), or its worker killed under it (OutOfMemoryError: Ray's
                 # memory monitor): out of the router until it answers; the driver goes on.
+                if self._engine_dead(name, exc):
+                    continue
                 if not isinstance(exc, ray.exceptions.RayActorError):
                     log.warning("generator replica %s did not answer its probe (%s)", name, exc.__class__.__name__)
                 if name in self.handles:
@@ -374,7 +357,8 @@ class GeneratorFleet:
             try:
                 ray.get(ref)
             except ray.exceptions.RayError as exc:
-                log.warning("restoring generator replica %s failed (%s); retrying", name, exc.__class__.__name__)
+                if not self._engine_dead(name, exc):
+                    log.warning("restoring generator replica %s failed (%s); retrying", name, exc.__class__.__name__)
                 continue
             if name not in self.handles:
                 continue  # retired meanwhile
@@ -393,6 +377,23 @@ class GeneratorFleet:
             restored.append(name)
             log.warning("generator replica %s is serving with policy v%d", name, version)
         return restored
+
+    def _engine_dead(self, name: str, exc: Exception) -> bool:
+        """A replica whose engine core died inside its live actor answers every call with
+        ``ReplicaEngineDead`` and would be restored for ever: restart it (Ray starts a new process,
+        the probe then restores it). True when that was the error."""
+        import ray
+
+        from actors.generation.server import ReplicaEngineDead
+
+        if not isinstance(exc, ReplicaEngineDead) or name not in self.handles:
+            return False
+        self._take_out(name)
+        self.counters.engine_restarts += 1
+        self.counters.failed_replicas.append(name)
+        log.error("generator replica %s: its vLLM engine core is dead; restarted", name)
+        ray.kill(self.handles[name], no_restart=False)
+        return True
 
     def weight_group_size(self) -> int:
         """The learner's rank 0 and every worker of every replica."""

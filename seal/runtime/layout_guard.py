@@ -14,7 +14,8 @@ one GPU found 4 GPUs free on each node and split the ranks 4 + 4 (issue 26). So 
    cannot be placed would otherwise wait for its resources for ever;
 4. after the ranks start, compares their nodes with the plan (``check_learner_nodes``).
 
-Also here: whether an object store can hold the generator's weights (``weights_bytes``), which a
+Also here: the node for one more generator replica beside that reservation (``spread_choice``), and
+whether an object store can hold the generator's weights (``weights_bytes``), which a
 replica's restore and every object-store publish put in it whole (weights/buckets.py).
 """
 
@@ -109,6 +110,29 @@ def free_nodes(
         res = {k: float(v) - held.get(k, 0.0) for k, v in (n.get("Resources") or {}).items()}
         out.append({**n, "Resources": res})
     return out
+
+
+def spread_choice(
+    handles: Mapping[str, Any],
+    chosen: Mapping[str, str],
+    ask: Mapping[str, float],
+    reserved: Mapping[str, Mapping[str, float]],
+) -> tuple[str | None, Any]:
+    """The node for one more replica and its scheduling strategy (soft node affinity), or (None, None)
+    to leave it to Ray: the node hosting the fewest of ``handles`` (placed, or ``chosen`` at their start)
+    that holds one more beside them and beside ``reserved`` (the learner ranks' placement group)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from seal.runtime.placement import actor_nodes, least_used_node
+
+    used: dict[str, int] = {}
+    for name, node in actor_nodes(handles, key="NodeID").items():
+        node = node if node != "?" else chosen.get(name)
+        if node is not None:
+            used[node] = used.get(node, 0) + 1
+    node = least_used_node(free_nodes(ray.nodes(), reserved), ask, used, prefer=ray.get_runtime_context().get_node_id())
+    return (node, NodeAffinitySchedulingStrategy(node, soft=True)) if node is not None else (None, None)
 
 
 def node_name(node: Mapping[str, Any]) -> str:

@@ -9,9 +9,16 @@ stood: qkv_proj materialised with the new q and k/v whatever the allocator held 
 reload was left open with every module not reached on the meta device (the blocking engine; the
 records load). Now every module holds the old version or the new one: the model is the old weights
 with the new down_proj, which an HF forward of exactly those weights confirms.
+
+The engines (items 2-4, their side): such a model is a mix of two versions, so a failed load aborts the
+async replica's requests in flight (keep mode froze them: they went on on the mix, labelled with the old
+version) and either engine holds every request until a whole version lands.
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 import torch
@@ -22,6 +29,7 @@ from tests.integration.test_async_generator import (  # noqa: F401 (replica, tin
     _hf_logprobs,
     _one_round_over_a_new_group,
     _perturbed,
+    _req,
     replica,
     tiny_path,
     tiny_weights,
@@ -61,6 +69,47 @@ def test_a_failed_seal_gloo_round_leaves_each_module_old_or_new(replica, tiny_we
     loop.run(gen.update_weights(version + 1, new))
     got, want = loop.run(gen.prompt_logprobs(PROMPT)), _hf_logprobs(tiny_path, new)
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+
+
+def test_a_failed_keep_round_aborts_the_requests_in_flight_and_holds_the_replica(replica, tiny_weights, tiny_path):
+    """Items 2 and 4, the engine: keep mode froze a request for the round; the round fails part way.
+    Before, the frozen request resumed on the mixed model (its tokens labelled with the old version)
+    and new requests were served on it. Now the engine holds no request (aborted), the replica holds
+    every request (awaiting_weights, which the fleet restores), the canary still reads the weights
+    loaded (old or new per module), and a whole version sets both going again on it."""
+    from rollout.generator import SamplingConfig
+
+    gen, loop = replica
+    loop.run(gen.update_weights(loop.run(_call(gen.policy_version)) + 1, tiny_weights))  # the old version, known
+    before, new = loop.run(_call(gen.policy_version)), new_version(tiny_weights)
+    failed = gen.stats()["failed_updates"]
+    frozen = loop.submit(gen.generate([_req("frozen", 1500)], SamplingConfig(temperature=1.0, max_new_tokens=1500)))
+    time.sleep(1.0)  # tokens under the old weights first (1500 take ~10 s here)
+    mode, gen.update_mode = gen.update_mode, "keep"
+    try:
+        with pytest.raises(Exception, match="no_such"):
+            _one_round_over_a_new_group(gen, loop, dict(failing_round(new)))
+    finally:
+        gen.update_mode = mode
+    assert loop.run(_call(gen._engine.get_num_unfinished_requests)) == 0, "the frozen request went on on the mix"
+    assert gen.awaiting_weights() and gen.stats()["failed_updates"] == failed + 1
+    held = loop.submit(gen.generate([_req("held", 8)], SamplingConfig(max_new_tokens=8)))
+    assert_old_with_the_new_down_proj(loop.run(gen.prompt_logprobs(PROMPT)), tiny_path, tiny_weights, new)
+    time.sleep(1.0)
+    assert not frozen.done() and not held.done() and gen.stats()["outstanding"] == 2
+    loop.run(gen.update_weights(before + 1, new))  # what the fleet's restore sends
+    out, after = frozen.result(300)[0], held.result(300)[0]
+    assert [s.policy_version for s in out.version_spans()] == [before, before + 1], out.version_spans()
+    assert len(out.token_ids) == 1500 and after.policy_version == before + 1 and not gen.awaiting_weights()
+
+
+def test_an_update_refused_before_any_load_holds_nothing(replica, tiny_weights):
+    """A refusal (an older version) loads nothing: the replica keeps serving."""
+    gen, loop = replica
+    v = loop.run(_call(gen.policy_version))
+    with pytest.raises(ValueError, match="older than the loaded"):
+        loop.run(gen.update_weights(v - 1, tiny_weights))
+    assert not gen.awaiting_weights()
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +166,30 @@ def test_a_failed_broadcast_receive_leaves_each_module_old_or_new(blocking, tiny
         box["b"].close()
     got, want = blocking.prompt_logprobs(PROMPT), _hf_logprobs(tiny_path, new)
     assert blocking.policy_version == version + 1 and max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+
+
+def test_the_blocking_server_holds_its_requests_after_a_failed_load(blocking, tiny_weights):
+    """Item 3, the engine: GeneratorServer served the next batch on the mix of two versions a failed
+    load left. Now it holds generate calls (awaiting_weights, which the fleet restores) until a whole
+    version lands; an update refused before any load holds nothing."""
+    from actors.generation.server import GeneratorServer
+    from rollout.generator import SamplingConfig
+
+    server = GeneratorServer(lambda: blocking)
+    blocking.update_weights(blocking.policy_version + 1, tiny_weights)
+    version, new = blocking.policy_version, new_version(tiny_weights)
+    with pytest.raises(ValueError, match="older than the loaded"):
+        server.update_weights(version - 1, tiny_weights)
+    assert not server.awaiting_weights()
+    with pytest.raises(Exception, match="no_such"):
+        server.update_weights(version + 1, dict(failing_round(new)))
+    assert server.awaiting_weights() and not blocking.weights_whole
+    out: dict = {}
+    sampling = SamplingConfig(max_new_tokens=4)
+    caller = threading.Thread(target=lambda: out.setdefault("r", server.generate([_req("held", 4)], sampling)))
+    caller.start()
+    caller.join(2.0)
+    assert "r" not in out, "a batch was served on the mix of two versions"
+    server.update_weights(version + 1, new)
+    caller.join(120)
+    assert out["r"][0].policy_version == version + 1 and not server.awaiting_weights() and blocking.weights_whole

@@ -230,3 +230,58 @@ def test_a_replica_whose_canary_disagrees_is_treated_as_failed(tmp_path, caplog)
     finally:
         p.close()
     assert rows[-1]["weight_sync_canary_failures"] == 1
+
+
+@pytest.mark.slow  # a replica restart (about a minute on two cores)
+def test_a_replica_whose_engine_core_died_is_restarted_not_restored_for_ever(tiny_weights_ref):
+    """Issue 46 item 4: the engine core (a process of its own) dies inside a live replica actor. Before,
+    its probe kept answering (not awaiting weights), so it stayed in the router failing every request,
+    and a restore failed and was retried for ever. Now the probe says ReplicaEngineDead and the fleet
+    restarts the actor, restores it and puts it back."""
+    import psutil
+    import ray
+
+    from seal.runtime.generator_fleet import GeneratorFleet
+    from seal.runtime.placement import ActorResources
+    from weights.model_assets import prepare_tiny_model
+
+    spec = {
+        "_target_": "actors.generation.async_vllm_engine.AsyncVllmGenerator",
+        "model_path": str(prepare_tiny_model()),
+        "max_model_len": 1024,
+        "cpu_kv_cache_gb": 0.25,
+        "dtype": "float32",
+    }
+    fleet = GeneratorFleet(spec, ActorResources(num_cpus=1), "dead-engine", max_restarts=2, update_timeout_s=300)
+    name = fleet.names[0]
+    try:
+        pid = ray.get(fleet.handles[name].pid.remote())
+        cores = [p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+        assert len(cores) == 1, [p.cmdline() for p in psutil.Process(pid).children(recursive=True)]
+        cores[0].kill()
+        cores[0].wait(30)
+        deadline = time.monotonic() + 300
+        while not (fleet.counters.engine_restarts and name in fleet.router.replicas) and time.monotonic() < deadline:
+            fleet.check(lambda: (tiny_weights_ref, 1), force=True)
+            time.sleep(0.5)
+        assert fleet.counters.engine_restarts == 1 and fleet.counters.failed_replicas == [name]
+        assert name in fleet.router.replicas and fleet.versions[name] == 1
+        assert ray.get(fleet.handles[name].pid.remote()) != pid  # a new process, a new engine
+        assert ray.get(fleet.handles[name].awaiting_weights.remote()) is False
+    finally:
+        fleet.close()
+
+
+@pytest.fixture
+def tiny_weights_ref():
+    import glob
+
+    import ray
+    from safetensors.torch import load_file
+
+    from weights.model_assets import prepare_tiny_model
+
+    sd = {}
+    for f in sorted(glob.glob(f"{prepare_tiny_model()}/*.safetensors")):
+        sd.update(load_file(f))
+    return ray.put(sd)

@@ -73,7 +73,7 @@ def _probe_class():
 
 def _start_replicas(resources, count: int, reserved: dict) -> list:
     """What GeneratorFleet._start does to place each replica, with a probe for the engine."""
-    from seal.runtime.generator_fleet import spread_choice
+    from seal.runtime.layout_guard import spread_choice
 
     probe, handles, chosen = _probe_class(), {}, {}
     for i in range(count):
