@@ -157,7 +157,13 @@ def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
         window.started + 1.0,
     )
     assert row["reward_mean"] == 1.0 and row["trained_reward_mean"] == 1.0  # the faulted 0 is not the policy's
-    assert row["infra_failures"] == {"generation_error": 2, "engine_rejected": 0, "deadline": 0, "env_error": 1, "chat_template": 0}
+    assert row["infra_failures"] == {
+        "generation_error": 2,
+        "engine_rejected": 0,
+        "deadline": 0,
+        "env_error": 1,
+        "chat_template": 0,
+    }
     assert row["infra_failures_total"] == 3 and row["episodes_played"] == 5 and row["fault_reissued_groups"] == 1
     # 4 generated tokens per trajectory: 1 trained, 1 faulted in the trained group, 3 in the re-issued one
     assert row["tokens"]["trained"] == 4 and row["tokens"]["infra_failed"] == 16 and row["tokens"]["generated"] == 20
