@@ -4,7 +4,8 @@ DeepSpeed writes every rank's ZeRO shard under one tag folder per save
 (``stepNNNNNNN``); rank 0 writes the metadata (``learner.json``) and prunes
 old tags; each rank keeps its own RNG streams (torch's CPU and, with CUDA, every
 device's generator, Python's, numpy's). Resume needs the same backend,
-ZeRO stage (configured and run: one rank runs stage 1 or 2 as 0) and world size, and is exact.
+ZeRO stage (configured and run: one rank runs stage 1 or 2 as 0), world size and LoRA rank, and is
+exact. Under LoRA only the adapter's tensors are saved (the base weights load from the model path).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.ds_config import effective_zero_stage
+from learner.lora import load_trainable_state, lora_on, trainable_state
 
 _TAG = re.compile(r"step(\d+)")
 
@@ -102,12 +104,16 @@ def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int
     meta = {"step": learner.step, "backend": cfg.backend, "zero_stage": cfg.zero_stage, "extra": dict(extra or {})}
     if learner.engine is not None:  # what DeepSpeed ran (stage 0 for zero2 on one rank): its files' layout
         meta["effective_zero_stage"] = effective_zero_stage(cfg, learner.world_size)
+    lora = lora_on(cfg)  # only the adapter's tensors: the frozen base comes from model_path (learner/lora.py)
+    if lora:
+        meta["lora_rank"] = cfg.lora.rank
     if learner.engine is not None:
-        learner.engine.save_checkpoint(str(path), tag=step_tag(learner.step), client_state={"seal": meta})
-    else:
-        torch.save(
-            {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict()}, path / "torch_state.pt"
+        learner.engine.save_checkpoint(
+            str(path), tag=step_tag(learner.step), client_state={"seal": meta}, exclude_frozen_parameters=lora
         )
+    else:
+        model = trainable_state(learner.model) if lora else learner.model.state_dict()
+        torch.save({"model": model, "optimizer": learner.optimizer.state_dict()}, path / "torch_state.pt")
     torch.save(rng, _rng_file(learner, path))
     meta["world_size"] = learner.world_size
     if learner.rank == 0:
@@ -130,6 +136,12 @@ def load_learner(learner, path: Path) -> dict[str, Any]:
         raise ValueError(
             f"checkpoint was written by {meta['backend']} stage {meta['zero_stage']}, this learner is {cfg.backend} stage {cfg.zero_stage}"
         )
+    lora = lora_on(cfg)
+    if meta.get("lora_rank") != (cfg.lora.rank if lora else None):
+        raise ValueError(
+            f"checkpoint {path} was written with LoRA rank {meta.get('lora_rank')}, "
+            f"this learner trains {f'rank {cfg.lora.rank}' if lora else 'every weight'}"
+        )
     if meta.get("world_size", 1) != learner.world_size:
         raise ValueError(
             f"checkpoint {path} was written by {meta.get('world_size', 1)} learner ranks, this group has {learner.world_size}"
@@ -142,12 +154,15 @@ def load_learner(learner, path: Path) -> dict[str, Any]:
         if not (path / tag).is_dir():
             raise FileNotFoundError(f"learner checkpoint {path} names step {meta['step']}, but {path / tag} is missing")
         check_effective_stage(meta, path / tag, effective_zero_stage(cfg, learner.world_size))
-        loaded, _ = learner.engine.load_checkpoint(str(path), tag=tag)
+        loaded, _ = learner.engine.load_checkpoint(str(path), tag=tag, load_module_strict=not lora)
         if loaded is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {path}")
     else:
         state = torch.load(path / "torch_state.pt", weights_only=False)
-        learner.model.load_state_dict(state["model"])
+        if lora:
+            load_trainable_state(learner.model, state["model"], path)
+        else:
+            learner.model.load_state_dict(state["model"])
         learner.optimizer.load_state_dict(state["optimizer"])
     rng = torch.load(_rng_file(learner, path), weights_only=False)
     torch.set_rng_state(rng["torch"])

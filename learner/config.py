@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from learner.batch import APatchConfig
+from learner.lora import LoraConfig, check_lora_backend
 from learner.loss import LOSS_AGGS, LossConfig
 
 
@@ -54,6 +55,8 @@ class LearnerConfig:
     dtype: str = "float32"
     loss: LossConfig = field(default_factory=LossConfig)
     apatch: APatchConfig = field(default_factory=APatchConfig)
+    # LoRA adapters instead of every weight (learner/lora.py); None or rank None: full training.
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in ("deepspeed", "torch"):
@@ -81,6 +84,7 @@ class LearnerConfig:
         if self.weight_bucket_mb <= 0:
             raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
 
+        check_lora_backend(self)
         from weights.precision import check_dtype
 
         check_dtype(self.dtype)

@@ -5,7 +5,7 @@ scales, splits the batch into mini-batches (one optimizer step each) and
 mini-batches into micro-batches (gradient accumulation). The loss is the token
 mean over the whole mini-batch, whatever the micro-batch split, so every
 backend and split computes the same update. A frozen copy of the initial
-weights is the KL reference (none when the KL coefficient is 0). Checkpoints hold model, optimizer, step and RNG
+weights is the KL reference (none when the KL coefficient is 0; with LoRA the policy, its adapter off). Checkpoints hold model, optimizer, step and RNG
 states plus any extra state the caller passes (capability and interface).
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from learner.batch import Sample, build_samples
 from learner.config import LearnerConfig
+from learner.lora import add_adapter, lora_on, trainable_parameters
 from learner.micro_batches import MicroBatch, collate, packs, plan_mini_batches
 from learner.optimizer import StepBox, make_optimizer
 from learner.process_group import init_distributed
@@ -87,13 +88,13 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         if cfg.backend == "deepspeed":
             self._init_deepspeed(model_path)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).train()
-            self._prepare_policy_model(self.model)
-            self.optimizer = make_optimizer(cfg, self.model.parameters(), self._phase_box)
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).train()
+            self.model = self._prepare_policy_model(model)
+            self.optimizer = make_optimizer(cfg, trainable_parameters(self.model), self._phase_box)
             self.engine = None
-        # The KL reference: none at all when the KL term is off (a full model copy for nothing).
+        # The KL reference: none when the KL term is off; under LoRA the policy with its adapter disabled.
         self.ref = (
-            build_reference(model_path, self.cfg, self.dtype, self.device, self._hf_ds_config)
+            build_reference(model_path, self.cfg, self.dtype, self.device, self._hf_ds_config, self.model)
             if cfg.loss.kl_coef
             else None
         )
@@ -128,9 +129,8 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             from transformers.integrations import HfDeepSpeedConfig
 
             self._hf_ds_config = HfDeepSpeedConfig(ds_config)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self._prepare_policy_model(model)
-        optimizer = make_optimizer(self.cfg, model.parameters(), self._phase_box)
+        model = self._prepare_policy_model(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32))
+        optimizer = make_optimizer(self.cfg, trainable_parameters(model), self._phase_box)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         # Stage 0 (one rank: learner/ds_config.py) clips without keeping the norm: the learner measures it.
         self._norm_before_step = ds_config["zero_optimization"]["stage"] == 0
@@ -138,7 +138,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         self.model = self.engine.module
         self.model.train()
 
-    def _prepare_policy_model(self, model) -> None:
+    def _prepare_policy_model(self, model) -> Any:
+        """``model`` made the policy: checked, packed attention, checkpointing; wrapped in a LoRA adapter
+        when ``cfg.lora`` sets a rank (learner/lora.py), which is what it returns then."""
         from learner.scoring_head import check_plain_head
 
         check_plain_head(model)
@@ -149,7 +151,11 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         self._checkpointing = False
         if self.cfg.gradient_checkpointing:
             model.config.use_cache = False
+        if lora_on(self.cfg):
+            model = add_adapter(model, self.cfg.lora)
+        if self.cfg.gradient_checkpointing:
             self._set_checkpointing(model, True)
+        return model
 
     def _set_checkpointing(self, model, on: bool) -> None:
         if on != self._checkpointing:

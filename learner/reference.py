@@ -1,12 +1,15 @@
-"""The KL reference: the frozen initial weights, forwarded without a graph."""
+"""The KL reference: the frozen initial weights, forwarded without a graph (under LoRA: the base, adapter off)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def build_reference(model_path: str, cfg: Any, dtype: str, device: Any, hf_ds_config: Any) -> Any:
+def build_reference(model_path: str, cfg: Any, dtype: str, device: Any, hf_ds_config: Any, policy: Any = None) -> Any:
     """The reference model for a learner with settings ``cfg`` (a LearnerConfig) computing in ``dtype``.
+
+    Under LoRA (``cfg.lora``) it is ``policy`` (the peft-wrapped policy) with its adapter disabled:
+    the frozen base weights are the initial policy, so nothing is loaded (learner/lora.py).
 
     Under ZeRO-3 (``hf_ds_config`` alive) it is partitioned like the policy (loaded while the policy's
     HfDeepSpeedConfig is alive, then a DeepSpeed engine without optimizer, as OpenRLHF does): no rank
@@ -15,6 +18,10 @@ def build_reference(model_path: str, cfg: Any, dtype: str, device: Any, hf_ds_co
     import torch
     from transformers import AutoModelForCausalLM
 
+    from learner.lora import AdapterOffReference, lora_on
+
+    if lora_on(cfg):
+        return AdapterOffReference(policy)
     ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     for p in ref.parameters():
         p.requires_grad_(False)

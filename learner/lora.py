@@ -1,0 +1,127 @@
+"""LoRA on the policy (``learner.cfg.lora``): peft adapters train, the base weights stay frozen.
+
+With ``lora.rank`` set the learner wraps its policy in a peft LoRA adapter after loading it: only
+the adapter's matrices require gradients, so the optimizer is built on them alone (no gradients
+and no optimizer state for the base weights). The KL reference is the same model with the adapter
+disabled (``AdapterOffReference``): the frozen base weights are exactly the initial policy, so no
+second copy of the weights is loaded. Checkpoints hold the trainable tensors only (the base
+weights come from ``model_path`` at every start), and ``write_adapter`` writes what a generator
+serving the base model needs for a policy version: peft's adapter directory
+(adapter_config.json + adapter_model.safetensors), megabytes where a full publish is the model.
+
+Adapter dropout must be 0: the first mini-batch's pi_old is its own training forward's detached
+log-probabilities (learner/engine.py), and the weight-sync canary compares the learner's
+log-probabilities with the generator's; both need a deterministic forward. ZeRO-3 is refused for
+now: the adapter's parameters are created after ``from_pretrained`` has partitioned the base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ADAPTER = "default"  # peft's name for the one adapter
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """``rank`` None: no adapter, every weight trains (as without this section)."""
+
+    rank: int | None = None
+    alpha: int = 16  # the adapter's update is scaled by alpha / rank (peft's lora_alpha)
+    dropout: float = 0.0
+    # peft's target_modules: "all-linear" (every Linear but the output head) or module names.
+    target_modules: str | Sequence[str] = "all-linear"
+
+    def __post_init__(self) -> None:
+        if self.rank is not None and self.rank < 1:
+            raise ValueError(f"lora.rank must be >= 1 (null: no adapter), got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if self.dropout != 0:
+            raise ValueError(
+                f"lora.dropout must be 0, got {self.dropout}: pi_old and the weight-sync canary need a "
+                "deterministic forward (learner/lora.py)"
+            )
+        if isinstance(self.target_modules, str) and not self.target_modules:
+            raise ValueError("lora.target_modules is empty")
+
+
+def lora_on(cfg: Any) -> bool:
+    """Whether a LearnerConfig trains a LoRA adapter."""
+    lora = getattr(cfg, "lora", None)
+    return lora is not None and lora.rank is not None
+
+
+def check_lora_backend(cfg: Any) -> None:
+    """Refuse the settings LoRA does not run under yet (raised when the LearnerConfig is built)."""
+    if lora_on(cfg) and cfg.backend == "deepspeed" and cfg.zero_stage == 3:
+        raise ValueError(
+            "learner.cfg.lora with zero_stage=3 is not supported yet: the adapter is created after "
+            "ZeRO-3 partitioned the base weights; use learner=zero2 or learner=torch"
+        )
+
+
+def add_adapter(model: Any, lora: LoraConfig) -> Any:
+    """``model`` wrapped in a fresh LoRA adapter (peft); the base weights frozen. Its B matrices start
+    at 0, so the wrapped model computes exactly what ``model`` did."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    config = PeftLoraConfig(
+        r=int(lora.rank or 0),
+        lora_alpha=int(lora.alpha),
+        lora_dropout=0.0,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config, adapter_name=ADAPTER)
+
+
+def trainable_parameters(model: Any) -> list[Any]:
+    """The parameters the optimizer updates: every one without LoRA, the adapter's with it."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class AdapterOffReference:
+    """The KL reference under LoRA: the policy's own module with its adapter disabled, i.e. the
+    frozen base weights (the initial policy). The learner forwards it without a graph, as it does a
+    separate reference model; ``module`` is what its scoring head attaches to (learner/scoring_head.py)."""
+
+    def __init__(self, peft_model: Any) -> None:
+        self.module = peft_model
+
+    def __call__(self, **inputs: Any) -> Any:
+        with self.module.disable_adapter():
+            return self.module(**inputs)
+
+
+def trainable_state(model: Any) -> dict[str, Any]:
+    """The trainable tensors of ``model`` by state-dict name (the adapter's under LoRA), copied."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {n: t.detach().clone() for n, t in model.state_dict().items() if n in names}
+
+
+def load_trainable_state(model: Any, state: Mapping[str, Any], path: Path) -> None:
+    """Load ``trainable_state``'s tensors; refuse a checkpoint that lacks one or holds others."""
+    expected = {n for n, p in model.named_parameters() if p.requires_grad}
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise ValueError(
+            f"checkpoint {path} does not hold this learner's trainable tensors (LoRA settings differ?): "
+            f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}"
+        )
+    model.load_state_dict(dict(state), strict=False)
+
+
+def write_adapter(model: Any, directory: str | Path) -> tuple[Path, int]:
+    """Write the adapter as peft lays it out (adapter_config.json, adapter_model.safetensors: what
+    vLLM's LoRARequest loads) under ``directory``; returns it and the bytes written."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True, selected_adapters=[ADAPTER])
+    return out, sum(f.stat().st_size for f in out.iterdir() if f.is_file())

@@ -1,0 +1,140 @@
+"""learner.cfg.lora on the tiny model: only the adapter trains, the base stays, the reference is the
+base with the adapter off, checkpoints resume exactly (torch and DeepSpeed ZeRO-2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from env_pool.tags import RELEASED_BASE_WEIGHTS
+from learner.engine import Learner, LearnerConfig
+from learner.lora import LoraConfig
+from learner.loss import LossConfig
+from tests.integration.test_learner_engine import GROUPS, N, make_batch
+
+RANK = 8
+BACKENDS = [("torch", 0), ("deepspeed", 2)]
+
+
+@pytest.fixture(scope="module")
+def tiny_path():
+    from weights.model_assets import prepare_tiny_model
+
+    return str(prepare_tiny_model())
+
+
+def lora_learner(tiny_path, backend="torch", stage=0, rank=RANK, packed=False):
+    cfg = LearnerConfig(
+        backend=backend,
+        zero_stage=stage,
+        lr=1e-2,
+        weight_decay=0.0,
+        mini_batch_groups=GROUPS,
+        micro_batch_size=N if packed else 1,
+        shared_prefix=packed,
+        gradient_checkpointing=packed,
+        loss=LossConfig(kl_coef=0.1),
+        dtype="float32",
+        lora=LoraConfig(rank=rank, alpha=16),
+    )
+    return Learner(tiny_path, cfg, group_size=N)
+
+
+def base_model(tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
+
+
+def expected_adapter_size(tiny_path, rank):
+    """rank x (in + out) per Linear of the base model but its output head: LoRA's A [r, in] and B [out, r]."""
+    model = base_model(tiny_path)
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    assert linears
+    return sum(rank * (m.in_features + m.out_features) for m in linears)
+
+
+def split_state(lrn):
+    """(base tensors, adapter tensors) of the learner's policy by name, copied."""
+    state = {k: v.detach().clone() for k, v in lrn.model.state_dict().items()}
+    adapter = {k: v for k, v in state.items() if "lora_" in k}
+    return {k: v for k, v in state.items() if k not in adapter}, adapter
+
+
+def optimizer_parameters(lrn):
+    opt = getattr(lrn.optimizer, "optimizer", lrn.optimizer)  # DeepSpeed's wrapper, if any
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+@pytest.mark.parametrize("backend, stage, packed", [*[(b, s, False) for b, s in BACKENDS], ("deepspeed", 2, True)])
+def test_only_the_adapter_trains_and_the_base_stays(tiny_path, backend, stage, packed):
+    """packed: shared-prefix packing and gradient checkpointing on the peft-wrapped policy too."""
+    lrn = lora_learner(tiny_path, backend, stage, packed=packed)
+    expected = expected_adapter_size(tiny_path, RANK)
+    trainable = [p for p in lrn.model.parameters() if p.requires_grad]
+    assert sum(p.numel() for p in trainable) == expected
+    assert sum(p.numel() for p in optimizer_parameters(lrn)) == expected  # no optimizer state for the base
+    base0, adapter0 = split_state(lrn)
+
+    lrn.train_batch(make_batch(0, tiny_path, shared_prompt=packed), RELEASED_BASE_WEIGHTS)
+    assert lrn.model.is_gradient_checkpointing is packed
+    base1, adapter1 = split_state(lrn)
+    assert base1.keys() == base0.keys() and all(torch.equal(base1[k], base0[k]) for k in base0)
+    moved = [k for k in adapter0 if not torch.equal(adapter1[k], adapter0[k])]
+    assert any("lora_B" in k for k in moved), "the adapter did not move"
+    assert all(p.grad is None for p in lrn.model.parameters() if not p.requires_grad)
+
+
+def test_the_reference_is_the_base_model_with_the_adapter_off(tiny_path):
+    """After a step the adapter changes the policy's logits; the reference (adapter disabled) still
+    computes exactly what the base model loaded on its own does, and no second model is held."""
+    lrn = lora_learner(tiny_path)
+    lrn.train_batch(make_batch(1, tiny_path), RELEASED_BASE_WEIGHTS)
+    ids = torch.tensor([[5, 900, 47, 3000, 12, 801, 77]])
+    with torch.no_grad():
+        ref = lrn.ref(input_ids=ids).logits
+        policy = lrn.model(input_ids=ids).logits
+        base = base_model(tiny_path)(input_ids=ids).logits
+    assert lrn.ref.module is lrn.model
+    assert torch.allclose(ref, base, atol=1e-6, rtol=0), float((ref - base).abs().max())
+    assert not torch.allclose(policy, base, atol=1e-4, rtol=0), "the adapter changed nothing"
+    # and the adapter is back on after the reference's forward
+    with torch.no_grad():
+        assert torch.equal(lrn.model(input_ids=ids).logits, policy)
+
+
+@pytest.mark.parametrize("backend, stage", BACKENDS)
+def test_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_path, tmp_path, backend, stage):
+    b1, b2 = make_batch(2, tiny_path), make_batch(3, tiny_path)
+    first = lora_learner(tiny_path, backend, stage)
+    first.train_batch(b1, RELEASED_BASE_WEIGHTS)
+    first.save_checkpoint(tmp_path / "ckpt", extra={"interface": {"version": 2}})
+    first.train_batch(b2, RELEASED_BASE_WEIGHTS)
+    expected = first.model.state_dict()
+
+    files = [f for f in (tmp_path / "ckpt").rglob("*") if f.is_file()]
+    saved = sum(f.stat().st_size for f in files)
+    base_bytes = sum(t.numel() * 4 for t in base_model(tiny_path).state_dict().values())
+    assert saved < base_bytes, f"the checkpoint ({saved} B) holds the base weights ({base_bytes} B)"
+
+    resumed = lora_learner(tiny_path, backend, stage)
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == {"interface": {"version": 2}} and resumed.step == 1
+    resumed.train_batch(b2, RELEASED_BASE_WEIGHTS)
+    got = resumed.model.state_dict()
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+    other_rank = lora_learner(tiny_path, backend, stage, rank=4)
+    with pytest.raises(ValueError, match="LoRA rank 8"):
+        other_rank.load_checkpoint(tmp_path / "ckpt")
+
+
+def test_lora_settings_are_checked():
+    with pytest.raises(ValueError, match="dropout must be 0"):
+        LoraConfig(rank=8, dropout=0.05)
+    with pytest.raises(ValueError, match="rank must be >= 1"):
+        LoraConfig(rank=0)
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        LearnerConfig(backend="deepspeed", zero_stage=3, lora=LoraConfig(rank=8))
+    assert LearnerConfig(lora=LoraConfig(rank=None)).lora is not None  # rank null: full training
