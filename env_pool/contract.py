@@ -70,7 +70,7 @@ def check_reward(where: str, reward: object) -> None:
 
 
 def check_verdict(env: Environment, reward: float, tags: Sequence[str], labels: Sequence[str]) -> None:
-    where = f"env {_name(type(env))}._judge"
+    where = f"env {_name(type(env))}.judge"
     check_reward(where, reward)
     if not tags or len(tags) != len(labels):
         raise EnvContractError(f"{where}: {len(tags)} tags and {len(labels)} labels: give one of each per user turn")
@@ -110,7 +110,7 @@ def check_episode(env: Environment, task_id: str, category: str) -> None:
     if not results[0].success:
         raise EnvContractError(
             f"env {name}.reference_turns: a correct agent's steps for {task_id} earn reward {results[0].reward} "
-            f"from _judge, under its success_threshold {env.success_threshold} (tags {results[0].tags}): "
+            f"from judge, under its success_threshold {env.success_threshold} (tags {results[0].tags}): "
             "the verifier and the reference disagree"
         )
 

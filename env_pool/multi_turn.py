@@ -14,19 +14,23 @@ whole episode with ``Outcome.STEP_LIMIT`` (its calls still ran, as in bfcl-eval)
 BFCL's official agreement depends on this exact boundary, so it is the only one.
 
 An environment subclasses ``MultiTurnEnv`` and supplies its hooks: the task
-(``_load``), the opening messages (``_open``), the parser's signatures, the tool
-names a turn sees, executing one call, the next user turn's messages and the
-verdict (``_judge``). Everything else (counters, outcomes, the context check,
-stats, the ``EpisodeResult``) lives here once.
+(``load_task``), the opening messages (``open_episode``), the parser's
+``signatures``, the ``tool_names`` a turn sees, ``execute`` for one call, the
+next turn's ``user_messages`` and the verdict (``judge``); it reads the episode
+through ``task``, ``interface``, ``turn_texts``, ``parsed_turns`` and ``outcome``.
+Everything else (counters, outcomes, the context check, stats, the
+``EpisodeResult``) lives here once. env_pool/tool_env.py builds most hooks from
+Python functions.
 """
 
 from __future__ import annotations
 
 import abc
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from env_pool import tags as T
 from env_pool.base import Environment, EpisodeResult, EpisodeStateError, Message, Outcome, StepResult, TokenCounter
@@ -70,9 +74,9 @@ class Judged(Protocol):
 
 @dataclass(frozen=True)
 class Verdict:
-    """A verdict to return from ``_judge``: only the reward is required. Without tags and labels it is
+    """A verdict to return from ``judge``: only the reward is required. Without tags and labels it is
     reward-only: every user turn is tagged ``unknown``, which the A-Patch weights leave at 1 and no
-    guideline answers (docs/custom-environment.md, the verdict); a bare number from ``_judge`` is one."""
+    guideline answers (docs/custom-environment.md, the verdict); a bare number from ``judge`` is one."""
 
     reward: float
     progress: float | None = None  # for logging (e.g. passed turns / turns); None: the reward
@@ -91,7 +95,38 @@ def _verdict(judged: Judged | float, num_turns: int) -> Judged:
     return judged
 
 
-class MultiTurnEnv(Environment):
+TaskT = TypeVar("TaskT", bound=Task)
+# The hooks' names before they were public: (old, new). A subclass that still defines an old name
+# works for one more release, with one warning line naming the new one.
+RENAMED_HOOKS: tuple[tuple[str, str], ...] = (
+    ("_load", "load_task"),
+    ("_open", "open_episode"),
+    ("_signatures", "signatures"),
+    ("_tool_names", "tool_names"),
+    ("_execute", "execute"),
+    ("_judge", "judge"),
+    ("_release", "release"),
+)
+
+
+class MultiTurnEnv(Environment, Generic[TaskT]):
+    """``MultiTurnEnv[MyTask]``: ``self.task`` is a ``MyTask`` to the type checker."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for old, new in RENAMED_HOOKS:
+            mine = vars(cls)
+            if old in mine and new not in mine:
+                warnings.warn(
+                    f"{cls.__module__}.{cls.__qualname__}.{old} is the old name of the hook {new}: rename it "
+                    "(the old name works until the next release; docs/custom-environment.md)",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                setattr(cls, new, mine[old])
+            elif new in mine and old not in mine:
+                setattr(cls, old, mine[new])  # a subclass's super().{old}() still reaches this class
+
     def __init__(
         self,
         tool_format: str,
@@ -112,28 +147,29 @@ class MultiTurnEnv(Environment):
         self.step_limit = step_limit
         self.max_context_tokens = max_context_tokens
         self.token_counter = token_counter
-        self._task: Any = None
+        self._task: TaskT | None = None
+        self._interface = RAW_INTERFACE
         self._done = True
 
     # ------------------------------------------------------------ hooks
     @abc.abstractmethod
-    def _load(self, task_id: str) -> Task:
+    def load_task(self, task_id: str) -> TaskT:
         """The task of ``task_id``; a KeyError names an unknown id."""
 
     @abc.abstractmethod
-    def _open(self, task: Any) -> list[Message]:
+    def open_episode(self, task: TaskT) -> list[Message]:
         """Set up the episode's tool state and return its opening messages (the first user turn last)."""
 
     @abc.abstractmethod
-    def _signatures(self) -> Signatures:
+    def signatures(self) -> Signatures:
         """Parameter names per tool, to bind python-format positional arguments."""
 
     @abc.abstractmethod
-    def _tool_names(self, turn: int) -> list[str]:
+    def tool_names(self, turn: int) -> list[str]:
         """The tools the agent sees at ``turn`` (named in feedback hints)."""
 
     @abc.abstractmethod
-    def _execute(self, call: ToolCall, turn: int) -> str:
+    def execute(self, call: ToolCall, turn: int) -> str:
         """Run one call; the tool message's content (with its hint under ``error_feedback``)."""
 
     @abc.abstractmethod
@@ -141,16 +177,44 @@ class MultiTurnEnv(Environment):
         """The messages that open user turn ``turn``."""
 
     @abc.abstractmethod
-    def _judge(self) -> Judged | float:
-        """The verifier's verdict on the finished episode (``self._turn_parsed``, ``self._outcome``): a
+    def judge(self) -> Judged | float:
+        """The verifier's verdict on the finished episode (``parsed_turns``, ``turn_texts``, ``outcome``): a
         ``Verdict`` (or an env's own class with its fields), or a bare reward."""
 
-    def _release(self) -> None:
+    def release(self) -> None:
         """Free per-episode tool state once the episode ends (nothing by default)."""
+
+    # ------------------------------------------------------ the episode, for the hooks
+    @property
+    def task(self) -> TaskT:
+        """The current episode's task (EpisodeStateError before the first ``reset``)."""
+        if self._task is None:
+            raise EpisodeStateError(f"{type(self).__name__}.task: no episode yet; call reset() first")
+        return self._task
+
+    @property
+    def interface(self) -> InterfaceState:
+        """The interface the current episode runs under (the raw one before any)."""
+        return self._interface
+
+    @property
+    def turn_texts(self) -> list[list[str]]:
+        """The model's text of each step, per user turn so far (the last list: the turn it is in)."""
+        return self._turn_texts
+
+    @property
+    def parsed_turns(self) -> list[list[ParsedStep]]:
+        """Each step decoded in the env's tool format (its calls, or its parse error), per user turn."""
+        return self._turn_parsed
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the episode ended (None while it runs): completed, step_limit, context_overflow, aborted."""
+        return self._outcome
 
     # -------------------------------------------------------------- API
     def reset(self, task_id: str, interface: InterfaceState | None = None) -> list[Message]:
-        task = self._load(task_id)
+        task = self.load_task(task_id)
         self._task = task
         self._interface = interface or RAW_INTERFACE
         self._turn = self._steps_in_turn = 0
@@ -161,7 +225,7 @@ class MultiTurnEnv(Environment):
         self._result: EpisodeResult | None = None
         self._done = False
         self._env_seconds = 0.0
-        self._messages: list[Message] = self._open(task)
+        self._messages: list[Message] = self.open_episode(task)
         self._check_context()
         return list(self._messages)
 
@@ -179,7 +243,7 @@ class MultiTurnEnv(Environment):
             raise EpisodeStateError(f"{type(self).__name__}.step: {state}; call reset() first")
         t0 = time.perf_counter()
         turn = self._turn
-        parsed = parse_step(assistant_text, self.tool_format, self._signatures())
+        parsed = parse_step(assistant_text, self.tool_format, self.signatures())
         self._turn_texts[turn].append(assistant_text)
         self._turn_parsed[turn].append(parsed)
         self._messages.append({"role": "assistant", "content": assistant_text})
@@ -189,7 +253,7 @@ class MultiTurnEnv(Environment):
         if parsed.error is not None:
             self._num_parse_errors += 1
             if self._interface.error_feedback:
-                hint = parse_failure_hint(self.tool_format, parsed.error, self._tool_names(turn))
+                hint = parse_failure_hint(self.tool_format, parsed.error, self.tool_names(turn))
                 new.append({"role": "tool", "name": "parse_error", "content": hint})
             else:
                 end_turn = True  # bfcl-eval: a step that fails to decode ends the turn
@@ -197,7 +261,7 @@ class MultiTurnEnv(Environment):
             end_turn = True
         else:
             for call in parsed.calls:
-                new.append({"role": "tool", "name": call.name, "content": self._execute(call, turn)})
+                new.append({"role": "tool", "name": call.name, "content": self.execute(call, turn)})
             self._num_calls += len(parsed.calls)
 
         outcome: Outcome | None = None
@@ -232,7 +296,7 @@ class MultiTurnEnv(Environment):
         if self._result is None:
             t0 = time.perf_counter()
             task = self._task
-            verdict = _verdict(self._judge(), task.num_turns)
+            verdict = _verdict(self.judge(), task.num_turns)
             check_verdict(self, verdict.reward, verdict.tags, verdict.labels)
             reward = int(verdict.reward) if isinstance(verdict.reward, bool) else verdict.reward
             self._result = EpisodeResult(
@@ -269,5 +333,5 @@ class MultiTurnEnv(Environment):
     def _finish(self, outcome: Outcome) -> None:
         self._done = True
         self._outcome = outcome
-        self._release()
+        self.release()
         self.stats.record(outcome, self._num_steps, self._num_calls, self._num_parse_errors)

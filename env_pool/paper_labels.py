@@ -12,6 +12,7 @@ from env_pool.schema import argument_problems
 
 
 def paper_label(
+    *,
     steps: Sequence[Any],
     calls: Sequence[Any],
     expected: Sequence[Any],
@@ -22,7 +23,10 @@ def paper_label(
     visible: Mapping[str, dict],
     is_error: Callable[[str], bool],
 ) -> str:
-    """``visible``: tool name -> schema the model could call this turn; ``is_error``: the env's error-result test."""
+    """One turn's label from its evidence, by keyword: ``steps`` (decoded), ``calls`` (the model's),
+    ``expected`` (the ground truth's), ``results`` (of the model's calls), the state and response
+    checks (None: not run), the turn's released ``tag``, ``visible`` (tool name -> schema the model
+    could call this turn) and ``is_error`` (the env's error-result test)."""
     invalid = any(s.error is not None for s in steps) or any(c.name not in visible for c in calls)
     if not expected:
         # Any call where no tool fits the request is an invalid tool call.

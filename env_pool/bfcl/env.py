@@ -18,7 +18,7 @@ from env_pool.tool_calls import Signatures, ToolCall
 DEFAULT_STEP_LIMIT = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
 
 
-class BfclEnv(MultiTurnEnv):
+class BfclEnv(MultiTurnEnv[BfclTask]):
     kind = "bfcl"
 
     def __init__(
@@ -37,7 +37,7 @@ class BfclEnv(MultiTurnEnv):
         super().__init__(tool_format, step_limit, instance_mismatch, max_context_tokens, token_counter)
         self.tool_doc_indent = tool_doc_indent
         self.tools_in_template = tools_in_template
-        self._task: BfclTask | None = None
+        self._instances: InstanceSet | None = None
 
     def task_ids(self, split: str = "all") -> list[str]:
         return split_ids(split)
@@ -46,29 +46,28 @@ class BfclEnv(MultiTurnEnv):
         return ground_truth_turns(get_task(task_id), self.tool_format)
 
     def user_messages(self, turn: int) -> list[Message]:
-        task = self._task
-        assert task is not None
+        task = self.task
         if turn in task.withheld:
             return [
                 {
                     "role": "user",
                     "content": reveal_message(
-                        task.withheld[turn], self.tool_format, self._interface, self.tool_doc_indent
+                        task.withheld[turn], self.tool_format, self.interface, self.tool_doc_indent
                     ),
                 }
             ]
         return [dict(m) for m in self._turn_messages(turn)]
 
     # ------------------------------------------------------------ hooks
-    def _load(self, task_id: str) -> BfclTask:
+    def load_task(self, task_id: str) -> BfclTask:
         return get_task(task_id)
 
-    def _open(self, task: BfclTask) -> list[Message]:
+    def open_episode(self, task: BfclTask) -> list[Message]:
         self._instances = InstanceSet(task.initial_config, list(task.involved_classes), task.long_context)
-        in_template = self.tools_in_template and not self._interface.is_raw
+        in_template = self.tools_in_template and not self.interface.is_raw
         tools = task.tools_at_turn(0)
         sys_msg = system_prompt(
-            tools, self.tool_format, self._interface, task.category, self.tool_doc_indent, not in_template
+            tools, self.tool_format, self.interface, task.category, self.tool_doc_indent, not in_template
         )
         first = [dict(m) for m in self._turn_messages(0)]
         if first and first[0]["role"] == "system":  # as bfcl-eval: ours goes first
@@ -77,20 +76,21 @@ class BfclEnv(MultiTurnEnv):
         else:
             head = [{"role": "system", "content": sys_msg}]
         if in_template:
-            head[0]["tools"] = template_tools(tools, self._interface)
+            head[0]["tools"] = template_tools(tools, self.interface)
         return head + self._worked_examples(task) + first
 
-    def _signatures(self) -> Signatures:
-        return call_signatures(self._task.involved_classes)  # type: ignore[union-attr]
+    def signatures(self) -> Signatures:
+        return call_signatures(self.task.involved_classes)
 
-    def _tool_names(self, turn: int) -> list[str]:
-        return [doc["name"] for doc in self._task.tools_at_turn(turn)]  # type: ignore[union-attr]
+    def tool_names(self, turn: int) -> list[str]:
+        return [doc["name"] for doc in self.task.tools_at_turn(turn)]
 
-    def _execute(self, call: ToolCall, turn: int) -> str:
+    def execute(self, call: ToolCall, turn: int) -> str:
+        assert self._instances is not None  # open_episode made them; release drops them after the end
         result = self._instances.execute(ExecCall(call.name, (), dict(call.arguments)))
-        if not self._interface.error_feedback:
+        if not self.interface.error_feedback:
             return result
-        visible = self._tool_names(turn)
+        visible = self.tool_names(turn)
         if call.name not in visible:
             return f"{result}\n{unknown_tool_hint(call.name, visible)}"
         if is_error_result(result):
@@ -99,19 +99,19 @@ class BfclEnv(MultiTurnEnv):
                 return f"{result}\n{hint}"
         return result
 
-    def _judge(self) -> Diagnosis:
-        return judge(self._task, self._turn_parsed, self.instance_mismatch)  # type: ignore[arg-type]
+    def judge(self) -> Diagnosis:
+        return judge(self.task, self.parsed_turns, self.instance_mismatch)
 
-    def _release(self) -> None:
-        self._instances = None  # type: ignore[assignment]  # free the episode's state now
+    def release(self) -> None:
+        self._instances = None  # free the episode's state now
 
     # ---------------------------------------------------------- helpers
     def _turn_messages(self, turn: int) -> Sequence[Message]:
-        return self._task.questions[turn]  # type: ignore[union-attr]
+        return self.task.questions[turn]
 
     def _worked_examples(self, task: BfclTask) -> list[Message]:
         """Training interface only: one placeholder call to a task tool, before the first user turn."""
-        if not self._interface.worked_examples:
+        if not self.interface.worked_examples:
             return []
         exchange = placeholder_exchange(task.tools_at_turn(0))
         return exchange_messages([exchange], self.tool_format) if exchange else []

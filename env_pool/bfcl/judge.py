@@ -124,7 +124,17 @@ def judge(task: BfclTask, turns: Sequence[Sequence[ParsedStep]], instance_mismat
             model, truth, calls, gt_calls, gt_results, decoded, state_ok, response_ok, checker_failed, by_classes
         )
         visible = {doc["name"]: doc for doc in task.tools_at_turn(t)}
-        label = paper_label(steps, calls, gt_calls, results, state_ok, response_ok, tag, visible, is_error_result)
+        label = paper_label(
+            steps=steps,
+            calls=calls,
+            expected=gt_calls,
+            results=results,
+            state_ok=state_ok,
+            response_ok=response_ok,
+            tag=tag,
+            visible=visible,
+            is_error=is_error_result,
+        )
         diagnoses.append(
             TurnDiagnosis(
                 tag=tag,

@@ -18,8 +18,8 @@ from functools import lru_cache
 from typing import Any
 
 from env_pool.bfcl.runtime import prepare_import
-from env_pool.interface.guidelines import guideline_block
-from env_pool.interface.schema_lite import SYSTEM_LINE, annotate_tools
+from env_pool.interface.prompt import with_interface
+from env_pool.interface.schema_lite import annotate_tools
 from env_pool.interface.state import InterfaceState
 from env_pool.schema import function_tools
 
@@ -119,15 +119,7 @@ def system_prompt(
         prompt = f"{p['persona']} {p['task']}\n\n{p['multiturn_behavior']}\n\n" + tools_part
     else:
         raise ValueError(f"unknown tool-call format {fmt!r}")
-    extras = []
-    if interface.schema_lite:
-        extras.append(SYSTEM_LINE)
-    block = guideline_block(interface.guidelines_for(category))
-    if block:
-        extras.append(block)
-    if extras:
-        prompt = prompt.rstrip("\n") + "\n\n" + "\n\n".join(extras) + "\n"
-    return prompt
+    return with_interface(prompt, interface, category)
 
 
 def template_tools(tools: Sequence[dict[str, Any]], interface: InterfaceState) -> list[dict[str, Any]]:

@@ -10,19 +10,16 @@ ends a runaway turn and the episode.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 
 from env_pool.base import Message, Outcome, TokenCounter
 from env_pool.interface.examples import Exchange, exchange_messages
-from env_pool.interface.feedback import tool_error_hint, unknown_tool_hint
-from env_pool.interface.guidelines import guideline_block
-from env_pool.interface.schema_lite import SYSTEM_LINE, annotate_tools
-from env_pool.interface.state import InterfaceState
-from env_pool.multi_turn import MultiTurnEnv
-from env_pool.shopping.tasks import ShoppingTask, get_task, task_ids
-from env_pool.shopping.tools import SIGNATURES, TOOL_NAMES, TOOLS, ShoppingList, is_error
-from env_pool.shopping.verifier import Verdict, judge
-from env_pool.tool_calls import Signatures, ToolCall, render_calls
+from env_pool.multi_turn import Verdict
+from env_pool.shopping.tasks import SPLITS, ShoppingTask, get_task
+from env_pool.shopping.tools import TOOLS, ShoppingList
+from env_pool.shopping.verifier import judge
+from env_pool.tool_calls import ToolCall, render_calls
+from env_pool.tool_env import ToolEnv
 
 
 # The benchmark's own few-shot prompt, part of its definition and the same at every
@@ -87,8 +84,16 @@ def benchmark_messages(fmt: str, bare: bool = False) -> list[Message]:
     )
 
 
-class ShoppingEnv(MultiTurnEnv):
+class ShoppingEnv(ToolEnv[ShoppingTask]):
     kind = "shopping"
+    splits = SPLITS
+    tools = TOOLS
+    intro = "You are a shopping-list assistant with tools."
+    after = (
+        "After the tool answers, reply to the user in plain text. "
+        "If the request needs no tool, or lacks a detail you need, reply in plain text."
+    )
+    example = ToolCall("add_item", {"item": "pear", "quantity": 2})
 
     def __init__(
         self,
@@ -104,67 +109,25 @@ class ShoppingEnv(MultiTurnEnv):
         call about 7x more often (docs/main-job.md: the CPU default)."""
         super().__init__(tool_format, step_limit, instance_mismatch, max_context_tokens, token_counter)
         self.bare_calls = bare_calls and tool_format == "python"
-        self._task: ShoppingTask | None = None
 
-    def task_ids(self, split: str = "all") -> list[str]:
-        return task_ids(split)
-
-    def system_prompt(self, interface: InterfaceState, category: str | None = None) -> str:
-        tools = "\n".join(json.dumps(t) for t in annotate_tools(TOOLS, interface))
-        example = render_calls(
-            [ToolCall("add_item", {"item": "pear", "quantity": 2})], self.tool_format, self.bare_calls
-        )
-        prompt = (
-            "You are a shopping-list assistant with tools. To use a tool, reply with only the call, for example:\n"
-            f"{example}\nAfter the tool answers, reply to the user in plain text. "
-            "If the request needs no tool, or lacks a detail you need, reply in plain text.\n"
-            f"Tools:\n{tools}\n"
-        )
-        extras = ([SYSTEM_LINE] if interface.schema_lite else []) + [
-            b for b in [guideline_block(interface.guidelines_for(category))] if b
-        ]
-        return prompt + ("\n" + "\n\n".join(extras) + "\n" if extras else "")
-
-    def reference_turns(self, task_id: str) -> list[list[str]]:
-        turns = get_task(task_id).turns
-        return [
-            ([render_calls(list(t.expected), self.tool_format, self.bare_calls)] if t.expected else []) + ["Done."]
-            for t in turns
-        ]
-
-    def user_messages(self, turn: int) -> list[Message]:
-        return [{"role": "user", "content": self._task.turns[turn].user}]  # type: ignore[union-attr]
-
-    # ------------------------------------------------------------ hooks
-    def _load(self, task_id: str) -> ShoppingTask:
+    @classmethod
+    def task_of(cls, task_id: str) -> ShoppingTask:
         return get_task(task_id)
 
-    def _open(self, task: ShoppingTask) -> list[Message]:
-        self._list = ShoppingList(dict(task.initial))
-        messages: list[Message] = [{"role": "system", "content": self.system_prompt(self._interface, task.category)}]
+    def call_text(self, calls: Sequence[ToolCall]) -> str:
+        return render_calls(list(calls), self.tool_format, self.bare_calls)
+
+    def new_state(self, task: ShoppingTask) -> ShoppingList:
+        return ShoppingList(dict(task.initial))
+
+    def open_episode(self, task: ShoppingTask) -> list[Message]:
+        system, *first_turn = super().open_episode(task)
         # The benchmark's exchanges, whatever the interface: interface.worked_examples adds none here.
         # A further training-only exchange (a tool error read and the call repeated, before or
         # after these) cut the training interface's success at temperature 0.7 from 22% / 48%
         # (base / miss_param, 40 train tasks each) to 2% / 30% or 25% / 10%.
-        messages += benchmark_messages(self.tool_format, self.bare_calls)
-        return messages + self.user_messages(0)
+        return [system, *benchmark_messages(self.tool_format, self.bare_calls), *first_turn]
 
-    def _signatures(self) -> Signatures:
-        return SIGNATURES
-
-    def _tool_names(self, turn: int) -> list[str]:
-        return list(TOOL_NAMES)
-
-    def _execute(self, call: ToolCall, turn: int) -> str:
-        result = self._list.execute(call)
-        if not self._interface.error_feedback:
-            return result
-        if call.name not in TOOL_NAMES:
-            return f"{result}\n{unknown_tool_hint(call.name, TOOL_NAMES)}"
-        hint = tool_error_hint(json.loads(result)["error"]) if is_error(result) else None
-        return f"{result}\n{hint}" if hint else result
-
-    def _judge(self) -> Verdict:
+    def judge(self) -> Verdict:
         # An episode the step limit or the context cut off fails as force-terminated.
-        assert self._task is not None
-        return judge(self._task, self._turn_parsed, self.instance_mismatch, cut_off=self._outcome != Outcome.COMPLETED)
+        return judge(self.task, self.parsed_turns, self.instance_mismatch, cut_off=self.outcome != Outcome.COMPLETED)

@@ -15,50 +15,29 @@ import random
 from dataclasses import dataclass
 
 from env_pool.shopping.tools import MASS_ITEMS, PLURALS
+from env_pool.tasks import IndexedSplits, Turn, TurnTask
 from env_pool.tool_calls import ToolCall
 
 CATEGORIES = ("base", "miss_param", "recovery")
-NUM_TASKS = 480  # 240 train, 240 test (80 per category: the frozen evaluation's sample)
-NUM_TRAIN = 240
-TASK_PREFIX = "shop_"
+# 240 train, 240 test (80 per category: the frozen evaluation's sample)
+SPLITS = IndexedSplits("shop_", num_train=240, num_tasks=480, name="shopping")
+TASK_PREFIX = SPLITS.prefix
 _ITEMS = (*PLURALS, *MASS_ITEMS)
 _THANKS = ("Thanks, that is all for now.", "Great, thank you!", "Perfect, thanks for the help.")
 _VIEW = ("What is on my shopping list now?", "Can you show me my list?")
 
 
 @dataclass(frozen=True)
-class Turn:
-    user: str
-    expected: tuple[ToolCall, ...]  # empty: the turn expects no call
-
-
-@dataclass(frozen=True)
-class ShoppingTask:
-    id: str
-    category: str
+class ShoppingTask(TurnTask):
     initial: tuple[tuple[str, int], ...]  # the list before the first turn
-    turns: tuple[Turn, ...]
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.turns)
 
 
 def task_ids(split: str) -> list[str]:
-    ranges = {"train": range(NUM_TRAIN), "test": range(NUM_TRAIN, NUM_TASKS), "all": range(NUM_TASKS)}
-    if split not in ranges:
-        raise ValueError(f"unknown split {split!r}; expected one of {sorted(ranges)}")
-    return [f"{TASK_PREFIX}{i}" for i in ranges[split]]
+    return SPLITS.ids(split)
 
 
 def get_task(task_id: str) -> ShoppingTask:
-    try:
-        index = int(task_id.removeprefix(TASK_PREFIX))
-    except ValueError:
-        index = -1
-    if not task_id.startswith(TASK_PREFIX) or not 0 <= index < NUM_TASKS:
-        raise KeyError(f"unknown shopping task id {task_id!r} ({TASK_PREFIX}0 .. {TASK_PREFIX}{NUM_TASKS - 1})")
-    return _generate(task_id, index)
+    return _generate(task_id, SPLITS.index(task_id))  # a KeyError names the ids there are
 
 
 def category_of(task_id: str) -> str:
@@ -74,7 +53,7 @@ def _closing(rng: random.Random) -> Turn:
     """Look at the list (a read whose result must be reported) or say thanks (no call)."""
     if rng.random() < 0.5:
         return Turn(rng.choice(_VIEW), (ToolCall("view_list", {}),))
-    return Turn(rng.choice(_THANKS), ())
+    return Turn(rng.choice(_THANKS))
 
 
 def _generate(task_id: str, index: int) -> ShoppingTask:
@@ -106,4 +85,4 @@ def _generate(task_id: str, index: int) -> ShoppingTask:
             ),
             _closing(rng),
         )
-    return ShoppingTask(task_id, category, initial, turns)
+    return ShoppingTask(task_id, category, turns, initial)

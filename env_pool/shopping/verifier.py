@@ -13,24 +13,14 @@ is tagged but not failed (its effect on the list shows at the next check).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from env_pool import tags as T
+from env_pool.multi_turn import Verdict
 from env_pool.paper_labels import paper_label
 from env_pool.shopping.tasks import ShoppingTask
-from env_pool.shopping.tools import TOOLS, ShoppingList, is_error
+from env_pool.shopping.tools import TOOLS, ShoppingList
 from env_pool.tool_calls import ParsedStep
-
-_SCHEMAS = {t["name"]: t for t in TOOLS}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    reward: int
-    error_type: str | None
-    tags: tuple[str, ...]  # released vocabulary, one per user turn
-    labels: tuple[str, ...]  # paper vocabulary, one per user turn
-    progress: float
+from env_pool.tool_functions import is_error_result
 
 
 def judge(
@@ -50,9 +40,9 @@ def judge(
         steps = turns[t] if t < len(turns) else ()
         decoded = [s for s in steps if s.error is None and s.calls]
         calls = [c for s in decoded for c in s.calls]
-        results = [model.execute(c) for c in calls]
+        results = [TOOLS.execute(c, model) for c in calls]
         model_results.extend(results)
-        gt_results = [truth.execute(c) for c in turn.expected]
+        gt_results = [TOOLS.execute(c, truth) for c in turn.expected]
         state_ok = response_ok = None
         if turn.expected:
             state_ok = model.snapshot() == truth.snapshot()
@@ -69,15 +59,26 @@ def judge(
                 )
         tag = released_tag(turn.expected, calls, gt_results, bool(decoded), state_ok, response_ok, by_classes)
         tags.append(tag)
-        labels.append(paper_label(steps, calls, turn.expected, results, state_ok, response_ok, tag, _SCHEMAS, is_error))
+        label = paper_label(
+            steps=steps,
+            calls=calls,
+            expected=turn.expected,
+            results=results,
+            state_ok=state_ok,
+            response_ok=response_ok,
+            tag=tag,
+            visible=TOOLS.by_name,
+            is_error=is_error_result,
+        )
+        labels.append(label)
     reward = int(error_type is None)
     scorable = [tag for tag in tags if tag not in T.EXCLUDED_TAGS]
     progress = sum(tag in T.PASSING_TAGS for tag in scorable) / len(scorable) if scorable else float(reward)
-    return Verdict(reward, error_type, tuple(tags), tuple(labels), progress)
+    return Verdict(reward, progress, tuple(tags), tuple(labels), error_type)
 
 
 def released_tag(expected, calls, gt_results, decoded: bool, state_ok, response_ok, by_classes: bool) -> str:
-    if any(is_error(r) for r in gt_results):
+    if any(is_error_result(r) for r in gt_results):
         return T.GT_ERROR
     if not expected:
         return T.SPURIOUS_TOOL_CALL if decoded else T.CORRECT_ABSTENTION
@@ -86,6 +87,6 @@ def released_tag(expected, calls, gt_results, decoded: bool, state_ok, response_
     if state_ok and response_ok:
         return T.PASS
     # One API class: an unknown tool is the only call outside the ground truth's classes.
-    if by_classes and any(c.name not in _SCHEMAS for c in calls):
+    if by_classes and any(c.name not in TOOLS.by_name for c in calls):
         return T.INSTANCE_MISMATCH
     return T.STATE_MISMATCH if not state_ok else T.RESPONSE_MISMATCH

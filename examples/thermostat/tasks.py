@@ -1,7 +1,7 @@
-"""The thermostat's tools, its state and its tasks: everything the environment plays, no SEAL code
-but the ToolCall record and the argument check.
+"""The thermostat's tools, its state and its tasks: everything the environment plays.
 
-A home has four rooms, each at a temperature. Two tools: ``get_temperature(room)`` and
+A home has four rooms, each at a temperature. Two tools, methods of the home (env_pool's ToolSet
+reads their schemas from the type hints and docstrings): ``get_temperature(room)`` and
 ``set_temperature(room, celsius)``. A task is two user turns with, per turn, the calls a correct
 agent makes (the ground truth; an empty tuple: the turn expects no call). Tasks are made from
 their index alone, so a task id always means the same task on every process.
@@ -9,56 +9,20 @@ their index alone, so a task id always means the same task on every process.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-from env_pool.schema import argument_problems
+from env_pool.tasks import IndexedSplits, Turn, TurnTask
 from env_pool.tool_calls import ToolCall
+from env_pool.tool_functions import ToolError, ToolSet
 
-ROOMS = ("kitchen", "bedroom", "office", "bathroom")
+Room = Literal["kitchen", "bedroom", "office", "bathroom"]
+ROOMS: tuple[str, ...] = get_args(Room)
 MIN_C, MAX_C = 10, 30
-TOOLS: tuple[dict[str, Any], ...] = (
-    {
-        "name": "get_temperature",
-        "description": "The current temperature of a room, in degrees Celsius.",
-        "parameters": {
-            "type": "dict",
-            "properties": {"room": {"type": "string", "enum": list(ROOMS), "description": "The room."}},
-            "required": ["room"],
-        },
-    },
-    {
-        "name": "set_temperature",
-        "description": "Set a room's thermostat.",
-        "parameters": {
-            "type": "dict",
-            "properties": {
-                "room": {"type": "string", "enum": list(ROOMS), "description": "The room."},
-                "celsius": {"type": "integer", "description": f"Degrees Celsius, {MIN_C} to {MAX_C}."},
-            },
-            "required": ["room", "celsius"],
-        },
-    },
-)
-TOOL_NAMES = tuple(t["name"] for t in TOOLS)
-SCHEMAS = {t["name"]: t for t in TOOLS}
-SIGNATURES = {t["name"]: tuple(t["parameters"]["properties"]) for t in TOOLS}  # positional arguments bind in order
-
-# Task ids: the prefix tells every part of SEAL which environment a task belongs to.
-TASK_PREFIX = "thermo_"
-CATEGORIES = ("set", "adjust")
-NUM_TASKS, NUM_TRAIN = 300, 200
+# Task ids thermo_0 .. thermo_299: the prefix tells every part of SEAL which environment a task is of.
+SPLITS = IndexedSplits("thermo_", num_train=200, num_tasks=300, name="thermostat")
 _THANKS = ("Thanks, that is all.", "Great, thank you!")
-
-
-def error_result(message: str) -> str:
-    return json.dumps({"error": message})
-
-
-def is_error(result: str) -> bool:
-    return result.startswith('{"error"')
 
 
 @dataclass
@@ -67,52 +31,35 @@ class Home:
 
     temperatures: dict[str, int] = field(default_factory=dict)
 
-    def execute(self, call: ToolCall) -> str:
-        """Run one call; a bad call comes back as an error result the model can read, never an exception."""
-        if call.name not in SCHEMAS:
-            return error_result(f"unknown tool {call.name!r}")
-        problems = argument_problems(call.arguments, SCHEMAS[call.name])
-        if problems:
-            return error_result("; ".join(problems))
-        room = call.arguments["room"]
-        if call.name == "get_temperature":
-            return json.dumps({"room": room, "celsius": self.temperatures[room]})
-        celsius = call.arguments["celsius"]
+    def get_temperature(self, room: Room) -> dict[str, Any]:
+        """The current temperature of a room, in degrees Celsius.
+
+        room: The room.
+        """
+        return {"room": room, "celsius": self.temperatures[room]}
+
+    def set_temperature(self, room: Room, celsius: int) -> dict[str, Any]:
+        """Set a room's thermostat.
+
+        room: The room.
+        celsius: Degrees Celsius, 10 to 30.
+        """
         if not MIN_C <= celsius <= MAX_C:
-            return error_result(f"celsius must be {MIN_C} to {MAX_C}, got {celsius}")
+            raise ToolError(f"celsius must be {MIN_C} to {MAX_C}, got {celsius}")  # the model reads it
         self.temperatures[room] = celsius
-        return json.dumps({"room": room, "celsius": celsius})
+        return {"room": room, "celsius": celsius}
+
+
+TOOLS = ToolSet(Home.get_temperature, Home.set_temperature)
 
 
 @dataclass(frozen=True)
-class Turn:
-    user: str
-    expected: tuple[ToolCall, ...]
-
-
-@dataclass(frozen=True)
-class ThermostatTask:
-    id: str
-    category: str
+class ThermostatTask(TurnTask):
     initial: tuple[tuple[str, int], ...]  # the home before the first turn
-    turns: tuple[Turn, ...]
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.turns)
-
-
-def task_ids(split: str) -> list[str]:
-    ranges = {"train": range(NUM_TRAIN), "test": range(NUM_TRAIN, NUM_TASKS), "all": range(NUM_TASKS)}
-    if split not in ranges:
-        raise ValueError(f"unknown split {split!r}; expected one of {sorted(ranges)}")
-    return [f"{TASK_PREFIX}{i}" for i in ranges[split]]
 
 
 def get_task(task_id: str) -> ThermostatTask:
-    index = int(task_id.removeprefix(TASK_PREFIX)) if task_id.removeprefix(TASK_PREFIX).isdigit() else -1
-    if not task_id.startswith(TASK_PREFIX) or not 0 <= index < NUM_TASKS:
-        raise KeyError(f"unknown thermostat task id {task_id!r} ({TASK_PREFIX}0 .. {TASK_PREFIX}{NUM_TASKS - 1})")
+    index = SPLITS.index(task_id)  # a KeyError names the ids there are
     rng = random.Random(index)
     initial = {room: rng.randint(16, 24) for room in ROOMS}
     room = rng.choice(ROOMS)
@@ -123,7 +70,7 @@ def get_task(task_id: str) -> ThermostatTask:
                 f"Please set the {room} to {target} degrees.",
                 (ToolCall("set_temperature", {"room": room, "celsius": target}),),
             ),
-            Turn(rng.choice(_THANKS), ()),
+            Turn(rng.choice(_THANKS)),
         )
         category = "set"
     else:  # adjust: read the room, then change it relative to what was read
@@ -136,9 +83,4 @@ def get_task(task_id: str) -> ThermostatTask:
             ),
         )
         category = "adjust"
-    return ThermostatTask(task_id, category, tuple(sorted(initial.items())), turns)
-
-
-def category_of(task_id: str) -> str:
-    """A task's category; a KeyError names an unknown id."""
-    return get_task(task_id).category
+    return ThermostatTask(task_id, category, turns, tuple(sorted(initial.items())))

@@ -48,8 +48,8 @@ class ForgotEnd(Environment):
 class TagOutsideVocabulary(ThermostatEnv):
     """Its judge invents a tag of its own for a failed turn."""
 
-    def _judge(self):
-        verdict = super()._judge()
+    def judge(self):
+        verdict = super().judge()
         return dataclasses.replace(verdict, tags=tuple(t if t == "pass" else "wrong_room" for t in verdict.tags))
 
 

@@ -70,9 +70,9 @@ def test_a_tag_outside_the_vocabulary_is_refused_before_a_run_and_during_one():
     with pytest.raises(EnvContractError) as exc:
         check_episode(env, "thermo_1", "adjust")
     assert one_line(exc).startswith(
-        "env tests.unit.env_pool.broken_envs.TagOutsideVocabulary._judge: tag 'wrong_room' is not in the vocabulary"
+        "env tests.unit.env_pool.broken_envs.TagOutsideVocabulary.judge: tag 'wrong_room' is not in the vocabulary"
     )
-    with pytest.raises(EnvContractError, match="TagOutsideVocabulary._judge: tag 'wrong_room'"):
+    with pytest.raises(EnvContractError, match="TagOutsideVocabulary.judge: tag 'wrong_room'"):
         play_scripted(env, "thermo_1", [["I cannot help."]] * 2)  # every episode's result() checks its verdict
 
 
@@ -97,7 +97,7 @@ def test_a_verdict_needs_a_reward_in_0_1_and_one_tag_and_label_per_turn():
         with pytest.raises(EnvContractError) as exc:
             check_verdict(env, reward, ["pass"], ["pass"])  # type: ignore[arg-type]
         assert one_line(exc) == (
-            f"env examples.thermostat.env.ThermostatEnv._judge: reward {reward!r} is not a number in [0, 1] "
+            f"env examples.thermostat.env.ThermostatEnv.judge: reward {reward!r} is not a number in [0, 1] "
             "(docs/custom-environment.md)"
         )
     with pytest.raises(EnvContractError, match="2 tags and 1 labels"):
@@ -108,10 +108,10 @@ def test_a_verdict_needs_a_reward_in_0_1_and_one_tag_and_label_per_turn():
 
 def test_a_reference_the_verifier_fails_is_refused():
     class NeverPasses(ThermostatEnv):
-        def _judge(self):
+        def judge(self):
             import dataclasses
 
-            return dataclasses.replace(super()._judge(), reward=0)
+            return dataclasses.replace(super().judge(), reward=0)
 
     with pytest.raises(EnvContractError, match="NeverPasses.reference_turns: a correct agent's steps for thermo_0"):
         check_episode(NeverPasses(), "thermo_0", "set")
@@ -119,14 +119,14 @@ def test_a_reference_the_verifier_fails_is_refused():
 
 def test_partial_credit_under_the_success_threshold_fails_the_reference_and_a_bad_threshold_the_class():
     class HalfCredit(ThermostatEnv):
-        def _judge(self):
+        def judge(self):
             import dataclasses
 
-            return dataclasses.replace(super()._judge(), reward=0.5)
+            return dataclasses.replace(super().judge(), reward=0.5)
 
     with pytest.raises(EnvContractError) as exc:
         check_episode(HalfCredit(), "thermo_0", "set")
-    assert "earn reward 0.5 from _judge, under its success_threshold 1.0" in one_line(exc)
+    assert "earn reward 0.5 from judge, under its success_threshold 1.0" in one_line(exc)
 
     class Lenient(HalfCredit):
         success_threshold = 0.5  # half credit counts as solved

@@ -26,8 +26,8 @@ from tests.unit.replay.test_replay import traj
 class TurnCredit(ThermostatEnv):
     """The thermostat graded by turns: each passed turn earns its share of the reward."""
 
-    def _judge(self):
-        verdict = super()._judge()
+    def judge(self):
+        verdict = super().judge()
         return dataclasses.replace(verdict, reward=verdict.progress)
 
 

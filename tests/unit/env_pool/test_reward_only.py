@@ -24,13 +24,13 @@ from tests.unit.replay.test_replay import traj
 class BareReward(ThermostatEnv):
     """The thermostat's verifier, its diagnosis thrown away: the share of turns passed, nothing else."""
 
-    def _judge(self):
-        return super()._judge().progress
+    def judge(self):
+        return super().judge().progress
 
 
 class RewardOnlyVerdict(ThermostatEnv):
-    def _judge(self):
-        return Verdict(reward=float(super()._judge().reward))
+    def judge(self):
+        return Verdict(reward=float(super().judge().reward))
 
 
 @pytest.mark.parametrize("env_class", [BareReward, RewardOnlyVerdict])

@@ -8,8 +8,8 @@ from env_pool import tags as T
 from env_pool.base import play_scripted
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from env_pool.shopping.env import ShoppingEnv
-from env_pool.shopping.tasks import CATEGORIES, NUM_TASKS, get_task
-from env_pool.shopping.tools import ShoppingList
+from env_pool.shopping.tasks import CATEGORIES, SPLITS, get_task
+from env_pool.shopping.tools import TOOLS, ShoppingList
 from env_pool.tool_calls import ToolCall, render_calls
 
 TRAINING = InterfaceState(schema_lite=True, error_feedback=True, guidelines=True, worked_examples=True)
@@ -36,7 +36,7 @@ def _play(task, turns, fmt="python", interface=None, instance_mismatch="release"
 def test_reference_agent_solves_every_task_and_tasks_are_deterministic(fmt, bare):
     env = ShoppingEnv(tool_format=fmt, bare_calls=bare)
     results = [play_scripted(env, t, env.reference_turns(t)) for t in env.task_ids("all")]
-    assert len(results) == NUM_TASKS and all(r.reward == 1 and r.progress == 1.0 for r in results)
+    assert len(results) == SPLITS.num_tasks and all(r.reward == 1 and r.progress == 1.0 for r in results)
     assert {r.category for r in results} == set(CATEGORIES)
     assert all(set(r.tags) <= {T.PASS, T.CORRECT_ABSTENTION} and 2 <= len(r.tags) <= 3 for r in results)
     assert not set(env.task_ids("train")) & set(env.task_ids("test"))
@@ -159,11 +159,11 @@ def test_the_benchmark_exchanges_are_in_every_interface_and_reveal_no_task():
 
 def test_shopping_list_executor():
     items = ShoppingList({"milk": 1})
-    assert '"quantity": 3' in items.execute(ToolCall("add_item", {"item": "milk", "quantity": 2}))
-    assert "error" in items.execute(ToolCall("add_item", {"item": "milk", "quantity": 99}))
-    assert "missing required argument 'quantity'" in items.execute(ToolCall("add_item", {"item": "egg"}))
-    assert "no such item" in items.execute(ToolCall("remove_item", {"item": "egg"}))
-    items.execute(ToolCall("remove_item", {"item": "milk"}))
+    assert '"quantity": 3' in TOOLS.execute(ToolCall("add_item", {"item": "milk", "quantity": 2}), items)
+    assert "error" in TOOLS.execute(ToolCall("add_item", {"item": "milk", "quantity": 99}), items)
+    assert "missing required argument 'quantity'" in TOOLS.execute(ToolCall("add_item", {"item": "egg"}), items)
+    assert "no such item" in TOOLS.execute(ToolCall("remove_item", {"item": "egg"}), items)
+    TOOLS.execute(ToolCall("remove_item", {"item": "milk"}), items)
     assert items.snapshot() == {}
 
 

@@ -8,15 +8,15 @@ from env_pool import tags as T
 from env_pool.base import play_scripted
 from env_pool.interface.state import InterfaceState
 from env_pool.tool_calls import ToolCall, render_calls
-from env_pool.toy.env import NUM_TASKS, ToyToolEnv, toy_task
+from env_pool.toy.env import SPLITS, ToyToolEnv, toy_task
 
 
 @pytest.mark.parametrize("fmt", ["json", "python"])
 def test_reference_agent_solves_every_task(fmt):
     env = ToyToolEnv(tool_format=fmt)
     results = [play_scripted(env, t, env.reference_turns(t)) for t in env.task_ids("all")]
-    assert len(results) == NUM_TASKS and all(r.reward == 1 and r.tags == [T.PASS] for r in results)
-    assert len(env.task_ids("train")) + len(env.task_ids("test")) == NUM_TASKS
+    assert len(results) == SPLITS.num_tasks and all(r.reward == 1 and r.tags == [T.PASS] for r in results)
+    assert len(env.task_ids("train")) + len(env.task_ids("test")) == SPLITS.num_tasks
 
 
 def _play(text: str, task_id: str = "toy_0", interface=None, instance_mismatch: str = "release"):

@@ -12,7 +12,7 @@ from seal.errors import CliError
 BROKEN = "tests.unit.env_pool.broken_envs"
 CASES = [
     ("ForgotEnd", f"env {BROKEN}.ForgotEnd does not implement end (docs/custom-environment.md)"),
-    ("TagOutsideVocabulary", f"env {BROKEN}.TagOutsideVocabulary._judge: tag 'wrong_room' is not in the vocabulary"),
+    ("TagOutsideVocabulary", f"env {BROKEN}.TagOutsideVocabulary.judge: tag 'wrong_room' is not in the vocabulary"),
     ("StepsAfterDone", f"env {BROKEN}.StepsAfterDone.step: took a step after the episode was done"),
     ("NotAnEnvironment", "is not an env_pool.base.Environment: subclass it"),
 ]

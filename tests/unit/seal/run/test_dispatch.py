@@ -48,7 +48,7 @@ class FakeEnvActor:
         if self.fails == "contract":
             from env_pool.contract import EnvContractError
 
-            raise EnvContractError("env my_env.MyEnv._judge: reward 2.0 is not a number in [0, 1] (docs/x.md)")
+            raise EnvContractError("env my_env.MyEnv.judge: reward 2.0 is not a number in [0, 1] (docs/x.md)")
         if self.fails == "crash":
             os._exit(1)
         if self.fails == "replica":
@@ -210,7 +210,7 @@ def test_a_verdict_the_contract_refuses_stops_the_run_in_one_line_and_is_never_r
         with pytest.raises(EnvContractError) as exc:
             settle(d)
         assert str(exc.value) == (
-            "env my_env.MyEnv._judge: reward 2.0 is not a number in [0, 1] (docs/x.md); "
+            "env my_env.MyEnv.judge: reward 2.0 is not a number in [0, 1] (docs/x.md); "
             "the run stops: a verdict the contract refuses is the env's to fix"
         )
         assert d.ledger.counters.reissued == 0 and not d.ledger.errors
