@@ -26,14 +26,21 @@ def compose(overrides: list[str], config_name: str = "config"):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from seal.config_paths import resolve_overrides, use_python_path
+
     for item in overrides:  # Hydra's grammar error for a bare word names no fix
         if "=" not in item and not item.startswith("~"):
             raise ValueError(
                 f"{item!r} is not an override: settings are KEY=VALUE (e.g. trainer.steps=2) or GROUP=OPTION"
             )
+    composed, folders = resolve_overrides(overrides, config_dir())  # GROUP=PATH.yaml, SEAL_CONFIG_PATH
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
+            cfg = hydra_compose(config_name=config_name, overrides=composed)
+        if folders and "python_path" in cfg:  # a file's folder first: its _target_ lives beside it
+            cfg.python_path = [*folders, *cfg.python_path]
+        use_python_path(cfg.get("python_path") or [])
+        return cfg
     except (HydraException, OmegaConfBaseException) as exc:
         # Hydra's messages span lines (with the search path); keep one line.
         text = " ".join(str(exc).split("\nConfig search path")[0].split())

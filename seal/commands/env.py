@@ -30,17 +30,25 @@ def _interface(components: str, guidelines: str = ""):
 def env_for(args, task_id: str | None = None, **settings: Any):
     """The env ``args`` ask for: ``env=NAME`` among the overrides, else the env ``task_id`` belongs to,
     else the configs' default; ``--format`` (when given) and ``settings`` on its config."""
+    import importlib
+
     from env_pool.registry import env_kind
-    from seal.config import compose, config_dir, instantiate
+    from seal.config import compose, instantiate
+    from seal.config_paths import unimportable
 
     overrides = list(getattr(args, "overrides", []) or [])
     named = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "env"]
-    served = sorted(p.stem for p in (config_dir() / "env").glob("*.yaml"))  # every env with a config
-    if named and named[-1] not in served:
-        raise CliError(f"env={named[-1]}: seal env serves {', '.join(served)} (configs/env/)")
     if task_id is not None and not named:
-        overrides.append(f"env={env_kind(task_id)}")  # KeyError naming the prefixes when no env has such ids
-    node = compose(overrides).env
+        try:
+            overrides.append(f"env={env_kind(task_id)}")
+        except KeyError as exc:  # no env imported here has such ids: one of the user's needs naming
+            raise CliError(f"{exc.args[0]}; an env of your own: add env=NAME or env=path/to/its.yaml") from None
+    node = compose(overrides).env  # an unknown env=NAME: one line naming the options
+    module, _, name = str(node._target_).rpartition(".")
+    try:
+        getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise CliError(unimportable(str(node._target_), exc)) from None
     if getattr(args, "tool_format", None):
         node.tool_format = args.tool_format
     for key, value in settings.items():

@@ -148,10 +148,9 @@ def _check_env_class(cfg) -> None:
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(
-            f"env._target_={target} does not import ({exc}): put its folder on PYTHONPATH or install it "
-            "(docs/custom-environment.md)"
-        ) from None
+        from seal.config_paths import unimportable
+
+        raise ValueError(unimportable(target, exc)) from None
     check_env_class(cls, environments(), ENVIRONMENTS)
 
 

@@ -106,6 +106,9 @@ def recorded_config(run_dir: Path, latest: bool = False):
         if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
             OmegaConf.update(cfg, key, value, force_add=True)
     rebase_targets(cfg)  # classes a run recorded before they moved: today's paths
+    from seal.config_paths import use_python_path
+
+    use_python_path(cfg.get("python_path") or [])  # a _target_ of the user's, where the run found it
     return cfg
 
 

@@ -77,7 +77,8 @@ def test_score_text_mode_reads_stdin():
         (("env", "score", "/no/such/file.jsonl"), "no such file"),
         (("train", "env=nope"), "env=nope: no such option (the env options are bfcl shopping "),
         (("env", "show", "shop_0", "env=toy"), "task shop_0 is a shopping task, not toy's: leave out env=toy"),
-        (("env", "replay-gt", "env=nope"), "env=nope: seal env serves bfcl, shopping, "),
+        (("env", "replay-gt", "env=nope"), "env=nope: no such option (the env options are bfcl shopping "),
+        (("env", "show", "conv_0"), "; an env of your own: add env=NAME or env=path/to/its.yaml"),
         (("env", "show", "foo_1"), "no environment has task id 'foo_1' (task ids start with multi_turn_, shop_, toy_"),
     ],
 )
