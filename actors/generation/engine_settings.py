@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from actors.generation.adapters import check_lora_slots, lora_engine_args
 from weights.model_assets import resolve_model
 from weights.precision import check_dtype, choose_dtype
 
@@ -84,6 +85,9 @@ class EngineSettings:
     max_num_seqs: int | None = None  # None: vLLM's default
     seed: int = 0
     weight_sync: str = "reload"
+    # LoRA serving: policy versions as adapters on the base (actors/generation/adapters.py); 0: none.
+    max_lora_rank: int = 0
+    max_loras: int = 2  # adapter slots on the engine
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -93,6 +97,7 @@ class EngineSettings:
         if self.weight_sync not in WEIGHT_SYNCS:
             raise ValueError(f"weight_sync must be reload or broadcast, got {self.weight_sync!r}")
         check_dtype(self.dtype)
+        check_lora_slots(self.max_lora_rank, self.max_loras)
         if self.device == "cpu":
             cpu_kv_cache_args(self.cpu_kv_cache_gb)  # raises on a size that holds nothing; CUDA never reads it
 
@@ -144,6 +149,7 @@ def engine_setup(settings: EngineSettings) -> EngineSetup:
         tensor_parallel_size=s.tensor_parallel_size,
         worker_extension_cls=WORKER_EXTENSION,
     )
+    kwargs.update(lora_engine_args(s.max_lora_rank, s.max_loras))
     if s.max_num_seqs is not None:
         kwargs["max_num_seqs"] = s.max_num_seqs
     if s.engine == "async" and s.weight_sync == "broadcast":

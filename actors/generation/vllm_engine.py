@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from actors.generation.adapters import AdapterSlots
 from actors.generation.engine_settings import EngineSettings, engine_setup
 from actors.generation.sources import send_weights
 from families.registry import turn_end_ids
@@ -54,6 +55,8 @@ class VllmGenerator(Generator):
         seed: int = 0,
         initial_version: int = 0,
         weight_sync: str = "reload",
+        max_lora_rank: int = 0,
+        max_loras: int = 2,
     ) -> None:
         """The engine keywords go to ``EngineSettings`` (actors/generation/engine_settings.py), which
         checks them; ``initial_version``: the version the loaded weights are."""
@@ -72,12 +75,15 @@ class VllmGenerator(Generator):
                 cpu_kv_cache_gb=cpu_kv_cache_gb,
                 seed=seed,
                 weight_sync=weight_sync,
+                max_lora_rank=max_lora_rank,
+                max_loras=max_loras,
             )
         )
         setup.apply_env()  # read when vLLM is imported: set before
         from vllm import LLM
 
         self._llm = LLM(**setup.kwargs)
+        self.adapters = AdapterSlots(self._llm.llm_engine, max_loras)  # max_lora_rank > 0: load_adapter
         # The family's whole end set (EOS, generation_config's, <|eom_id|>, <end_of_turn>, ...), given
         # explicitly: a turn ends on any of them, whatever vLLM reads by itself.
         self._stop_ids = list(turn_end_ids(self._llm.get_tokenizer(), setup.settings.model_path))
@@ -117,7 +123,7 @@ class VllmGenerator(Generator):
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         version = self.policy_version  # updates happen between calls, never during one
-        results = self._llm.generate(prompts, params, use_tqdm=False)
+        results = self._llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapters.current)
         outputs = []
         for req, res in zip(requests, results):
             out = res.outputs[0]
@@ -195,6 +201,16 @@ class VllmGenerator(Generator):
         self._llm.collective_rpc("receive_weights", kwargs={"metadata": wire, "bucket_bytes": int(bucket_mb * 2**20)})
         return self._loaded(version, t0)
 
+    def load_adapter(self, version: int, directory: str) -> float:
+        """Policy ``version`` as a LoRA adapter on the base (learner/lora.py writes ``directory``;
+        actors/generation/adapters.py); later requests use it. Seconds taken."""
+        if not self.settings.max_lora_rank:
+            raise ValueError("this engine serves no adapters: start it with max_lora_rank > 0")
+        self._check_version(version)
+        t0 = time.perf_counter()
+        self.adapters.load(version, directory)
+        return self._loaded(version, t0)
+
     def _check_version(self, version: int) -> None:
         if version < self.policy_version:
             raise ValueError(f"weight version {version} is older than the loaded {self.policy_version}")
@@ -223,7 +239,8 @@ class VllmGenerator(Generator):
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        res = self._llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)[0]
+        prompt = [TokensPrompt(prompt_token_ids=list(token_ids))]
+        res = self._llm.generate(prompt, params, use_tqdm=False, lora_request=self.adapters.current)[0]
         steps = res.prompt_logprobs or []
         return [float(step[tok].logprob) for tok, step in zip(list(token_ids)[1:], steps[1:])]
 
