@@ -24,6 +24,7 @@ actors/generation/weight_worker.py; the learner's side is learner/weight_broadca
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -85,6 +86,14 @@ OP_TIMEOUT_S = 120.0  # one tensor of a round once the round is under way (the f
 READY_FRACTION = 0.5
 _MEMBER_KEY = "seal-weight-member/"  # rank -> who holds it, for errors that name the members
 _READY_KEY = "seal-weight-ready/"  # round/rank: that receiver drained and is receiving round v
+_ABORT_KEY = "seal-weight-abort/"  # round: rank 0 gave it up (why); the receivers' watchdogs read it
+ABORT_POLL_S = 0.25  # how often a receiver's wait reads the store for rank 0's word
+
+
+def _abort_gloo(holder: list) -> None:
+    pg = holder.pop()
+    pg.abort()
+    del pg  # the group's destructor runs here, not on the caller's thread
 
 
 class WeightGroupError(RuntimeError):
@@ -96,7 +105,10 @@ class WeightGroup:
     """One member of the weight group; ``broadcast`` sends from rank 0 and fills the buffer elsewhere.
 
     The constructor blocks until all ``world_size`` members have joined, so
-    rank 0 and the workers must open it concurrently (rank 0 hosts the store).
+    rank 0 and the workers must open it concurrently (rank 0 hosts the store);
+    at most ``timeout_s``, then ``WeightGroupError``: gloo's rendezvous waits are
+    bounded by it, and on NCCL the communicator is formed non-blocking and
+    polled (weights/nccl_comm.py; vLLM's own init and warm-up have no bound).
 
     Every operation has a bound (the watchdog torch's own NCCL groups have and
     vLLM's PyNccl communicator lacks): the first of a round (``begin_round``)
@@ -108,6 +120,14 @@ class WeightGroup:
     once and the bound is gloo's per-operation timeout. Either way the group is
     aborted and the error names the operation and the members (each writes who
     it is into the store at join: ``label``).
+
+    When rank 0 gives a round up (a silent receiver at its ready wait, a failed
+    send) it also says so in the store, under the round's abort key, before it
+    aborts: NCCL over NVLink or shared memory reports no peer's abort, and the
+    receivers that were ready would otherwise wait out their bound (``timeout_s``,
+    paused) and be restarted as hung. Every receiver's wait reads that key every
+    ``ABORT_POLL_S`` and ends the round with rank 0's reason; a store that no longer
+    answers (rank 0's process gone) ends it too.
     """
 
     def __init__(
@@ -140,6 +160,24 @@ class WeightGroup:
         self._store: Any = None  # the rendezvous store, borrowed
         if backend == "nccl" and self.device.type != "cuda":
             raise ValueError(f"nccl needs a CUDA device, got {self.device}")
+        try:
+            self._form(host, port, rank, world_size, backend, float(timeout_s))
+        except WeightGroupError:
+            raise
+        except Exception as exc:  # gloo's store waits and NCCL's init are bounded by timeout_s: say which group
+            self._abort()
+            raise WeightGroupError(
+                f"forming the weight group ({backend}, rank {rank} of {world_size}, bound {timeout_s:.0f} s) "
+                f"failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. A member is gone or stalled"
+            ) from exc
+        if rank != 0:
+            # A receiver's reads of rank 0's store (the abort key) must not hang its watchdog on a host
+            # gone silent: each store operation from here on waits at most this long.
+            store: Any = self._store  # set by _form
+            store.set_timeout(timedelta(seconds=min(self.op_timeout_s, 10.0)))
+        self._announce(label)
+
+    def _form(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
         if backend == "gloo":
             from torch.distributed import PrefixStore, TCPStore
             from torch.distributed.distributed_c10d import ProcessGroupGloo
@@ -149,18 +187,21 @@ class WeightGroup:
             use_node_interface()  # reachable from the other nodes, not the hostname's 127.0.0.1 (weights/netif.py)
             timeout = timedelta(seconds=timeout_s)
             store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-            self._pg = ProcessGroupGloo(PrefixStore(_STORE_PREFIX, store), rank, world_size, timeout)
             self._store = store  # the group only borrows it
+            self._pg = ProcessGroupGloo(PrefixStore(_STORE_PREFIX, store), rank, world_size, timeout)
         else:
-            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
             from vllm.distributed.utils import StatelessProcessGroup
+
+            from weights.nccl_comm import bounded_communicator
 
             pg = StatelessProcessGroup.create(
                 host=host, port=port, rank=rank, world_size=world_size, store_timeout=int(timeout_s)
             )
-            self._comm = PyNcclCommunicator(pg, device=self.device)
             self._store = pg.store
-        self._announce(label)
+            # Formed non-blocking within the timeout (vLLM's blocking init and warm-up had no bound:
+            # weights/nccl_comm.py), then a warm-up broadcast under the same watchdog as every round's.
+            self._comm = bounded_communicator(pg, self.device, timeout_s)
+            self._nccl_broadcast(torch.zeros(1, device=self.device), "the group's warm-up", self.timeout_s)
 
     # ------------------------------------------------------------ members
     def _announce(self, label: str | None) -> None:
@@ -255,48 +296,81 @@ class WeightGroup:
             opts = BroadcastOptions()
             opts.rootRank = 0
             opts.timeout = timedelta(seconds=bound)
+            work = self._pg.broadcast([tensor], opts)
+            self._wait(work.is_completed, lambda: None, what, bound, time.monotonic() + bound + 5.0)  # gloo's first
             try:
-                self._pg.broadcast([tensor], opts).wait()
-            except RuntimeError as exc:
-                self._fail(what, bound, str(exc).splitlines()[0])
+                work.wait()
+            except RuntimeError as exc:  # rank 0's reason, where it gave the round up, says more than gloo's
+                word = self._rank0_gave_up(store_gone=False) if self.rank != 0 else None
+                self._fail(what, bound, word or str(exc).splitlines()[0])
         else:
-            stream = torch.cuda.current_stream(self.device)
-            self._comm.broadcast(tensor, src=0, stream=stream)
-            self._watch(stream, what, bound)
+            self._nccl_broadcast(tensor, what, bound)
 
-    def _watch(self, stream, what: str, bound: float) -> None:
-        """Wait for the NCCL operation just queued on ``stream``, within ``bound``, watching NCCL's errors."""
-        import time
+    def _nccl_broadcast(self, tensor: torch.Tensor, what: str, bound: float) -> None:
+        """Queue the broadcast on the current stream and wait for it within ``bound``. The communicator
+        is non-blocking (weights/nccl_comm.py): NCCL may answer ncclInProgress and queue the kernel
+        only once its state leaves it, so the CUDA event is recorded after that."""
+        from weights.nccl_comm import NCCL_IN_PROGRESS, NCCL_SUCCESS, broadcast, state
 
+        deadline = time.monotonic() + bound
+        stream = torch.cuda.current_stream(self.device)
+        result = broadcast(self._comm, tensor, 0, stream)
+        if result not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
+            self._fail(what, bound, f"ncclBroadcast returned {result}")
+
+        def queued() -> bool:
+            return state(self._comm.nccl, self._comm.comm) != NCCL_IN_PROGRESS
+
+        self._wait(queued, lambda: None, what, bound, deadline)
+        cause = self._nccl_async_error()
+        if cause:
+            self._fail(what, bound, f"NCCL reported {cause}")
         done = torch.cuda.Event()
         done.record(stream)
-        deadline = time.monotonic() + bound
+        self._wait(done.query, self._nccl_async_error, what, bound, deadline)
+
+    def _wait(self, finished, error, what: str, bound: float, deadline: float) -> None:
+        """Wait for the operation just queued (``finished()``) until ``deadline`` (monotonic; ``bound``
+        seconds from its start), watching ``error()`` (NCCL's asynchronous error) and, on a receiver,
+        rank 0's word that it gave the round up."""
+        next_read = time.monotonic() + ABORT_POLL_S
         pause = 1e-4
-        while not done.query():
-            error = self._nccl_async_error()
-            if error:
-                self._fail(what, bound, f"NCCL reported {error}")
-            if time.monotonic() > deadline:
+        while not finished():
+            cause = error()
+            if cause:
+                self._fail(what, bound, f"NCCL reported {cause}")
+            now = time.monotonic()
+            if now > deadline:
                 self._fail(what, bound, f"not complete within {bound:.0f} s")
+            if self.rank != 0 and now >= next_read:
+                word = self._rank0_gave_up()
+                if word:
+                    self._fail(what, bound, word)
+                next_read = time.monotonic() + ABORT_POLL_S
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
+
+    def _rank0_gave_up(self, store_gone: bool = True) -> str | None:
+        """Rank 0's word that it gave this round up (its reason), or (``store_gone``) that its store,
+        which lives in rank 0's process, no longer answers."""
+        key = f"{_ABORT_KEY}{self._round}"
+        try:
+            if not self._store.check([key]):
+                return None
+            return f"rank 0 gave round {self._round} up: {self._store.get(key).decode()}"
+        except Exception as exc:
+            return f"rank 0's store does not answer ({type(exc).__name__})" if store_gone else None
 
     def _nccl_async_error(self) -> str | None:
         """NCCL's asynchronous error on the communicator (a peer's connection lost), or None;
         None also where the library does not expose it."""
-        import ctypes
+        from weights.nccl_comm import NCCL_IN_PROGRESS, NCCL_SUCCESS, error_string, state
 
         try:
-            nccl, comm = self._comm.nccl, self._comm.comm
-            handle = comm if isinstance(comm, ctypes.c_void_p) else ctypes.c_void_p(comm)
-            result = ctypes.c_int(0)
-            if nccl.lib.ncclCommGetAsyncError(handle, ctypes.byref(result)) != 0:
-                return None
+            code = state(self._comm.nccl, self._comm.comm)
         except (AttributeError, OSError):
             return None
-        if result.value in (0, 7):  # ncclSuccess, ncclInProgress
-            return None
-        return nccl.ncclGetErrorString(result)
+        return None if code in (NCCL_SUCCESS, NCCL_IN_PROGRESS) else error_string(self._comm.nccl, code)
 
     def _fail(self, what: str, bound: float, cause: str) -> None:
         """Abort the group (pending operations end; the other members see their peer gone) and raise."""
@@ -304,6 +378,11 @@ class WeightGroup:
             f"{self.describe()}: broadcast of {what or 'a tensor'} failed "
             f"(bound {bound:.0f} s): {cause}. A member is gone or stalled"
         )
+        if self.rank == 0 and self._store is not None:
+            try:  # the receivers' watchdogs read it (the class docstring); the store is in this process
+                self._store.set(f"{_ABORT_KEY}{self._round}", f"{what or 'a tensor'}: {cause}")
+            except Exception:
+                pass
         self._abort()
         raise WeightGroupError(self._failed)
 
@@ -311,9 +390,16 @@ class WeightGroup:
         comm, pg = self._comm, self._pg
         self._comm = self._pg = None
         if comm is not None:
-            comm.destroy()  # ncclCommAbort in a bounded thread (vLLM's PyNcclCommunicator)
+            comm.destroy()  # ncclCommAbort in a bounded thread (weights/nccl_comm.py)
         if pg is not None:
-            pg.abort()
+            # Dropping a gloo group waits for an operation still pending (a receive rank 0 will never
+            # feed, when its word in the store ended the round) until that operation's own bound: the
+            # abort, and the last reference, go to a thread of their own.
+            import threading
+
+            holder = [pg]
+            del pg
+            threading.Thread(target=_abort_gloo, args=(holder,), daemon=True, name="seal-gloo-abort").start()
 
     def synchronize(self) -> None:
         """NCCL calls only enqueue work; wait for it (timing, or handing buffers to another stream)."""

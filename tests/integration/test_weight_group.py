@@ -26,14 +26,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: int) -> None:
+def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: int, report: str = "") -> None:
     """A member that receives ``after`` tensors, then dies (``exit``), stalls (``stall``) or goes on (``ok``);
-    ``silent`` never begins a round."""
+    ``silent`` never begins a round. ``report``: a file the round's error goes to."""
     import time
 
     import torch
 
-    from weights.group import WeightGroup
+    from weights.group import WeightGroup, WeightGroupError
 
     group = WeightGroup(
         HOST,
@@ -55,14 +55,20 @@ def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: i
         if i == after and fate == "stall":
             time.sleep(60)  # alive, holding its connections, reading nothing
             os._exit(0)
-        group.broadcast(torch.empty(1 << 14), f"t{i}")
+        try:
+            group.broadcast(torch.empty(1 << 14), f"t{i}")
+        except WeightGroupError as exc:
+            if report:
+                with open(report, "w") as f:
+                    f.write(str(exc))
+            os._exit(1)
     os._exit(0)
 
 
-def start_receivers(port: int, fates: list[str], tensors: int, after: int) -> list:
+def start_receivers(port: int, fates: list[str], tensors: int, after: int, report: str = "") -> list:
     ctx = mp.get_context("spawn")
     procs = [
-        ctx.Process(target=receiver, args=(port, r + 1, len(fates) + 1, tensors, fate, after), daemon=True)
+        ctx.Process(target=receiver, args=(port, r + 1, len(fates) + 1, tensors, fate, after, report), daemon=True)
         for r, fate in enumerate(fates)
     ]
     for p in procs:
@@ -124,15 +130,16 @@ def test_a_round_with_every_member_alive_completes_and_the_group_closes():
     assert sender.group.closed
 
 
-def test_a_receiver_that_never_begins_the_round_fails_it_before_anything_is_sent():
+def test_a_receiver_that_never_begins_the_round_fails_it_before_anything_is_sent(tmp_path):
     """Issue 38 item 1: rank 0 waits for every receiver's "ready" at most half the group timeout, then
     fails the round without sending and still walks every gather (the other ZeRO-3 ranks', bounded by
-    the full timeout): without the handshake it waited the full timeout on its first tensor."""
+    the full timeout): without the handshake it waited the full timeout on its first tensor. Issue 46
+    item 7: the receiver that was ready ends its round with rank 0's reason, read from the store."""
     from learner.weight_broadcast import WeightBroadcaster
     from weights.group import WeightGroupError
 
-    port, tensors, timeout_s = free_port(), 8, 20.0
-    procs = start_receivers(port, ["ok", "silent"], tensors, after=-1)
+    port, tensors, timeout_s, report = free_port(), 8, 20.0, tmp_path / "ready-receiver.txt"
+    procs = start_receivers(port, ["ok", "silent"], tensors, after=-1, report=str(report))
     sender = WeightBroadcaster(HOST, port, world_size=3, backend="gloo", timeout_s=timeout_s, op_timeout_s=OP_TIMEOUT_S)
     seen: list[int] = []
     try:
@@ -143,8 +150,85 @@ def test_a_receiver_that_never_begins_the_round_fails_it_before_anything_is_sent
         assert seen == list(range(tensors))
         procs[0].join(60)
         assert procs[0].exitcode is not None  # the ready receiver (300 s bound) saw the round aborted
+        assert "rank 0 gave round 1 up" in report.read_text() and "never said they were ready" in report.read_text()
+        assert sender.group._store.check(["seal-weight-abort/1"])  # rank 0's word, in its store
     finally:
         sender.close()
         for p in procs:
             p.kill()
             p.join(10)
+
+
+def test_rank_0s_word_ends_a_receivers_wait_where_the_transport_says_nothing():
+    """Issue 46 item 7. Over NVLink or shared memory NCCL reports no peer's abort: a receiver that said
+    ready waited out its first-op bound (the group's timeout: 600 s by default, here 300), paused, and
+    was restarted as hung. Here rank 0 stays silent on the transport (its group open, nothing sent, as
+    NVLink would look) and only writes the round's abort key, as its _fail does: the receiver's
+    watchdog reads it and ends the round within a poll or two, with rank 0's reason."""
+    import threading
+    import time
+
+    import torch
+
+    from weights.group import ABORT_POLL_S, WeightGroup, WeightGroupError
+
+    port, box = free_port(), {}
+    opener = threading.Thread(target=lambda: box.update(g0=WeightGroup(HOST, port, 0, 2, "gloo", timeout_s=300)))
+    opener.start()
+    g1 = WeightGroup(HOST, port, 1, 2, "gloo", timeout_s=GROUP_TIMEOUT_S, label="test receiver 1 (ready)")
+    opener.join(60)
+
+    def receive():
+        t0 = time.monotonic()
+        try:
+            g1.begin_round()
+            g1.broadcast(torch.empty(4), "t0")
+        except WeightGroupError as exc:
+            box["error"], box["seconds"] = str(exc), time.monotonic() - t0
+
+    waiting = threading.Thread(target=receive, daemon=True)
+    try:
+        waiting.start()
+        time.sleep(1.0)  # the receiver is in its first receive of round 1
+        assert waiting.is_alive()
+        box["g0"]._store.set("seal-weight-abort/1", "round 1's start: receiver rank(s) [2] never said they were ready")
+        waiting.join(30)
+        assert not waiting.is_alive(), "the receiver waits out its bound"
+        assert "rank 0 gave round 1 up: round 1's start: receiver rank(s) [2]" in box["error"], box["error"]
+        assert box["seconds"] < 1.0 + 10 * ABORT_POLL_S
+    finally:
+        g1.close()
+        box["g0"].close()
+
+
+def test_forming_the_group_is_bounded_when_a_member_stops_after_the_rendezvous():
+    """Issue 46 item 8, as far as gloo shows it: a member that joins the store and never forms its part
+    (a replica failing in between) ends rank 0's join within the group's timeout, as a WeightGroupError
+    naming the group. gloo's waits were already bounded (a bare store error came out); NCCL's blocking
+    init had no bound at all: weights/nccl_comm.py forms it non-blocking (tests/unit/weights)."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from weights.group import WeightGroup, WeightGroupError
+
+    port, box = free_port(), {}
+
+    def join():
+        t0 = time.monotonic()
+        try:
+            WeightGroup(HOST, port, 0, 2, "gloo", timeout_s=3.0)
+        except WeightGroupError as exc:
+            box["error"], box["seconds"] = str(exc), time.monotonic() - t0
+
+    joining = threading.Thread(target=join, daemon=True)
+    joining.start()
+    time.sleep(0.5)
+    member = TCPStore(HOST, port, 2, is_master=False, timeout=timedelta(seconds=30))  # the rendezvous, then nothing
+    joining.join(30)
+    del member
+    assert not joining.is_alive()
+    assert "forming the weight group (gloo, rank 0 of 2, bound 3 s) failed" in box["error"], box["error"]
+    assert box["seconds"] < 15
