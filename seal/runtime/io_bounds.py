@@ -7,10 +7,20 @@ read) and a snapshot (~30 GB of fp32 safetensors): at 150 MB/s of shared storage
 alone needs ten minutes, so the run would stop with "learner checkpoint ... did not finish in
 time" while the ranks were still writing. Each now gets ``learner.timeout_s`` plus its bytes at
 ``trainer.storage_min_mb_s``, the slowest storage the run is meant to survive.
+
+One wait inside a checkpoint those bounds do not reach: under ZeRO-1/2 on several ranks rank 0 alone
+writes the model states, the fp32 weights whole (DeepSpeed's ``save_non_zero_checkpoint`` is the
+data-parallel writer's; ZeRO-3 partitions them), while the others, their own partitions written,
+wait in DeepSpeed's closing ``dist.barrier()`` (deepspeed/runtime/engine.py, ``save_checkpoint``).
+That barrier is a collective of the training group, bounded by its timeout, ``learner.timeout_s``
+(learner/group.py ``join_group``), not by the checkpoint's bound: when rank 0's extra write takes
+longer at the slowest storage, the waiting ranks are torn down. ``closing_barrier_problem`` says so
+for `seal plan` and the preflight (``seal train`` refuses such a run in one line).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from seal.runtime.memory import GB, LearnerSetup, ModelSpec
@@ -68,3 +78,27 @@ class IoBounds:
 
 def io_bounds(m: ModelSpec, s: LearnerSetup, base_s: float, min_mb_s: float) -> IoBounds:
     return IoBounds(checkpoint_bytes(m, s), snapshot_bytes(m), float(base_s), float(min_mb_s))
+
+
+def closing_barrier_s(m: ModelSpec, s: LearnerSetup, min_mb_s: float) -> float:
+    """Seconds the other ranks of a ZeRO-1/2 group wait for rank 0 in a checkpoint's closing barrier:
+    its extra write, the fp32 weights (4P), at ``min_mb_s``; 0 where every rank writes alike."""
+    if s.stage not in (1, 2) or s.world_size < 2:
+        return 0.0
+    return 4 * m.params() / (float(min_mb_s) * MB)
+
+
+def closing_barrier_problem(m: ModelSpec, s: LearnerSetup, timeout_s: float, min_mb_s: float) -> str | None:
+    """The plan's line for a checkpoint whose closing barrier would outlast the training group's
+    timeout (module docstring), with what would fit; None when it would not."""
+    wait = closing_barrier_s(m, s, min_mb_s)
+    if wait <= float(timeout_s):
+        return None
+    enough = int(math.ceil(wait / 100.0) * 100)
+    return (
+        f"a checkpoint under ZeRO-{s.stage} over {s.world_size} ranks: rank 0 alone writes the "
+        f"{4 * m.params() / GB:.1f} GB of fp32 weights while the others wait in DeepSpeed's closing barrier, "
+        f"{wait:.0f} s at trainer.storage_min_mb_s={min_mb_s:g} MB/s, past the training group's timeout "
+        f"(learner.timeout_s={timeout_s:g} s; the waiting ranks would be torn down): "
+        f"set learner.timeout_s={enough}, use ZeRO-3 (learner=zero3) or trainer.checkpoint_every=0"
+    )

@@ -18,7 +18,7 @@ from typing import Any
 
 from seal.config import GeneratorConfig, ModelConfig, Settings
 from seal.runtime.device_groups import group_problems
-from seal.runtime.io_bounds import IoBounds, io_bounds
+from seal.runtime.io_bounds import IoBounds, closing_barrier_problem, io_bounds
 from seal.runtime.memory import (
     GB,
     Estimate,
@@ -240,6 +240,9 @@ def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Pla
         cap = gpu_gb * min(cluster.learner.num_gpus, 1.0)
     plan = Plan(m, source, ls, lest, cap, gs, gen_est, replicas, where, None, notes=notes)
     plan.io = io_bounds(m, ls, s.learner.timeout_s, s.trainer.storage_min_mb_s)
+    barrier = closing_barrier_problem(m, ls, s.learner.timeout_s, s.trainer.storage_min_mb_s)
+    if barrier and s.trainer.checkpoint_every:
+        plan.problems.append(barrier)
     _check_learner(plan, cluster)
     _check_generator(plan, cluster, cfg, gpu_gb)
     plan.problems += group_problems(s, cluster)  # the collective groups' members on their backend's devices

@@ -67,3 +67,30 @@ def test_the_run_gives_the_learner_group_the_bounds_and_its_calls_use_them(monke
     group.load_checkpoint("/ckpt")
     group.save_snapshot("/snap", 3)
     assert asked == {"checkpoint": 5000.0, "resume": 5000.0, "snapshot": 900.0}
+
+
+def test_a_zero2_checkpoint_whose_closing_barrier_outlasts_the_group_timeout_is_refused():
+    """Issue 46 item 10: under ZeRO-1/2 on several ranks rank 0 alone writes the fp32 weights (4P) at a
+    checkpoint while the others wait in DeepSpeed's closing barrier, a collective bounded by the training
+    group's timeout (learner.timeout_s), which the checkpoint's own bound does not stretch."""
+    from seal.runtime.io_bounds import closing_barrier_problem, closing_barrier_s
+    from seal.runtime.plan import check_fits
+
+    z2 = LearnerSetup(zero_stage=2, world_size=8)
+    assert closing_barrier_s(QWEN7, z2, 40.0) == pytest.approx(4 * P7 / 40e6) == pytest.approx(762, abs=1)
+    assert 4 * P7 / 600 / 1e6 == pytest.approx(50.8, abs=0.1)  # the storage below which a 7B's ranks are torn down
+    line = closing_barrier_problem(QWEN7, z2, 600.0, 40.0)
+    assert line is not None and "rank 0 alone writes the 30.5 GB of fp32 weights" in line
+    assert "762 s at trainer.storage_min_mb_s=40 MB/s" in line and "set learner.timeout_s=800" in line
+    assert closing_barrier_problem(QWEN7, z2, 600.0, 60.0) is None  # 508 s: within the 600 s
+    assert closing_barrier_problem(QWEN7, z2, 800.0, 40.0) is None
+    for every_rank_alike in (ZERO3, LearnerSetup(zero_stage=2, world_size=1), LearnerSetup(backend="torch")):
+        assert closing_barrier_s(QWEN7, every_rank_alike, 1.0) == 0.0
+    slow = ["recipe=qwen7b_1x8", "learner=zero2", "trainer.storage_min_mb_s=40", "trainer.checkpoint_every=5"]
+    plan = build_plan(compose(slow), query=False)
+    assert any("closing barrier" in p for p in plan.problems)
+    with pytest.raises(ValueError, match="DeepSpeed's closing barrier, 762 s"):
+        check_fits(compose(slow))
+    for fine in (["trainer.checkpoint_every=0"], ["learner.timeout_s=800"], ["learner=zero3"]):
+        plan = build_plan(compose([*slow, *fine]), query=False)
+        assert not any("closing barrier" in p for p in plan.problems), fine
