@@ -8,6 +8,8 @@ second copy of the weights is loaded. Checkpoints hold the trainable tensors onl
 weights come from ``model_path`` at every start), and ``write_adapter`` writes what a generator
 serving the base model needs for a policy version: peft's adapter directory
 (adapter_config.json + adapter_model.safetensors), megabytes where a full publish is the model.
+Whole-model weights out (publishes to engines that load whole weights, snapshots the evaluators
+load) are the base with the adapter merged, under the base's names (``merged_model``).
 
 Adapter dropout must be 0: the first mini-batch's pi_old is its own training forward's detached
 log-probabilities (learner/engine.py), and the weight-sync canary compares the learner's
@@ -125,3 +127,38 @@ def write_adapter(model: Any, directory: str | Path) -> tuple[Path, int]:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True, selected_adapters=[ADAPTER])
     return out, sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+
+
+def merged_weights(peft_model: Any) -> dict[str, Any]:
+    """The base model's weights with the adapter merged in (W + scaling x B A), under the base
+    model's own names: what a generator loading whole weights (not adapters) serves for this policy."""
+    from peft.tuners.lora import LoraLayer
+
+    inner = peft_model.get_base_model()
+    deltas: dict[str, Any] = {}
+    for name, module in inner.named_modules():
+        layer: Any = module  # each LoRA layer kind (Linear, Embedding, ...) defines get_delta_weight
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            deltas[f"{name}.base_layer.weight"] = layer.get_delta_weight(ADAPTER)
+    out = {}
+    for name, tensor in inner.state_dict().items():
+        if ".lora_" in name:
+            continue
+        merged = tensor.detach() + deltas[name].to(tensor.dtype) if name in deltas else tensor.detach()
+        out[name.replace(".base_layer.", ".")] = merged
+    return out
+
+
+def merged_model(peft_model: Any, model_path: str) -> Any:
+    """A plain model of ``model_path``'s class holding ``merged_weights``: weights out of a LoRA
+    learner (whole-model publishes, snapshots the evaluators load) read it, then drop it. Built per
+    call, so the learner holds no second copy of the weights between calls."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    weights = merged_weights(peft_model)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"merged LoRA weights do not fit {model_path}: missing {missing}, unexpected {unexpected}")
+    return model.to(next(peft_model.parameters()).device).eval()

@@ -5,6 +5,7 @@ holds the model, engine, rank and config these read."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -60,6 +61,14 @@ class WeightsOut:
                 return {k: v.detach().cpu().clone() for k, v in named_tensors()}
         return {k: v.detach().cpu().clone() for k, v in named_tensors()}
 
+    @contextlib.contextmanager
+    def _out_model(self):
+        """The model weights leave from: the policy, or under LoRA the base with the adapter merged,
+        under the base's names, built for this call and dropped after (learner/lora.py)."""
+        from learner.lora import lora_on, merged_model
+
+        yield merged_model(self.model, self.model_path) if lora_on(self.cfg) else self.model
+
     @property
     def bucket_bytes(self) -> int:
         return int(self.cfg.weight_bucket_mb * 2**20)
@@ -80,21 +89,22 @@ class WeightsOut:
         # Cut buckets to the larger of the trained and the sent element: neither the gathered
         # bucket on the device nor the object in the store exceeds the bucket size.
         element_size = torch.empty((), dtype=target).element_size() if target is not None else 0
-        buckets = model_weight_buckets(self.model, zero3, self.bucket_bytes, element_size)
-        stats = _Tally(zero3)
-        if self.rank != 0:
-            for bucket in buckets:
+        with self._out_model() as model:
+            buckets = model_weight_buckets(model, zero3, self.bucket_bytes, element_size)
+            stats = _Tally(zero3)
+            if self.rank != 0:
+                for bucket in buckets:
+                    stats.gathered(bucket)
+                self.last_weights_out = stats.result()
+                return None
+
+            def host(bucket):
                 stats.gathered(bucket)
-            self.last_weights_out = stats.result()
-            return None
+                # A copy even on a CPU learner: the gathered tensor is freed when the next gather starts.
+                return [(name, stats.to_host(t, target, copy=True)) for name, t in bucket]
 
-        def host(bucket):
-            stats.gathered(bucket)
-            # A copy even on a CPU learner: the gathered tensor is freed when the next gather starts.
-            return [(name, stats.to_host(t, target, copy=True)) for name, t in bucket]
-
-        sent = dtype or str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        manifest = put_buckets((host(b) for b in buckets), sent, self.cfg.weight_bucket_mb)
+            sent = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
+            manifest = put_buckets((host(b) for b in buckets), sent, self.cfg.weight_bucket_mb)
         self.last_weights_out = stats.result()
         return manifest
 
@@ -112,10 +122,12 @@ class WeightsOut:
 
         from learner.weight_broadcast import checkpoint_tensors
 
-        model = self.model
-        weights = self._full_cpu(  # under the checkpoint's names, as vLLM loads them (checkpoint_tensors)
-            lambda: (pair for name, p in model.named_parameters() for pair in checkpoint_tensors(model, name, p.data))
-        )
+        with self._out_model() as model:
+            weights = self._full_cpu(  # under the checkpoint's names, as vLLM loads them (checkpoint_tensors)
+                lambda: (
+                    pair for name, p in model.named_parameters() for pair in checkpoint_tensors(model, name, p.data)
+                )
+            )
         if dtype is None:
             return weights
         target = getattr(torch, dtype)
@@ -128,14 +140,17 @@ class WeightsOut:
         them to the host and writes them, tensor by tensor (learner/safetensors_out.py). No rank
         holds the whole model beyond its shard, on the device or the host; ``last_weights_out`` says
         what this rank took."""
+        t0 = time.perf_counter()
+        with self._out_model() as model:
+            return self._write_snapshot(model, Path(out_dir) / f"v{version:06d}", version, t0)
+
+    def _write_snapshot(self, model, out: Path, version: int, t0: float) -> tuple[Path, float]:
         from learner.safetensors_out import DTYPES, ShardedWriter
         from learner.weight_broadcast import model_weight_buckets
 
-        t0 = time.perf_counter()
-        out = Path(out_dir) / f"v{version:06d}"
         tmp = out.with_name(out.name + ".tmp")
         zero3 = self.engine is not None and self.cfg.zero_stage == 3
-        buckets = model_weight_buckets(self.model, zero3, self.bucket_bytes)
+        buckets = model_weight_buckets(model, zero3, self.bucket_bytes)
         stats = _Tally(zero3)
         if self.rank != 0:
             for bucket in buckets:
@@ -144,7 +159,7 @@ class WeightsOut:
             return out, time.perf_counter() - t0
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        params, buffers = self._snapshot_contents()
+        params, buffers = self._snapshot_contents(model)
         writer = ShardedWriter(
             tmp,
             params + [spec for spec, _ in buffers],
@@ -168,33 +183,32 @@ class WeightsOut:
         for spec, tensor in buffers:  # persistent buffers: whole on every rank, no gather
             writer.write(spec.name, stats.to_host(tensor))
         writer.close()
-        self._save_configs(tmp)
+        self._save_configs(model, tmp)
         (tmp / "seal-version.json").write_text(json.dumps({"version": version, "step": self.step}))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
         self.last_weights_out = stats.result()
         return out, time.perf_counter() - t0
 
-    def _snapshot_contents(self):
+    def _snapshot_contents(self, model):
         """(the parameters' TensorSpecs in ``model_weight_buckets`` order, a tied one once; the
         persistent buffers as (TensorSpec, tensor)): what ``save_pretrained`` puts in the file."""
         from learner.safetensors_out import TensorSpec
         from learner.weight_broadcast import checkpoint_specs
 
-        named = list(self.model.named_parameters())
+        named = list(model.named_parameters())
         # The checkpoint's names and layout, as model_weight_buckets writes them (checkpoint_tensors).
-        params = [TensorSpec.of(n, shape, dtype) for n, shape, dtype in checkpoint_specs(self.model)]
+        params = [TensorSpec.of(n, shape, dtype) for n, shape, dtype in checkpoint_specs(model)]
         held = {id(p) for _, p in named}
         buffers = [
             (TensorSpec.of(n, t.shape, t.dtype), t)
-            for n, t in self.model.state_dict(keep_vars=True).items()
+            for n, t in model.state_dict(keep_vars=True).items()
             if id(t) not in held
         ]
         return params, buffers
 
-    def _save_configs(self, directory: Path) -> None:
+    def _save_configs(self, model, directory: Path) -> None:
         """config.json and generation_config.json as ``save_pretrained`` writes them beside the weights."""
-        model = self.model
         config = copy.deepcopy(model.config)  # save_pretrained sets these two on the model's own
         config.dtype = str(model.dtype).removeprefix("torch.")
         config.architectures = [type(model).__name__]
@@ -207,14 +221,16 @@ class WeightsOut:
         under ZeRO-3 (ranks other than 0 pass None); seconds. ``weight_metadata`` says what is sent."""
         from learner.weight_broadcast import broadcast_model
 
-        return broadcast_model(
-            self.model,
-            broadcaster,
-            zero3=self.engine is not None and self.cfg.zero_stage == 3,
-            bucket_bytes=self.bucket_bytes,
-        )
+        with self._out_model() as model:
+            return broadcast_model(
+                model,
+                broadcaster,
+                zero3=self.engine is not None and self.cfg.zero_stage == 3,
+                bucket_bytes=self.bucket_bytes,
+            )
 
     def weight_metadata(self, dtype=None) -> list:
         from learner.weight_broadcast import model_metadata
 
-        return model_metadata(self.model, dtype)
+        with self._out_model() as model:
+            return model_metadata(model, dtype)

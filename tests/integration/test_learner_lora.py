@@ -138,3 +138,28 @@ def test_lora_settings_are_checked():
     with pytest.raises(ValueError, match="zero_stage=3"):
         LearnerConfig(backend="deepspeed", zero_stage=3, lora=LoraConfig(rank=8))
     assert LearnerConfig(lora=LoraConfig(rank=None)).lora is not None  # rank null: full training
+
+
+def test_weights_out_of_a_lora_learner_are_the_base_with_the_adapter_merged(tiny_path, tmp_path):
+    """Whole-model publishes and snapshots (what `seal train` sends and the evaluators load): the base's
+    names and layout, holding W + scaling x B A, so a plain model loaded from them is the policy."""
+    from transformers import AutoModelForCausalLM
+
+    lrn = lora_learner(tiny_path)
+    lrn.train_batch(make_batch(4, tiny_path), RELEASED_BASE_WEIGHTS)
+    path, _ = lrn.save_snapshot(tmp_path, 1)
+    snapshot = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 900, 47, 3000, 12, 801, 77]])
+    with torch.no_grad():
+        policy, served = lrn.model(input_ids=ids).logits, snapshot(input_ids=ids).logits
+        base = base_model(tiny_path)(input_ids=ids).logits
+    assert torch.allclose(served, policy, atol=1e-5, rtol=0), float((served - policy).abs().max())
+    assert not torch.allclose(served, base, atol=1e-4, rtol=0)
+
+    sent = lrn.generator_weights()
+    plain = base_model(tiny_path)
+    assert sent.keys() == {n for n, _ in plain.named_parameters()}  # a tied head once, as for full training
+    assert all(torch.equal(sent[k], v) for k, v in snapshot.state_dict().items() if k in sent)
+    from learner.weight_broadcast import model_metadata
+
+    assert lrn.weight_metadata() == model_metadata(plain)  # the broadcast round's layout: the base's
