@@ -17,6 +17,7 @@ TERMS = {
     "buffers": "ZeRO buffers",
     "activations": "activations",
     "prefix_mask": "shared-prefix mask",
+    "prefix_kv": "shared-prefix keys/values",
     "logits": "logits (scored tokens)",
     "runtime": "runtime",
     "gathered": "ZeRO-3 gathered weights",

@@ -34,7 +34,13 @@ micro_batch_size x response scored positions; c compute bytes, 2 in bf16, 4 in f
   set (recomputed in backward; the reference's no-grad layer in its forward); without it every
   layer's working set. Packed micro-batches on a GPU add the continuations' masks, continuation
   tokens x (prefix + response) x (1 + c) (the boolean mask and the float bias SDPA builds from it;
-  each continuation attends to the prefix and itself); on CPU the two unmasked blocks need none;
+  each continuation attends to the prefix and itself), and their keys and values: the prefix
+  copied beside each continuation, micro_batch_size x (prefix + response) x head_dim x c for k and
+  for v at kv_heads, then, a mask being given, repeated to every query head by transformers' SDPA
+  (``repeat_kv``; ``enable_gqa`` only without a mask), at heads: one layer's both in a forward, and
+  without gradient checkpointing every layer's repeat is kept for the backward (``packed_kv_bytes``;
+  a 7B with 8 continuations of 512 tokens on a 6K prompt: 0.87 GB a layer, 0.76 of it the
+  repeat); on CPU the two unmasked blocks need none;
 - policy forward (inside autocast): weight casts 2P in bf16 (autocast caches the bf16 copy of
   every weight that needs a gradient until the forward ends, so a whole bf16 model exists at its
   end; under ZeRO-3 too: the gathered parameter is released, its cast is not); under ZeRO-3 the
@@ -215,6 +221,18 @@ def _logits_bytes_per_element(compute_bytes: int, phase: str) -> int:
     }[phase]
 
 
+def packed_kv_bytes(m: ModelSpec, s: LearnerSetup) -> tuple[float, float]:
+    """The packed continuations' keys and values on a GPU (learner/packing.py ``_continuations``, the
+    module docstring): (one layer's, in its forward; what each layer keeps for its backward)."""
+    tokens, scored, packed = micro_batch_tokens(s)
+    if not packed or s.device == "cpu":
+        return 0.0, 0.0
+    response = scored // s.micro_batch_size
+    both = 2 * s.micro_batch_size * (tokens - scored + response) * m.head_dim * DTYPE_BYTES[s.dtype]  # k and v
+    repeated = m.heads if m.heads > m.kv_heads else 0
+    return float(both * (m.kv_heads + repeated)), float(both * (repeated or m.kv_heads))
+
+
 def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]:
     """The transient terms of each phase of a step (the module docstring), by phase."""
     from learner.token_logprobs import chunk_rows
@@ -226,6 +244,8 @@ def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]
     # The packed continuations' masks: each continuation's queries against the prefix and itself (CUDA's
     # masked SDPA; the CPU path has none), the boolean mask and the float bias SDPA builds from it.
     mask = scored * (tokens - scored + s.response_len) * (1 + cb) if packed and s.device != "cpu" else 0
+    kv_layer, kv_kept = packed_kv_bytes(m, s)
+    kv = kv_layer if s.gradient_checkpointing else kv_layer + (m.layers - 1) * kv_kept
     gathered = (max(m.layer_params(), m.embedding_params()) + m.layer_params()) * 4 if stage == 3 else 0
     largest = max(m.embedding_params(), m.hidden * m.intermediate)  # the largest single weight
 
@@ -240,9 +260,15 @@ def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]
             "weight_casts": 2 * p if cb == 2 else 0,
             "activations": activations,
             "prefix_mask": mask,
+            "prefix_kv": kv,
             "logits": logits("policy_forward"),
         },
-        "loss": {"activations": activations, "prefix_mask": mask, "logits": logits("loss")},
+        "loss": {
+            "activations": activations,
+            "prefix_mask": mask,
+            "prefix_kv": 0 if s.gradient_checkpointing else m.layers * kv_kept,
+            "logits": logits("loss"),
+        },
         "publish": {"gathered": max(s.weight_bucket_mb * 2**20, 4 * largest) if stage == 3 else 0},
     }
     if s.reference:
@@ -251,6 +277,7 @@ def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]
             "reference_casts": 2 * largest if cb == 2 else 0,
             "activations": activations,
             "prefix_mask": mask,
+            "prefix_kv": kv_layer,  # no grad: nothing kept
             "logits": logits("reference_forward"),
         }
     kept = {name: {k: float(v) for k, v in terms.items() if v} for name, terms in phases.items()}

@@ -148,10 +148,18 @@ def test_learner_3b_zero2_offloaded_fp32_packed_by_hand():
     scored = 2 * 1024
     activations = 36 * tokens * (4 * (6 * 2048 + 4 * 11008) + 16 * 2048)  # no checkpointing: every layer
     mask = scored * (3072 + 1024) * (1 + 4)  # each continuation's queries against the prompt and itself
+    # Their keys and values (issue 46 item 9): the prompt copied beside each of the 2 continuations, k and v,
+    # fp32, at 2 kv heads, then repeated to the 16 query heads for the masked SDPA; without checkpointing
+    # the forward holds one layer's both and the other 35 layers' repeats, the loss all 36 repeats.
+    kv = 2 * 2 * (3072 + 1024) * 128 * 4
+    kv_forward, kv_loss = kv * (2 + 16) + 35 * kv * 16, 36 * kv * 16
     # fp32: no casts, the logits are their own fp32 copy; the loss holds them, the kept log-softmax and the
     # entropy metric's three temporaries: the peak. No reference (KL 0), no gathers below ZeRO-3.
     assert est.phases == pytest.approx(
-        {"policy_forward": activations + mask + scored * 151936 * 4, "loss": activations + mask + scored * 151936 * 20}
+        {
+            "policy_forward": activations + mask + kv_forward + scored * 151936 * 4,
+            "loss": activations + mask + kv_loss + scored * 151936 * 20,
+        }
     )
     assert est.phase == "loss"
     assert est.device == pytest.approx(
@@ -160,6 +168,7 @@ def test_learner_3b_zero2_offloaded_fp32_packed_by_hand():
             "buffers": 2 * 5e8 * 4,  # reduce and all-gather buckets
             "activations": activations,
             "prefix_mask": mask,
+            "prefix_kv": kv_loss,
             "logits": scored * 151936 * 20,
             "runtime": 3e9,
         }
