@@ -16,7 +16,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ class SnapshotRun:
     prompt_digest: str
     wall_s: float
     generated_tokens: int
+    rewards: Mapping[str, float] = field(default_factory=dict)  # task id -> reward (partial credit: below 1)
 
 
 def play_snapshot(
@@ -93,13 +94,14 @@ def play_snapshot(
         make_env, generator, chat, list(tasks.task_ids), sampling, RAW_INTERFACE, group_id=f"final-{name}", seed=seed
     )
     wall = time.perf_counter() - t0
-    results = {}
+    results, rewards = {}, {}
     for traj in trajectories:
         if tasks.categories[traj.task_id] != traj.category:
             raise ValueError(
                 f"task {traj.task_id}: the env says {traj.category!r}, the task id {tasks.categories[traj.task_id]!r}"
             )
         results[traj.task_id] = (traj.category, bool(traj.success))
+        rewards[traj.task_id] = float(traj.reward)
     if details is not None:
         details.parent.mkdir(parents=True, exist_ok=True)
         with open(details, "a") as f:
@@ -111,6 +113,7 @@ def play_snapshot(
                             "task_id": traj.task_id,
                             "category": traj.category,
                             "success": bool(traj.success),
+                            "reward": float(traj.reward),
                             "outcome": traj.outcome,
                             "tags": list(traj.tags),
                             "tool_calls": traj.num_tool_calls,
@@ -119,7 +122,7 @@ def play_snapshot(
                     )
                     + "\n"
                 )
-    return SnapshotRun(name, results, digest, wall, sum(t.num_generated_tokens for t in trajectories))
+    return SnapshotRun(name, results, digest, wall, sum(t.num_generated_tokens for t in trajectories), rewards)
 
 
 def curve_point(run: SnapshotRun, step: int, held_out: Sequence[str]) -> dict[str, Any]:
@@ -161,6 +164,9 @@ def final_record(
         "prompt_digest": before.prompt_digest,
         "wall_s": {run.name: run.wall_s for run in runs},
         "generated_tokens": {run.name: run.generated_tokens for run in runs},
+        # Beside success (the reward at the env's success_threshold): the mean reward, which partial credit moves too.
+        "reward_mean": {run.name: sum(run.rewards.values()) / len(run.rewards) for run in runs if run.rewards},
+        "partial_credit": any(r not in (0.0, 1.0) for run in runs for r in run.rewards.values()),
         "settings": {**settings, "steps": dict(steps)},
     }
 

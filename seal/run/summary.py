@@ -186,6 +186,12 @@ def final_lines(final: Mapping[str, Any]) -> list[str]:
             )
         )
     lines.append(_row("", "  " + verdict(final)))
+    means = final.get("reward_mean") or {}
+    if final.get("partial_credit") and final["before"] in means and final["after"] in means:
+        # Partial credit: success counts the rewards at the env's threshold; the mean moves below it too.
+        lines.append(
+            _row("", f"  mean reward {means[final['before']]:.2f} -> {means[final['after']]:.2f} (partial credit)")
+        )
     curve = final.get("curve") or []
     held = held_in_record(final["rows"])
     if len(curve) > 2 and held:

@@ -53,3 +53,34 @@ def test_the_raw_prompt_holds_the_benchmark_exchanges():
     raw = ShoppingEnv().reset("shop_240", RAW_INTERFACE)
     text = "\n".join(m["content"] for m in raw)
     assert "add_item(item='pear', quantity=2)" in text and "How many yogurt would you like?" in text
+
+
+def _run(name: str, rewards: dict[str, float]):
+    from evaluation.frozen import SnapshotRun
+
+    results = {t: ("base" if i % 2 else "add", r >= 1.0) for i, (t, r) in enumerate(rewards.items())}
+    return SnapshotRun(name, results, "digest", 1.0, 10, rewards)
+
+
+def test_partial_credit_puts_the_mean_reward_beside_success_in_the_record_and_the_note():
+    from evaluation.frozen import FinalTasks, final_record
+    from seal.run.summary import final_lines
+
+    ids = [f"t{i}" for i in range(6)]
+    tasks = FinalTasks(tuple(ids), (), {t: ("base" if i % 2 else "add") for i, t in enumerate(ids)})
+    settings = {"max_new_tokens": 16}
+    graded = final_record(
+        [_run("A_0", dict.fromkeys(ids, 0.5)), _run("final", dict(zip(ids, [1.0, 1.0, 0.5, 0.5, 1.0, 0.5])))],
+        {"A_0": 0, "final": 2},
+        tasks,
+        settings,
+    )
+    assert graded["reward_mean"] == {"A_0": 0.5, "final": 0.75} and graded["partial_credit"]
+    assert final_lines(graded)[-1].strip() == "mean reward 0.50 -> 0.75 (partial credit)"
+    binary = final_record(
+        [_run("A_0", dict.fromkeys(ids, 0.0)), _run("final", dict(zip(ids, [1.0, 0.0] * 3)))],
+        {"A_0": 0, "final": 2},
+        tasks,
+        settings,
+    )
+    assert not binary["partial_credit"] and not any("mean reward" in line for line in final_lines(binary))
