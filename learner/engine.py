@@ -242,6 +242,7 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             self.phases.phase,
             "logprobs" if policy else phase,
             with_entropy=policy,  # the reference's entropy is never read
+            entropy_grad=self._entropy_mode(model) == "grad",  # a metric's: no backward passes
         )
         with self.phases.phase(phase), self._autocast(), head:
             scored = forward(**inputs, logits_to_keep=keep).logits  # [N, 2]: log p, entropy

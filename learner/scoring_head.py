@@ -50,6 +50,7 @@ def scoring_head(
     phase: Callable[[str], Any] | None = None,
     phase_name: str = "logprobs",
     with_entropy: bool = True,
+    entropy_grad: bool = True,
 ) -> Iterator[None]:
     """Within the block, ``model``'s head maps hidden states [R, K, D] to [N, 2] = (log p, entropy)
     of ``targets`` [N] at (``rows`` [N], ``positions`` [N]) (indices into R and K)."""
@@ -65,7 +66,9 @@ def scoring_head(
 
     def forward(hidden):
         with timed(phase_name):
-            logp, entropy = score(hidden[rows, positions], head.weight, targets, with_entropy=with_entropy)
+            logp, entropy = score(
+                hidden[rows, positions], head.weight, targets, with_entropy=with_entropy, entropy_grad=entropy_grad
+            )
             return torch.stack([logp, entropy], dim=-1)
 
     head.forward = forward  # an instance attribute: the module's hooks still run around it

@@ -12,21 +12,46 @@ elementwise passes over the full logits.
 Numerics are those of the straightforward path: the head's matmul runs in the autocast dtype when
 autocast is on (bf16: the logits are rounded to bf16 as ``lm_head`` under autocast gives them),
 everything after it in fp32. Gradients flow to the hidden states and to the head's weight; the
-entropy gets a gradient too (used only when the loss has an entropy term).
+entropy gets a gradient only when the loss has an entropy term (``entropy_grad``): logged as a
+metric, its backward would run its passes over every chunk's logits for a zero gradient.
+
+Chunk rows. Each chunk reads the whole head once in the forward and twice in the backward, so rows
+per chunk set how often the head is read: on a GPU a chunk under 300 rows or so is bound by that
+read, not by its flops (Qwen2.5's 152K x 3584 head is 1.09 GB in bf16; an H100 reads it in about
+0.3 ms and multiplies it by 64 rows in 0.07). CPU chunks keep a 16 MB budget of fp32 logits (64
+rows at least); CUDA chunks 256 MB (441 rows of a 152K vocabulary; the chunk's temporaries, ~14
+bytes an entry, 0.94 GB), which `seal plan` counts. On CUDA the head's gradient is accumulated by
+``torch.addmm(..., out_dtype=torch.float32)`` in place (bf16 operands, fp32 accumulator: no bf16
+product of the whole head and no fp32 copy of it per chunk); torch 2.13 has it on CUDA only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# Rows per chunk come from this budget for one chunk's fp32 logits (small enough to be noise beside
-# the activations), but never fewer than MIN_ROWS: a GPU's matmul wants 64 rows to fill its tiles.
+# Rows per chunk come from a budget for one chunk's fp32 logits (the module docstring), but never
+# fewer than MIN_ROWS: a GPU's matmul wants 64 rows to fill its tiles.
 CHUNK_BYTES = 16 * 2**20
+CUDA_CHUNK_BYTES = 256 * 2**20
 MIN_ROWS = 64
 
 
-def chunk_rows(vocab: int, chunk_bytes: int = CHUNK_BYTES, min_rows: int = MIN_ROWS) -> int:
-    return max(min_rows, chunk_bytes // (4 * vocab), 1)
+def chunk_rows(vocab: int, chunk_bytes: int | None = None, min_rows: int = MIN_ROWS, device_type: str = "cpu") -> int:
+    """Rows per chunk for a ``vocab``-entry head: ``chunk_bytes`` of fp32 logits (default: the
+    device's budget), at least ``min_rows``."""
+    budget = chunk_bytes if chunk_bytes is not None else CUDA_CHUNK_BYTES if device_type == "cuda" else CHUNK_BYTES
+    return max(min_rows, budget // (4 * vocab), 1)
+
+
+def _accumulate(grad_w: Any, g: Any, h: Any) -> None:
+    """grad_w (fp32) += g.T @ h. On CUDA one in-place GEMM with an fp32 accumulator (bf16 operands
+    allowed: ``out_dtype``, CUDA-only in torch 2.13); elsewhere the product, then its fp32 sum."""
+    import torch
+
+    if grad_w.is_cuda and g.dtype != torch.float32:
+        torch.addmm(grad_w, g.T, h, out_dtype=torch.float32, out=grad_w)
+    else:
+        grad_w += (g.T @ h).float()
 
 
 def _autocast_dtype(device_type: str) -> Any:
@@ -44,7 +69,7 @@ def _fn():
         """(hidden [N, D], weight [V, D], targets [N]) -> (log p(target) [N], entropy [N]), fp32."""
 
         @staticmethod
-        def forward(ctx, hidden, weight, targets, compute_dtype, rows, with_entropy):
+        def forward(ctx, hidden, weight, targets, compute_dtype, rows, with_entropy, entropy_grad):
             h = hidden.to(compute_dtype)
             w = weight.to(compute_dtype)
             n = h.shape[0]
@@ -63,7 +88,9 @@ def _fn():
                         entropy[a:b] = m - (p * z).sum(-1)
             ctx.save_for_backward(h, w, targets, lse, entropy)
             ctx.rows = rows
-            ctx.with_entropy = with_entropy
+            ctx.with_entropy = with_entropy and entropy_grad  # a metric's entropy: no backward pass for it
+            if not ctx.with_entropy:
+                ctx.mark_non_differentiable(entropy)
             ctx.dtypes = (hidden.dtype, weight.dtype)
             ctx.set_materialize_grads(False)
             return logp, entropy
@@ -75,9 +102,9 @@ def _fn():
             grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_h else None
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
             if not ctx.with_entropy:
-                grad_entropy = None  # the zeros returned for it carry no gradient
+                grad_entropy = None  # zeros, or a metric's: no gradient to carry
             if grad_logp is None and grad_entropy is None:
-                return None, None, None, None, None, None
+                return None, None, None, None, None, None, None
             with torch.autocast(h.device.type, enabled=False):
                 for a in range(0, h.shape[0], ctx.rows):
                     b = min(a + ctx.rows, h.shape[0])
@@ -97,10 +124,11 @@ def _fn():
                     if need_h:
                         grad_h[a:b] = (g @ w).float()
                     if need_w:
-                        grad_w += (g.T @ h[a:b]).float()
+                        _accumulate(grad_w, g, h[a:b])
             return (
                 grad_h.to(ctx.dtypes[0]) if need_h else None,
                 grad_w.to(ctx.dtypes[1]) if need_w else None,
+                None,
                 None,
                 None,
                 None,
@@ -114,13 +142,20 @@ _FUNCTION: Any = None
 
 
 def chunked_token_logprobs(
-    hidden: Any, weight: Any, targets: Any, rows: int | None = None, with_entropy: bool = True
+    hidden: Any,
+    weight: Any,
+    targets: Any,
+    rows: int | None = None,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[Any, Any]:
     """log p(targets) and the entropy at each row of ``hidden`` [N, D] under the head ``weight`` [V, D]
     (logits = hidden @ weight.T, no bias): two fp32 [N] tensors, differentiable in hidden and weight.
     Under autocast the matmul runs in the autocast dtype, as ``nn.Linear`` would. ``rows`` per chunk:
-    ``chunk_rows`` of the vocabulary by default. ``with_entropy=False`` returns zeros for the entropy
-    and skips its passes over the logits (the KL reference needs log p only)."""
+    ``chunk_rows`` of the vocabulary on the hidden states' device by default. ``with_entropy=False``
+    returns zeros for the entropy and skips its passes over the logits (the KL reference needs log p
+    only); ``entropy_grad=False`` computes it but gives it no gradient (a metric: its backward passes
+    are skipped)."""
     import torch
 
     global _FUNCTION
@@ -136,10 +171,13 @@ def chunked_token_logprobs(
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
     dtype = _autocast_dtype(hidden.device.type) or torch.promote_types(hidden.dtype, weight.dtype)
-    return _FUNCTION.apply(hidden, weight, targets.long(), dtype, rows or chunk_rows(weight.shape[0]), with_entropy)
+    rows = rows or chunk_rows(weight.shape[0], device_type=hidden.device.type)
+    return _FUNCTION.apply(hidden, weight, targets.long(), dtype, rows, with_entropy, entropy_grad)
 
 
-def full_token_logprobs(hidden: Any, weight: Any, targets: Any, with_entropy: bool = True) -> tuple[Any, Any]:
+def full_token_logprobs(
+    hidden: Any, weight: Any, targets: Any, with_entropy: bool = True, entropy_grad: bool = True
+) -> tuple[Any, Any]:
     """The straightforward computation ``chunked_token_logprobs`` replaces: full logits, then
     log-softmax and entropy in fp32 (the reference its tests hold it against)."""
     import torch
@@ -147,5 +185,6 @@ def full_token_logprobs(hidden: Any, weight: Any, targets: Any, with_entropy: bo
     logits = torch.nn.functional.linear(hidden, weight).float()
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(1, targets.long()[:, None]).squeeze(1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
     return picked, entropy

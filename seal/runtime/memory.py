@@ -47,8 +47,8 @@ micro_batch_size x response scored positions; c compute bytes, 2 in bf16, 4 in f
   gathered fp32 parameters of the module running (at most the larger of a decoder layer and the
   embedding) and of one prefetched layer; the head's working set: with ``logprob_head=chunked``
   (the default) one chunk of logits, ``min(K, rows) x vocab x 14`` (the matmul's bf16 output, its
-  fp32 copy, softmax and product; rows: 16 MB of fp32 logits, at least 64, learner/token_logprobs.py), and nothing of the vocabulary kept for
-  the loss or the backward; with ``full`` the forward's logits ``K x vocab x c``;
+  fp32 copy, softmax and product; rows: 16 MB of fp32 logits on CPU, 256 MB on CUDA, at least 64,
+  learner/token_logprobs.py), and nothing of the vocabulary kept for the loss or the backward; with ``full`` the forward's logits ``K x vocab x c``;
 - loss (after autocast: the casts are freed): chunked, nothing of the vocabulary; full: logits
   ``K x vocab x (c + 20)`` in bf16 (the forward's logits, their fp32 copy, the fp32 log-softmax
   kept for backward, and the entropy metric's three fp32 temporaries: softmax, log-softmax and
@@ -251,7 +251,7 @@ def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]
 
     def logits(phase: str) -> float:
         if s.logprob_head == "chunked":  # one chunk of fp32 logits and its softmax temporaries, nothing kept
-            return 0.0 if phase == "loss" else min(scored, chunk_rows(m.vocab)) * m.vocab * 14
+            return 0.0 if phase == "loss" else min(scored, chunk_rows(m.vocab, device_type=s.device)) * m.vocab * 14
         return scored * m.vocab * _logits_bytes_per_element(cb, phase)
 
     phases = {

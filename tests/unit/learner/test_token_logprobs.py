@@ -109,3 +109,63 @@ def test_without_entropy_the_log_probabilities_and_their_gradients_stay():
     assert torch.equal(got[1], torch.zeros(11))  # no entropy, and its upstream gradient is ignored
     for a, b in zip((got[0], got[2], got[3]), (want[0], want[2], want[3])):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def _profiled_backward(entropy_grad: bool, rows: int = 4):
+    """A metric-mode step as the learner runs it: (log p, entropy) stacked, the entropy column detached,
+    the loss on log p alone; the backward profiled. Returns (events, grad h, grad w)."""
+    h, w, t = _inputs(n=12, v=90)
+    logp, ent = chunked_token_logprobs(h, w, t, rows=rows, entropy_grad=entropy_grad)
+    scored = torch.stack([logp, ent], dim=-1)
+    loss = (scored[:, 0] * torch.linspace(-1, 1, 12)).sum() + 0.0 * scored[:, 1].detach().sum()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        loss.backward()
+    return prof.events(), h.grad, w.grad
+
+
+def test_a_metric_entropy_gets_no_backward_pass_and_the_gradients_stay():
+    """Issue 46 item 6: logged as a metric the entropy still ran its backward branch on a zero gradient
+    (torch.stack's backward gives the entropy column zeros): two more passes over every chunk's
+    [rows x vocabulary] logits. With entropy_grad=False none runs and the gradients are the same."""
+
+    def chunk_passes(events):  # in-place elementwise passes over a whole chunk of logits
+        return sum(1 for e in events if e.name in ("aten::add_", "aten::mul_") and e.input_shapes[0] == [4, 90])
+
+    metric, h_metric, w_metric = _profiled_backward(entropy_grad=False)
+    graded, h_graded, w_graded = _profiled_backward(entropy_grad=True)
+    assert chunk_passes(graded) == 2 * 3  # add_ (log p + H) and mul_ (x -ge) in each of the 3 chunks
+    assert chunk_passes(metric) == 3  # only the log p branch's p.mul_(coef)
+    assert torch.allclose(h_metric, h_graded, atol=1e-6) and torch.allclose(w_metric, w_graded, atol=1e-6)
+
+
+def test_cuda_chunks_are_hundreds_of_rows_and_the_head_is_read_three_times_a_chunk():
+    """Issue 46 item 6, the arithmetic. Every chunk reads the whole head once forward and twice backward
+    (profiled below: per chunk h @ w.T in the forward, its recompute and g @ w in the backward) and adds
+    a head-sized product, g.T @ h, to the fp32 head gradient. Qwen2.5-7B's head, V x D = 152064 x
+    3584 (VD = 545M): the old accumulation ``grad_w += (g.T @ h).float()`` wrote and read a bf16 product
+    (4 VD bytes), wrote and read its fp32 copy (8 VD) and read and wrote grad_w (8 VD), besides the three
+    bf16 head reads (6 VD): 26 VD, 14.2 GB a chunk; at 64 rows a 2K-token trajectory is 32 chunks, 0.14 s
+    at an H100's 3.35 TB/s. An in-place addmm with an fp32 accumulator reads and writes grad_w only (8 VD)
+    and CUDA chunks of 256 MB of fp32 logits are 441 rows: 5 chunks of 14 VD, 0.011 s. Below ~300 rows
+    (989 TFLOP/s over 3.35 TB/s) a chunk is bound by those bytes, not by its flops."""
+    import math
+
+    vocab, d = 152064, 3584
+    vd = vocab * d
+    assert chunk_rows(vocab) == 64 and chunk_rows(vocab, device_type="cuda") == 441 >= 989e12 / 3.35e12
+    assert chunk_rows(49152, device_type="cuda") == 1365  # the embedded model's vocabulary
+
+    def seconds(tokens: int, rows: int, bytes_per_chunk: float) -> float:
+        return math.ceil(tokens / rows) * bytes_per_chunk / 3.35e12
+
+    before, after = seconds(2048, 64, 26 * vd), seconds(2048, 441, 14 * vd)
+    assert before == pytest.approx(0.136, abs=0.002) and after == pytest.approx(0.0114, abs=0.0005)
+    assert before / after > 10
+    h, w, t = _inputs(n=12, v=90)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        logp, _ = chunked_token_logprobs(h, w, t, rows=4, with_entropy=False)
+        logp.sum().backward()
+    shapes = [e.input_shapes for e in prof.events() if e.name == "aten::mm"]
+    reads = [s for s in shapes if [90, 16] in s or [16, 90] in s]  # the head (or its transpose) an operand
+    products = [s for s in shapes if s == [[90, 4], [4, 16]]]  # g.T @ h: a head-sized product to accumulate
+    assert (len(reads), len(products), len(shapes)) == (3 * 3, 3, 4 * 3), shapes  # 3 chunks of 4 rows
