@@ -26,8 +26,13 @@ def test_a_broken_env_is_one_line_naming_it_and_the_method(name, fragment):
 
 
 def test_an_env_module_that_does_not_import_names_the_fix():
-    with pytest.raises(CliError, match=r"env._target_=nowhere.env.Env does not import .* put its folder on PYTHONPATH"):
+    with pytest.raises(CliError) as exc:
         preflight(["env=thermostat", "env._target_=nowhere.env.Env", "model=tiny"])
+    assert str(exc.value) == (
+        "env._target_=nowhere.env.Env does not import (No module named 'nowhere'): give the env's config by its "
+        "path (env=path/to/its.yaml puts that folder on the import path), or add the folder that holds nowhere "
+        "with python_path=[FOLDER] (docs/custom-environment.md)"
+    )
 
 
 def test_the_example_env_passes():
