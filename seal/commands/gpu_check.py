@@ -11,7 +11,9 @@ Rows:
 - per model: that step's peak allocated CUDA memory against `seal plan`'s estimate for the same
   setup (seal/runtime/memory.py), the plan's runtime allowance shown apart (torch's allocator does not
   see the CUDA context);
-- ``pytest -m gpu``: the GPU-marked tests; those needing what is not installed skip themselves.
+- ``pytest -m gpu``: the GPU-marked tests; those needing what is not installed skip themselves;
+- issue 46's rows (seal/commands/gpu_check_rows.py): a load that fails part way in keep mode, the
+  chunked head's time per chunk size, and a silent receiver of the NCCL weight group (3 GPUs).
 
 Without CUDA every row is "skipped: no CUDA" and the exit status is 0; with CUDA it is 1 when a
 row failed. ``python -m seal.commands.gpu_check --json`` prints the rows as one JSON object.
@@ -50,7 +52,9 @@ def check_names(models=MODELS) -> list[str]:
     names = ["CUDA device"]
     for m in models:
         names += [f"learner bf16 step ({m})", f"reference under autocast ({m})", f"peak memory vs seal plan ({m})"]
-    return names + ["pytest -m gpu"]
+    from seal.commands.gpu_check_rows import ROW_NAMES
+
+    return names + ["pytest -m gpu", *ROW_NAMES]
 
 
 def cuda_state() -> tuple[bool, str]:
@@ -295,18 +299,19 @@ def summary_counts(stdout: str) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------ the table
 def run_checks(models=MODELS, run_pytest: bool = True, device: str = "cuda") -> tuple[list[Row], str]:
+    from seal.commands.gpu_check_rows import issue46_rows
+
     usable, about = cuda_state()
-    if device == "cpu":  # the dry run: the learner rows on the CPU, whatever the machine has
-        return [Row("CUDA device", "skipped: --device cpu", about)] + [
-            r for m in models for r in learner_rows(m, "cpu")
-        ], about
+    if device == "cpu":  # the dry run: the learner rows and issue 46's on the CPU, whatever the machine has
+        rows = [Row("CUDA device", "skipped: --device cpu", about)]
+        return rows + [r for m in models for r in learner_rows(m, "cpu")] + issue46_rows("cpu"), about
     if not usable:
         return [Row(n, "skipped: no CUDA", about if n == "CUDA device" else "") for n in check_names(models)], about
     rows = [Row("CUDA device", "ok", about)]
     for m in models:
         rows += learner_rows(m)
     rows.append(pytest_row() if run_pytest else Row("pytest -m gpu", "skipped: --no-pytest"))
-    return rows, about
+    return rows + issue46_rows("cuda"), about
 
 
 def table(rows: list[Row]) -> str:

@@ -68,6 +68,10 @@ def test_the_learner_rows_run_on_cpu():
     )
     assert rows["reference under autocast (tiny)"]["status"] == "ok"
     assert "seal plan" in rows["peak memory vs seal plan (tiny)"]["detail"]
+    # Issue 46's rows (seal/commands/gpu_check_rows.py) on the CPU: gloo, small shapes.
+    from seal.commands.gpu_check_rows import ROW_NAMES
+
+    assert [rows[name]["status"] for name in ROW_NAMES] == ["ok"] * 3, [rows[n] for n in ROW_NAMES]
 
 
 def test_the_checks_find_the_repository_they_run_the_gpu_tests_of():
