@@ -43,15 +43,23 @@ def chunk_rows(vocab: int, chunk_bytes: int | None = None, min_rows: int = MIN_R
     return max(min_rows, budget // (4 * vocab), 1)
 
 
+_ADDMM_OUT_DTYPE = [True]  # False once torch refused it: some builds check self's dtype against mat2's
+
+
 def _accumulate(grad_w: Any, g: Any, h: Any) -> None:
     """grad_w (fp32) += g.T @ h. On CUDA one in-place GEMM with an fp32 accumulator (bf16 operands
-    allowed: ``out_dtype``, CUDA-only in torch 2.13); elsewhere the product, then its fp32 sum."""
+    allowed: ``out_dtype``, CUDA-only in torch 2.13); elsewhere the product, then its fp32 sum. PyTorch's
+    ``_addmm_dtype_out_cuda`` has required ``self`` in mat2's dtype in some releases (a TORCH_CHECK,
+    before anything is written): refused once, the old sum is used from then on."""
     import torch
 
-    if grad_w.is_cuda and g.dtype != torch.float32:
-        torch.addmm(grad_w, g.T, h, out_dtype=torch.float32, out=grad_w)
-    else:
-        grad_w += (g.T @ h).float()
+    if grad_w.is_cuda and g.dtype != torch.float32 and _ADDMM_OUT_DTYPE[0]:
+        try:
+            torch.addmm(grad_w, g.T, h, out_dtype=torch.float32, out=grad_w)
+            return
+        except RuntimeError:
+            _ADDMM_OUT_DTYPE[0] = False
+    grad_w += (g.T @ h).float()
 
 
 def _autocast_dtype(device_type: str) -> Any:
