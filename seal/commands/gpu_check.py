@@ -22,30 +22,20 @@ row failed. ``python -m seal.commands.gpu_check --json`` prints the rows as one 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+
+from seal.commands.gpu_check_row import Row, has
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("tiny", "embedded")
 GROUPS, N, PROMPT, RESPONSE = 2, 2, 48, 32  # the synthetic batch: 2 groups of 2, 48 prompt + 2 x 16 generated tokens
-
-
-@dataclass(frozen=True)
-class Row:
-    check: str
-    status: str  # ok | FAIL | skipped: <why>
-    detail: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "FAIL"
 
 
 def check_names(models=MODELS) -> list[str]:
@@ -70,10 +60,6 @@ def cuda_state() -> tuple[bool, str]:
         f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} visible; torch {torch.__version__}, "
         f"CUDA {torch.version.cuda}, bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}"
     )
-
-
-def has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 # ------------------------------------------------------------------------------ the learner step

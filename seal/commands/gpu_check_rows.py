@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from seal.commands.gpu_check import Row, has
+from seal.commands.gpu_check_row import Row, has
 
 ROW_NAMES = (
     "failed round, keep mode (issue 46 item 2)",

@@ -11,7 +11,7 @@ time" while the ranks were still writing. Each now gets ``learner.timeout_s`` pl
 One wait inside a checkpoint those bounds do not reach: under ZeRO-1/2 on several ranks rank 0 alone
 writes the model states, the fp32 weights whole (DeepSpeed's ``save_non_zero_checkpoint`` is the
 data-parallel writer's; ZeRO-3 partitions them), while the others, their own partitions written,
-wait in DeepSpeed's closing ``dist.barrier()`` (deepspeed/runtime/engine.py, ``save_checkpoint``).
+wait in the barrier that closes DeepSpeed's ``save_checkpoint`` (deepspeed/runtime/engine.py).
 That barrier is a collective of the training group, bounded by its timeout, ``learner.timeout_s``
 (learner/group.py ``join_group``), not by the checkpoint's bound: when rank 0's extra write takes
 longer at the slowest storage, the waiting ranks are torn down. ``closing_barrier_problem`` says so
