@@ -213,11 +213,18 @@ def test_qwen3_builds_empty_short_and_cut_reasoning(chats, text):
     chat = chats["qwen3"]
     tool = [{"role": "tool", "name": "cd", "content": '{"current_working_directory": "document"}'}]
     user = [{"role": "user", "content": "Next, list it."}]
+    prompt = chat.prompt_ids([{"role": "user", "content": "Go to document."}])
+    generated = chat.encode(text) + [chat.eos_id]
+    turn = chat.completion(generated)
+    assert turn.ended and turn.text == ("" if "</think>" not in text else "Done.")  # a cut turn says nothing
     for new in (tool, user, []):
         ids = chat.continuation_ids(True, new)
         rendered = chat.tokenizer.decode(ids, skip_special_tokens=False)
         assert rendered.startswith("\n") and not rendered.startswith("<|im_end|>")
         assert rendered.endswith("<|im_start|>assistant\n") == bool(new)
+        # The turn as sampled, its end token once, then the reply: the episode's next prompt.
+        whole = chat.tokenizer.decode(prompt + generated + ids, skip_special_tokens=False)
+        assert whole.endswith(f"<|im_start|>assistant\n{text}<|im_end|>{rendered}")
     assert chat.completion(chat.encode(text)).ended is False
 
 
