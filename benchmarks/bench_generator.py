@@ -226,7 +226,7 @@ def run(args) -> dict[str, Any]:
         raise ValueError("--concurrency takes integers >= 1; --turns >= 1; 1 <= --min-new <= --max-new")
     blocking = _blocking(args, levels)
     continuous, replicas, updates = _continuous(args, levels)
-    med = lambda rows, key: summary([x[key] for x in rows])["median"]  # noqa: E731
+    med = lambda rows, key: summary([x[key] for x in rows])["median"]
     b_tps = [med(blocking[k], "tokens_per_s") for k in levels]
     c_tps = [med(continuous[k], "tokens_per_s") for k in levels]
     speedup = [c / b if b else None for b, c in zip(b_tps, c_tps)]

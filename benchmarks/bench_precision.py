@@ -181,7 +181,7 @@ def run(args) -> dict[str, Any]:
     for d in DTYPES:
         log(f"[{NAME}] {d}: generator, learner and steps")
         per[d] = _measure_dtype(args, d, learners[d], seed0=1)
-    med = lambda d, k: per[d][k]["median"]  # noqa: E731
+    med = lambda d, k: per[d][k]["median"]
     auto, why = resolve_dtype("auto", "cpu")
     report = {
         "model": args.model,

@@ -186,7 +186,7 @@ def run(args) -> dict[str, Any]:
                     "generate_over_learn": alone["t_generate_batch"] / alone["t_learn_batch"],
                 }
             )
-    agg = lambda path: summary([_get(rep, path) for rep in repeats])  # noqa: E731
+    agg = lambda path: summary([_get(rep, path) for rep in repeats])
     report = {
         "mode": trainer.mode,
         "model": str(cfg.model.path),

@@ -82,7 +82,7 @@ def run(args) -> dict[str, Any]:
                     "speedup_vs_ideal": speedup / ideal if speedup and ideal else None,
                 }
             )
-    agg = lambda key, mode=None: summary([(rep[mode] if mode else rep)[key] for rep in repeats])  # noqa: E731
+    agg = lambda key, mode=None: summary([(rep[mode] if mode else rep)[key] for rep in repeats])
     staleness = Counter(x for rep in repeats for x in rep["async"]["staleness"])
     report: dict[str, Any] = {
         "model": str(cfg.model.path),

@@ -316,7 +316,7 @@ def run(args) -> dict[str, Any]:
                 repeats.append(rep)
     finally:
         os.sched_setaffinity(0, saved_affinity)
-    agg = lambda system, key: summary([rep[system][key] for rep in repeats])  # noqa: E731
+    agg = lambda system, key: summary([rep[system][key] for rep in repeats])
     report: dict[str, Any] = {
         "ours_samples_per_s": agg("ours", "samples_per_s")["median"],
         "trl_samples_per_s": agg("trl", "samples_per_s")["median"],

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in PARTS:  # one part failing (e.g. TRL not installed) does not cost the others
         try:
             run_part(name, args)
-        except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
+        except Exception as exc:  # reported, and the exit status says so
             print(f"seal bench: {name} failed: {exc.__class__.__name__}: {exc}", file=sys.stderr)
             failed.append(name)
     return 1 if failed else 0

@@ -48,7 +48,7 @@ def main() -> None:
 
     # Prefill vs decode on the group's opening prompt, cold cache each time.
     prompt = chat.prompt_ids(BfclEnv().reset(args.task, interface))
-    reqs = lambda k: [GenerationRequest(f"p{i}", prompt, k, seed=i) for i in range(args.n)]  # noqa: E731
+    reqs = lambda k: [GenerationRequest(f"p{i}", prompt, k, seed=i) for i in range(args.n)]
     gen.reset_prefix_cache()
     t = time.perf_counter()
     gen.generate(reqs(1), sampling)
@@ -86,7 +86,7 @@ def main() -> None:
             updates[kind].append(time.perf_counter() - t)
     load_after = os.getloadavg()[0]
 
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    median = lambda xs: sorted(xs)[len(xs) // 2]
     report = {
         "benchmark": "generator_throughput",
         "model": args.model,

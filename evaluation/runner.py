@@ -150,7 +150,7 @@ def play_tasks(
         )
     except GeneratorUnavailable:
         raise
-    except Exception:  # noqa: BLE001 - each task again on its own; run_task records a crash as its result
+    except Exception:  # each task again on its own; run_task records a crash as its result
         return [
             run_task(make_env, generator, chat, t, sampling, snapshot=snapshot, view=view, seed=seed) for t in task_ids
         ]

@@ -60,7 +60,7 @@ def _free_port_here() -> tuple[str, int]:
 
 
 class LearnerRank:
-    def __init__(self, threads: int | None = None) -> None:  # noqa: D107 (the learner comes in start)
+    def __init__(self, threads: int | None = None) -> None:  # the learner comes in start
         if threads:
             import torch
 

@@ -110,16 +110,16 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive: litellm's httpx client reuses connections
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
         pass  # one line per request on stderr would drown test and eval output
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:  # stdlib naming
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             data = [{"id": name, "object": "model", "owned_by": "seal"} for name in self.server.owner.models]
             return self._send(200, {"object": "list", "data": data})
         self._error(404, f"no route {self.path}")
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+    def do_POST(self) -> None:  # stdlib naming
         owner = self.server.owner
         with owner.lock:
             owner.stats.requests += 1

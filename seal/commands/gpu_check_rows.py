@@ -42,7 +42,7 @@ def issue46_rows(device: str = "cuda") -> list[Row]:
     for name, fn in zip(ROW_NAMES, (failed_round_row, head_chunk_row, silent_receiver_row)):
         try:
             rows.append(fn(name, device))
-        except Exception as exc:  # noqa: BLE001 - a row that breaks is that row's finding
+        except Exception as exc:  # a row that breaks is that row's finding
             rows.append(
                 Row(name, "FAIL", f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
             )
@@ -110,7 +110,7 @@ def failed_round_row(name: str, device: str) -> Row:
         failed = ""
         try:
             run(gen.update_weights(2, failing, mode="keep"))
-        except Exception as exc:  # noqa: BLE001 - the failure is the point
+        except Exception as exc:  # the failure is the point
             failed = exc.__class__.__name__
         early = frozen.done()
         in_engine = run(call(gen._engine.get_num_unfinished_requests))

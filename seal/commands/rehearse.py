@@ -245,7 +245,7 @@ def _rehearse(
         if watchdog.reason is None:
             raise
         report.failures.append(watchdog.reason)
-    except Exception as exc:  # noqa: BLE001 - a crash is what a rehearsal reports
+    except Exception as exc:  # a crash is what a rehearsal reports
         report.failures.append(f"{failure_line(exc)} (while {watchdog.phase})")
     finally:
         watchdog.stop()
@@ -308,7 +308,7 @@ def _read_out(report, pipeline, steps: int) -> None:
     tp, gpus = pipeline.settings.generator.tensor_parallel_size, pipeline.cluster.generator.num_gpus
     try:
         ranks = pipeline.learner_ranks()
-    except Exception as exc:  # noqa: BLE001 - the group is gone (a rank died): its nodes are still known
+    except Exception as exc:  # the group is gone (a rank died): its nodes are still known
         ranks = (
             [{**node, "rank": r} for r, node in enumerate(pipeline.actors.learners.nodes)] if pipeline.actors else []
         )

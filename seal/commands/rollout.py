@@ -16,7 +16,7 @@ def _setup(overrides: list[str], extra: list[str]):
 
     cfg = compose(list(overrides) + extra)
     env_cfg = cfg.env
-    make_env = lambda: instantiate(env_cfg)  # noqa: E731 - one env object per concurrent episode
+    make_env = lambda: instantiate(env_cfg)  # one env object per concurrent episode
     probe = make_env()
     return cfg, make_env, probe, instantiate
 

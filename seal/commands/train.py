@@ -122,7 +122,7 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
     curves = True
     try:
         plot_training(rows, run_dir / CURVES_FILE)
-    except Exception as exc:  # noqa: BLE001 - a plot must not turn a finished run into a failed one
+    except Exception as exc:  # a plot must not turn a finished run into a failed one
         logging.getLogger(__name__).error("could not draw %s: %s", CURVES_FILE, exc)
         curves = False
     text = summary_text(

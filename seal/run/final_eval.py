@@ -61,7 +61,7 @@ def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None
     chosen = records if evaluation.final_snapshots == "all" else [records[0], records[-1]]
     first, last = chosen[0], chosen[-1]
     env_node = OmegaConf.create(OmegaConf.to_container(cfg.env, resolve=True))
-    make_env = lambda: instantiate(env_node)  # noqa: E731 - one env per episode
+    make_env = lambda: instantiate(env_node)  # one env per episode
     tasks = final_tasks(make_env().task_ids("test"), list(evaluation.heldout_categories), evaluation.final_per_category)
     sampling = final_sampling(cfg)
     details = Path(run_dir) / "evaluation" / FINAL_TASKS_FILE

@@ -205,7 +205,7 @@ def query_cluster(address: str, timeout_s: float = 20.0) -> list[dict[str, Any]]
             ray.init(address=address, log_to_driver=False, logging_level="error")
             result["nodes"] = ray.nodes()
             ray.shutdown()
-        except Exception as exc:  # noqa: BLE001 - reported as one line
+        except Exception as exc:  # reported as one line
             result["error"] = exc
 
     thread = threading.Thread(target=join, daemon=True)

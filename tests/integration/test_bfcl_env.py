@@ -45,7 +45,7 @@ def test_step_limit_force_quits_like_bfcl():
 
 
 def test_context_overflow_is_a_named_counted_outcome():
-    count = lambda messages: sum(len(m["content"]) for m in messages) // 4  # noqa: E731
+    count = lambda messages: sum(len(m["content"]) for m in messages) // 4
     env = BfclEnv(max_context_tokens=count(BfclEnv().reset("multi_turn_long_context_0")) + 50, token_counter=count)
     env.reset("multi_turn_long_context_0")
     result = None

@@ -49,7 +49,7 @@ def test_async_replica_takes_weights_through_the_seal_nccl_engine(tp):
     path = str(prepare_tiny_model())
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(300)  # noqa: E731
+    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(300)
     gen = AsyncVllmGenerator(
         path,
         device="cuda",

@@ -84,7 +84,7 @@ def surrogate_gain(tiny_path, batch, update):
 
 
 @pytest.mark.parametrize("backend", ["torch", "deepspeed"])
-def test_bf16_step_moves_the_loss_like_fp32(tiny_path, backend):  # noqa: F811
+def test_bf16_step_moves_the_loss_like_fp32(tiny_path, backend):
     assert resolve_dtype("auto", "cpu")[0] == "bfloat16"  # what the config default runs here
     batch = make_batch(3, tiny_path)
     u32 = step_update(tiny_path, batch, "float32", backend)

@@ -49,7 +49,7 @@ def _learners_then_a_group(path: str, port: int, out) -> None:
         third.train_batch(batches[1], RELEASED_BASE_WEIGHTS)
         third.close()
         out.put(("ok", gone, shared_kept, dist.is_initialized()))
-    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+    except BaseException as exc:  # the parent reports it
         out.put(("error", f"{type(exc).__name__}: {exc}", None, None))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[3]))  # benchmarks/ is not an installed package
 
-from benchmarks._common import LoadProbe, _tree_cpu, summary, table, target  # noqa: E402
+from benchmarks._common import LoadProbe, _tree_cpu, summary, table, target
 
 
 def test_summary_is_median_and_range_and_skips_missing():

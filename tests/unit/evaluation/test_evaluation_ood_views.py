@@ -128,7 +128,7 @@ def _scripted_runner(tmp_path, prompt_tokens=100, completion_tokens=7):
     from evaluation.ood_runner import OodRunner, TokenCounter
 
     runner = OodRunner(None, None, snapshot="A_1", seed=0, details=tmp_path / "ood.jsonl")
-    reply = lambda *a: Reply("Hello.", prompt_tokens, completion_tokens)  # noqa: E731
+    reply = lambda *a: Reply("Hello.", prompt_tokens, completion_tokens)
     runner._agent, runner._user = TokenCounter(reply), TokenCounter(reply)
     return runner
 

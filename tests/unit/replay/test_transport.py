@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_replay import traj  # noqa: E402 - the sibling module (pytest puts tests/unit on sys.path)
+from test_replay import traj  # the sibling module (pytest puts tests/unit on sys.path)
 
 from replay.messages import Control
 from replay.queue import ReplayQueue

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_replay import traj  # noqa: E402 - the sibling module (pytest puts tests/unit on sys.path)
-from test_transport import wait_for  # noqa: E402
+from test_replay import traj  # the sibling module (pytest puts tests/unit on sys.path)
+from test_transport import wait_for
 
 from replay.auth import ClientKeys, KeyPair, RunKeys
 from replay.queue import ReplayQueue

@@ -59,15 +59,15 @@ class StandInNccl:
         comm_ref._obj.value = 0x1234  # the handle exists at once; its state says when it is ready
         return self.first
 
-    def ncclCommGetAsyncError(self, comm, result_ref):  # noqa: N802
+    def ncclCommGetAsyncError(self, comm, result_ref):
         result_ref._obj.value = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         return NCCL_SUCCESS
 
-    def ncclCommAbort(self, comm):  # noqa: N802
+    def ncclCommAbort(self, comm):
         self.calls.append("abort")
         return NCCL_IN_PROGRESS  # a non-blocking abort may finish in the background: no error
 
-    def ncclGetErrorString(self, code):  # noqa: N802
+    def ncclGetErrorString(self, code):
         return {2: "unhandled system error", 6: "remote process exited or there was a network error"}.get(code, "?")
 
 

@@ -93,7 +93,7 @@ def _from_config(*overrides: str) -> Coordinator:
     from seal.runtime.actor_set import make_coordinator
 
     cfg = compose(list(overrides))
-    spec = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
+    spec = lambda node: OmegaConf.to_container(node, resolve=True)
     return make_coordinator(
         spec(cfg.interface), spec(cfg.tag_weights), True, False, "released", spec(cfg.guideline_policy)
     )

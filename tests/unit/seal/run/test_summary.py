@@ -180,12 +180,12 @@ def test_training_curves_png(tmp_path):
 
 
 def _final(held_in_change_ci, held_out_ci=(-0.05, 0.05)):
-    side = lambda k, n: {"successes": k, "n": n, "rate": k / n, "ci95": [0.1, 0.6]}  # noqa: E731
+    side = lambda k, n: {"successes": k, "n": n, "rate": k / n, "ci95": [0.1, 0.6]}
     row = lambda name, out, ci: {
         "name": name,
         "held_out": out,
         "before": side(10, 40),
-        "after": side(20, 40),  # noqa: E731
+        "after": side(20, 40),
         "change": {"value": 0.25, "gained": 12, "lost": 2, "ci95": list(ci)},
     }
     return {
@@ -270,7 +270,7 @@ def test_the_note_lists_held_in_success_at_every_snapshot_when_there_are_more_th
     from seal.run.summary import final_lines
 
     final = _final((0.1, 0.4))
-    point = lambda name, step, rate: {"name": name, "step": step, "rows": {"held-in (all)": {"rate": rate}}}  # noqa: E731
+    point = lambda name, step, rate: {"name": name, "step": step, "rows": {"held-in (all)": {"rate": rate}}}
     final["curve"] = [point("A_0", 0, 0.25), point("A_1", 5, 0.4)]
     assert not any("at every snapshot" in line for line in final_lines(final))  # two snapshots: the rows say it all
     final["curve"].append(point("A_2", 10, 0.5))
