@@ -41,8 +41,8 @@ class EnvActor:
         coordinator: Any,
         replay_address: str,
         sampling: SamplingConfig,
-        hwm: int = 64,
-        send_timeout_s: float = 600.0,
+        hwm: int,  # hwm and send_timeout_s: the transport group's
+        send_timeout_s: float,
         keys: ClientKeys | None = None,
         lockstep: bool = True,
         chat_options: Mapping[str, Any] | None = None,

@@ -46,7 +46,7 @@ class Rendezvous:
     world_size: int
     backend: str  # gloo (CPU) | nccl (CUDA)
     timeout_s: float  # every collective of the group
-    wait_s: float = 3600.0  # how long a rank's call may wait for the one before it (the step timeout)
+    wait_s: float  # how long a rank's call may wait for the one before it (the step timeout)
 
 
 @dataclass(frozen=True)

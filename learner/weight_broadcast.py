@@ -124,7 +124,7 @@ class WeightBroadcaster:
         host: str,
         port: int,
         world_size: int,
-        backend: str = "gloo",
+        backend: str,  # gloo | nccl: the generators' transfer backend (learner/rank.py)
         *,
         timeout_s: float,  # the group's joins: learner.timeout_s (learner/rank.py)
         device: str | torch.device | None = None,

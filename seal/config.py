@@ -280,6 +280,14 @@ class GeneratorConfig:
         if getattr(self, memory) is None:  # what `seal plan` sizes the KV cache by
             raise ValueError(f"generator.{memory} is not set (each {self.device} option of configs/generator/ sets it)")
 
+    # A blocking engine's options set no update timeout: the fleet bounds its updates by this.
+    BLOCKING_UPDATE_TIMEOUT_S: ClassVar[float] = 600.0
+
+    @property
+    def fleet_update_timeout_s(self) -> float:
+        """How long the fleet waits for a replica to load an update before restoring it."""
+        return self.BLOCKING_UPDATE_TIMEOUT_S if self.update_timeout_s is None else self.update_timeout_s
+
     @classmethod
     def of(cls, cfg) -> GeneratorConfig:
         return cls.from_spec(_container(cfg, "generator"))

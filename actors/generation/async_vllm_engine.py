@@ -291,7 +291,7 @@ class AsyncVllmGenerator(Generator):
         return await self._update(version, mode, load)
 
     async def join_weight_group(
-        self, host: str, port: int, world_size: int, backend: str, rank: int = 1, timeout_s: float = 600.0
+        self, host: str, port: int, world_size: int, backend: str, rank: int, timeout_s: float
     ) -> list[int]:
         """Join the learner's weight group; this replica's workers take ranks rank .. rank + TP - 1."""
         if self.weight_sync != "broadcast":

@@ -97,7 +97,7 @@ class GeneratorServer:
         return self._on_engine("update", lambda: self.generator.update_weights(version, as_tensors(source)))
 
     def join_weight_group(
-        self, host: str, port: int, world_size: int, backend: str, rank: int = 1, timeout_s: float = 600.0
+        self, host: str, port: int, world_size: int, backend: str, rank: int, timeout_s: float
     ) -> list[int]:
         """Join the learner's weight broadcast group, this engine's workers from ``rank`` on (vLLM
         generators with weight_sync=broadcast); blocks until every member has joined (``timeout_s``)."""

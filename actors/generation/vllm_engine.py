@@ -155,7 +155,7 @@ class VllmGenerator(Generator):
         return self._loaded(version, t0)
 
     def init_weight_group(
-        self, host: str, port: int, world_size: int, rank: int = 1, backend: str | None = None, timeout_s: float = 600.0
+        self, host: str, port: int, world_size: int, rank: int = 1, backend: str | None = None, *, timeout_s: float
     ) -> list[int]:
         """Join the learner's weight group (it is rank 0); blocks until every member has joined.
 

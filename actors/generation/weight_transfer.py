@@ -43,7 +43,7 @@ def register() -> None:
 
 
 def init_info(
-    host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float = 600.0, label: str = ""
+    host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float, label: str = ""
 ) -> dict:
     """The payload of ``init_weight_transfer_engine`` for ``backend`` (TCPStore rendezvous on host:port).
     ``label``: who the engine is, named by the rank-0 side in errors (ours only: vLLM's NCCL
@@ -94,7 +94,7 @@ class GlooInitInfo(WeightTransferInitInfo):
     port: int
     rank_offset: int
     world_size: int
-    timeout_s: float = 600.0
+    timeout_s: float  # init_info always writes it, from the weight group's timeout
     label: str = ""
 
 

@@ -113,7 +113,7 @@ class WeightSyncExtension:
         return begun
 
     def init_weight_group(
-        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 600.0, label: str = ""
+        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, label: str = ""
     ) -> int:
         """``rank`` is the group rank of the engine's first worker; tensor-parallel worker i takes rank + i.
         ``label``: who this engine is (the rank-0 side names it in errors)."""

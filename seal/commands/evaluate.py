@@ -267,13 +267,13 @@ def evaluate(args) -> int:
     from evaluation.ood_views import harness_notes, unavailable_views
     from evaluation.records import OOD_TEST, write_task_csv
     from evaluation.views import schedule_record, validation_task_ids
-    from seal.config import TrainerConfig, instantiate
+    from seal.config import LearnerGroupConfig, TrainerConfig, instantiate
     from seal.errors import CliError
     from seal.run.snapshots import read_snapshots
 
     run_dir = run_dir_arg(args.run_dir, "evaluate")
     cfg = load_run_config(run_dir, args.overrides)
-    trainer = TrainerConfig.of(cfg)
+    trainer, learners = TrainerConfig.of(cfg), LearnerGroupConfig.of(cfg)  # the run's, typed
     if args.limit is not None:
         if args.limit < 1:
             raise CliError("--limit must be >= 1")
@@ -322,7 +322,7 @@ def evaluate(args) -> int:
         pool_size=len(pool()),
         groups_per_step=trainer.groups_per_step,
         rollouts=int(cfg.n),
-        mini_batch_groups=int(cfg.learner.cfg.mini_batch_groups),
+        mini_batch_groups=learners.mini_batch_groups,
         steps=max(int(r["step"]) for r in all_records),
         snapshot_every=trainer.snapshot_every,
     )

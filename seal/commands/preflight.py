@@ -16,6 +16,7 @@ repeat it (it selects its tasks itself).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from seal.config import Settings, TrainerConfig
 from seal.errors import CliError
@@ -39,17 +40,18 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def preflight(overrides: list[str]):
-    """The composed config of a `seal train` that can start, or CliError with one line."""
+def preflight(overrides: list[str]) -> tuple[Any, Settings]:
+    """The composed config of a `seal train` that can start and its typed groups (built once, here:
+    the run takes these), or CliError with one line."""
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         cfg = compose_or_resume(overrides)
-        check(cfg)
+        settings = check(cfg)
     except (ValueError, TypeError, KeyError, OSError, RuntimeError, OmegaConfBaseException) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise CliError(one_line(message)) from None
-    return cfg
+    return cfg, settings
 
 
 def compose_or_resume(overrides: list[str]):
@@ -64,7 +66,7 @@ def compose_or_resume(overrides: list[str]):
     return resumed_config(Path(resume[-1]), [o for o in overrides if o.partition("=")[0] != "resume"])
 
 
-def check(cfg) -> None:
+def check(cfg) -> Settings:
     _check_resolves(cfg)
     _check_integers(cfg)
     if cfg.n < 1:
@@ -97,6 +99,7 @@ def check(cfg) -> None:
 
     # `seal plan`'s memory and placement estimate (config.json only): refused only when it cannot fit.
     check_fits(cfg, settings)
+    return settings
 
 
 def _is_int(value) -> bool:

@@ -285,11 +285,11 @@ def _start_pipeline(overrides: list[str], run_dir: Path, progress, watchdog):
     from seal.run.task_fit import select_tasks
 
     watchdog.phase = "checking the rehearsal's config"
-    cfg = preflight(overrides)
+    cfg, settings = preflight(overrides)
     tasks = select_tasks(cfg)
     run_dir = create_run_dir(str(run_dir), cfg, overrides)
     watchdog.phase = "starting the learner group and the generator replicas"
-    return RehearsalPipeline(cfg, run_dir, None, progress=progress, tasks=tasks)
+    return RehearsalPipeline(cfg, run_dir, None, progress=progress, tasks=tasks, settings=settings)
 
 
 def _read_out(report, pipeline, steps: int) -> None:

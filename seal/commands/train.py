@@ -22,7 +22,7 @@ def run(args) -> int:
     progress = Progress(quiet=quiet)  # its clock starts with the command
 
     # Every config error is one line here, before a run directory or Ray exists.
-    cfg = preflight(args.overrides)
+    cfg, settings = preflight(args.overrides)  # the typed groups, built once: the run reads these
     if getattr(args, "cfg", False):
         from omegaconf import OmegaConf
 
@@ -45,11 +45,9 @@ def run(args) -> int:
         ),
     )
 
-    from seal.config import Settings
     from seal.run.pipeline import Pipeline
     from seal.run.run_dir import create_run_dir, forget_start
 
-    settings = Settings.of(cfg)  # the typed groups preflight checked: the values it let through
     trainer = settings.trainer
     resume = Path(cfg.resume) if cfg.resume else None
     wanted = resume or (Path(cfg.run_dir) if cfg.run_dir else None)

@@ -86,8 +86,6 @@ class ActorSet:
         group, fleet = settings.learner, settings.generator
         io = run_io_bounds(cfg, settings)  # checkpoint, resume and snapshot bounded by their bytes
         replicas = fleet.replicas
-        # A blocking engine's options have no update timeout: its updates get the fleet's own bound.
-        bound = {} if fleet.update_timeout_s is None else {"update_timeout_s": fleet.update_timeout_s}
         # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:
         # replicas started first could leave no node that holds every rank (seal/runtime/layout_guard.py).
         nodes = ray.nodes()
@@ -103,7 +101,7 @@ class ActorSet:
                 cluster.generator,
                 self.prefix,
                 cluster.max_restarts,
-                **bound,
+                fleet.fleet_update_timeout_s,  # a blocking engine's: GeneratorConfig's own bound
                 wait=False,
                 reserved=reserved,
             )

@@ -64,7 +64,7 @@ class GeneratorFleet:
         resources,
         prefix: str,
         max_restarts: int,
-        update_timeout_s: float = 600.0,
+        update_timeout_s: float,
         wait: bool = True,
         reserved: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
@@ -399,7 +399,7 @@ class GeneratorFleet:
         """The learner's rank 0 and every worker of every replica."""
         return 1 + len(self.names) * self.tp
 
-    def join_weight_group(self, host: str, port: int, backend: str, timeout_s: float = 600.0) -> tuple[int, list]:
+    def join_weight_group(self, host: str, port: int, backend: str, timeout_s: float) -> tuple[int, list]:
         """Every replica joins the learner's group: replica i's workers are ranks 1 + i x TP ..;
         returns (world size, the join refs: they block until the learner joins too, at most
         ``timeout_s``: the learner's, so both sides of the group wait alike)."""

@@ -80,6 +80,8 @@ def actor(ray_session):
         "test-coordinator",
         server.address,
         SamplingConfig(max_new_tokens=16),
+        hwm=8,
+        send_timeout_s=30.0,
         keys=server.client_keys,
     )
     yield env_actor, server

@@ -36,5 +36,5 @@ def test_an_env_module_that_does_not_import_names_the_fix():
 
 
 def test_the_example_env_passes():
-    cfg = preflight(["env=thermostat", "model=tiny"])
+    cfg, _ = preflight(["env=thermostat", "model=tiny"])
     assert cfg.env._target_ == "examples.thermostat.env.ThermostatEnv"

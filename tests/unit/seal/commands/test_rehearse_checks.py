@@ -117,7 +117,7 @@ def test_overrides_keep_the_recipes_topology_and_compose():
         head.listen()
         address = f"127.0.0.1:{head.getsockname()[1]}"
         overrides = rehearsal_overrides(target, ["recipe=qwen7b_2x8"], address, "/tmp/unused", 2, "tiny", local=True)
-        cfg = preflight(overrides)  # every check `seal train` makes before it starts
+        cfg, _ = preflight(overrides)  # every check `seal train` makes before it starts
     g = cfg.generator
     assert (g.tensor_parallel_size, g.replicas, g.weight_sync, g.update_mode, g.device) == (
         4,

@@ -32,7 +32,7 @@ def listing(path):
 
 
 def test_resume_continues_the_runs_own_config_not_the_default(run):
-    cfg = preflight([f"resume={run}", "trainer.steps=3", "cluster.env_actors=1"])
+    cfg, _ = preflight([f"resume={run}", "trainer.steps=3", "cluster.env_actors=1"])
     assert (cfg.model.path, cfg.env._target_.rsplit(".", 1)[-1], cfg.n) == ("tiny", "ToyToolEnv", 4)
     assert (cfg.trainer.mode, cfg.trainer.steps, cfg.cluster.env_actors) == ("sync", 3, 1)
     assert cfg.resume == cfg.run_dir == str(run)
