@@ -93,6 +93,12 @@ def use_python_path(folders: Iterable[str]) -> None:
 def unimportable(target: str, exc: BaseException, group: str = "env") -> str:
     """One line for a ``_target_`` whose module does not import, naming the fix."""
     top = target.split(".")[0]
+    here = Path.cwd()
+    if (here / top).is_dir() or (here / f"{top}.py").is_file():  # e.g. examples/ of the SEAL checkout
+        return (
+            f"{group}._target_={target} does not import ({exc}): {top} is in {here}, which is not on the "
+            f"import path: run with PYTHONPATH=$PWD, or add python_path=[{here}] (docs/custom-environment.md)"
+        )
     return (
         f"{group}._target_={target} does not import ({exc}): give the {group}'s config by its path "
         f"({group}=path/to/its.yaml puts that folder on the import path), or add the folder that holds "

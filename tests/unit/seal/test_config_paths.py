@@ -161,3 +161,16 @@ def test_a_runs_recorded_config_brings_its_python_path_back(isolated, tmp_path):
 
 def test_the_root_settings_keep_python_path_empty_by_default():
     assert list(compose([]).python_path) == []
+
+
+def test_a_module_in_the_current_folder_gets_the_pythonpath_fix(tmp_path, monkeypatch):
+    from seal.config_paths import unimportable
+
+    (tmp_path / "examples").mkdir()
+    monkeypatch.chdir(tmp_path)
+    line = unimportable("examples.thermostat.env.ThermostatEnv", ModuleNotFoundError("No module named 'examples'"))
+    assert line == (
+        "env._target_=examples.thermostat.env.ThermostatEnv does not import (No module named 'examples'): "
+        f"examples is in {tmp_path}, which is not on the import path: run with PYTHONPATH=$PWD, or add "
+        f"python_path=[{tmp_path}] (docs/custom-environment.md)"
+    )
