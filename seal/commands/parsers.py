@@ -330,6 +330,18 @@ def bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.set_defaults(handler="benchmarks.cli:run")
 
 
+def chaos_parser(sub: argparse._SubParsersAction) -> None:
+    """benchmarks/chaos/cli.py: `seal chaos` (its options are parsed there)."""
+    chaos = sub.add_parser(
+        "chaos",
+        help="soak a real run under seeded random faults (root: mounts a tmpfs)",
+        description="seal chaos --help lists its options (benchmarks/chaos/cli.py). Writes: the run, its "
+        "logs and chaos.json under --out.",
+    )
+    chaos.add_argument("chaos_args", nargs=argparse.REMAINDER, help="--minutes M, --seed S, ..., hydra overrides")
+    chaos.set_defaults(handler="benchmarks.chaos.cli:run")
+
+
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     train_parsers,
     plan_parser,
@@ -340,4 +352,5 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     env_parsers,
     model_parsers,
     bench_parser,
+    chaos_parser,
 )

@@ -1,0 +1,237 @@
+"""What a soak found (benchmarks/chaos/soak.py): faults by kind, the run's steps and groups (lost and
+trained twice, benchmarks/chaos/ledger.py), the token books, fault-to-trained-step times, each
+process kind's memory, descriptors and threads, whether every checkpoint and snapshot on disk loads,
+and how each invocation ended. ``summarise`` builds the JSON; ``render`` the table."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks.chaos.ledger import account, given_up_slots
+
+MEASURES = ("rss_kb", "fds", "threads")
+
+
+def _slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of y over x; None with fewer than 3 points or no spread in x."""
+    if len(points) < 3:
+        return None
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return None if var == 0 else sum((x - mx) * (y - my) for x, y in points) / var
+
+
+def processes(samples: list[dict[str, Any]], end_t: float) -> dict[str, dict[str, Any]]:
+    """Per kind: the first and last reading, the per-step slope of each measure (median over the
+    kind's processes that lived 20 steps or more), and RSS growth over the soak's last half in the
+    process of that kind that covered most of it."""
+    by_pid: dict[tuple[str, int], list[dict]] = {}
+    for s in samples:
+        by_pid.setdefault((s["kind"], s["pid"]), []).append(s)
+    out: dict[str, dict[str, Any]] = {}
+    half = end_t / 2
+    for kind in sorted({k for k, _ in by_pid}):
+        lives = [v for (k, _), v in by_pid.items() if k == kind]
+        first = min(lives, key=lambda v: v[0]["t"])[0]
+        last = max(lives, key=lambda v: v[-1]["t"])[-1]
+        row: dict[str, Any] = {"processes": len(lives)}
+        for m in MEASURES:
+            slopes = [
+                s
+                for v in lives
+                if v[-1]["step"] - v[0]["step"] >= 20 and (s := _slope([(x["step"], x[m]) for x in v])) is not None
+            ]
+            row[m] = {"start": first[m], "end": last[m], "per_step": statistics.median(slopes) if slopes else None}
+        late = [[x for x in v if x["t"] >= half] for v in lives]
+        late = [v for v in late if len(v) >= 2]
+        if late:
+            v = max(late, key=lambda v: v[-1]["t"] - v[0]["t"])
+            row["rss_last_half"] = {
+                "pid": v[0]["pid"],
+                "minutes": round((v[-1]["t"] - v[0]["t"]) / 60, 1),
+                "from_kb": v[0]["rss_kb"],
+                "to_kb": v[-1]["rss_kb"],
+                "growth": v[-1]["rss_kb"] / v[0]["rss_kb"] - 1 if v[0]["rss_kb"] else None,
+            }
+        out[kind] = row
+    return out
+
+
+def fault_recovery(injected: list[dict], rows: list[dict]) -> dict[str, dict[str, Any]]:
+    """Seconds from each fault to the next trained step (of any invocation), by kind."""
+    trained = sorted(r["t"] for r in rows if r["row"].get("trained_groups", 0) > 0)
+    per: dict[str, list[float]] = {}
+    for f in injected:
+        after = [t for t in trained if t > f["t"]]
+        per.setdefault(f["kind"], []).append(round(after[0] - f["t"], 1) if after else None)
+    return {
+        k: {
+            "median_s": statistics.median([x for x in v if x is not None]) if any(x is not None for x in v) else None,
+            "max_s": max((x for x in v if x is not None), default=None),
+            "no_step_after": sum(x is None for x in v),
+        }
+        for k, v in per.items()
+    }
+
+
+def token_books(rows: list[dict]) -> dict[str, Any]:
+    """The ledger's books (replay/token_ledger.py) of the invocations that closed them (ended on their
+    own), and what the invocations a fault ended had generated without a close."""
+    closed = [r["row"]["tokens_run"] for r in rows if "tokens_run" in r["row"]]
+    closed_inv = {r["invocation"] for r in rows if "tokens_run" in r["row"]}
+    open_generated = sum(
+        (r["row"].get("tokens") or {}).get("generated") or 0 for r in rows if r["invocation"] not in closed_inv
+    )
+    return {
+        "closed_invocations": len(closed),
+        "generated": sum(b.get("generated", 0) for b in closed),
+        "unattributed": sum(b.get("unattributed", 0) for b in closed),
+        "generated_in_invocations_a_fault_ended": open_generated,
+    }
+
+
+def check_storage(storage: Path, run_dir: Path) -> dict[str, Any]:
+    """Every checkpoint and snapshot on the storage, loaded: learner.json, the learner's state and RNG
+    streams; each indexed snapshot's weights (safetensors). Snapshot folders no index line names
+    (a write that failed part way) are counted, not loaded: nothing reads them."""
+    import torch
+    from safetensors.torch import load_file
+
+    result: dict[str, Any] = {"checkpoints": {}, "snapshots": {}, "unindexed_snapshot_dirs": []}
+    for meta in sorted((storage / "checkpoints").glob("*/learner.json")):
+        name = meta.parent.name
+        try:
+            info = json.loads(meta.read_text())
+            state = torch.load(meta.parent / "torch_state.pt", weights_only=False)
+            torch.load(meta.parent / "rng.pt", weights_only=False)
+            assert {"model", "optimizer"} <= set(state), f"torch_state.pt holds {sorted(state)}"
+            result["checkpoints"][name] = {"loads": True, "step": info["step"]}
+        except Exception as exc:  # any failure to load is the finding
+            result["checkpoints"][name] = {"loads": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    index = run_dir / "snapshots" / "index.jsonl"
+    records = [json.loads(x) for x in index.read_text().splitlines() if x.strip()] if index.is_file() else []
+    indexed = set()
+    for rec in records:
+        if rec["name"] == "A_0":
+            continue
+        path = Path(rec["weights"]) if Path(rec["weights"]).is_absolute() else run_dir / rec["weights"]
+        indexed.add(path.parent.name if path.name == "weights" else path.name)
+        try:
+            tensors = sum(len(load_file(f)) for f in sorted(path.glob("*.safetensors")))
+            assert tensors > 0, f"no safetensors in {path}"
+            result["snapshots"][rec["name"]] = {"loads": True, "tensors": tensors}
+        except Exception as exc:
+            result["snapshots"][rec["name"]] = {"loads": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    snap_root = storage / "snapshots"
+    if snap_root.is_dir():
+        result["unindexed_snapshot_dirs"] = sorted(
+            p.name for p in snap_root.iterdir() if p.is_dir() and p.name not in indexed
+        )
+    result["all_load"] = all(v["loads"] for part in ("checkpoints", "snapshots") for v in result[part].values())
+    return result
+
+
+def summarise(soak) -> dict[str, Any]:
+    invocations = [inv.record() for inv in soak.invocations]
+    records = [json.loads(x) for x in soak.trained.read_text().splitlines()] if soak.trained.is_file() else []
+    meta_file = soak.storage / "checkpoints" / "latest" / "learner.json"
+    final = json.loads(meta_file.read_text())["extra"] if meta_file.is_file() else None
+    logs = [line for inv in soak.invocations for line in inv.log.read_text(errors="replace").splitlines()]
+    groups = (
+        account(
+            records,
+            {i["index"]: i["resumed_from"] for i in invocations},
+            int(final["step"]),
+            int(final["slots"]["low"]),
+            final["slots"]["done"],
+            given_up_slots(logs),
+        )
+        if final
+        else {"error": "no checkpoint at the end"}
+    )
+    last_rows: dict[int, dict] = {}
+    for r in soak.rows:
+        last_rows[r["invocation"]] = r["row"]
+    taken = Counter(p.name.split("-")[0] for p in soak.chaos_dir.glob("*.taken-*"))
+    end_t = soak.now()
+    return {
+        "seconds": round(end_t, 1),
+        "faults": dict(Counter(f["kind"] for f in soak.injected)),
+        "faults_total": len(soak.injected),
+        "disk_full_not_hit": sum(bool(f.get("not_hit")) for f in soak.injected),
+        "triggers_claimed": dict(taken),
+        "not_injected": getattr(soak, "not_injected", []),
+        "steps": int(final["step"]) if final else None,
+        "rows": len(soak.rows),
+        "groups": groups,
+        "reissued": sum(r.get("reissued", 0) for r in last_rows.values()),
+        "given_up_counter": sum(r.get("given_up", 0) for r in last_rows.values()),
+        "tokens": token_books(soak.rows),
+        "fault_to_trained_step": fault_recovery(soak.injected, soak.rows),
+        "processes": processes(soak.samples, end_t),
+        "storage": check_storage(soak.storage, soak.run_dir),
+        "invocations": invocations,
+        "completed": bool(invocations) and invocations[-1]["rc"] == 0,
+        "injected": soak.injected,
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    g, t = report["groups"], report["tokens"]
+    lines = [
+        f"soak {report['seconds'] / 60:.1f} min, seed {report.get('seed')}: {report['faults_total']} faults, "
+        f"{report['steps']} steps, {len(report['invocations'])} invocations, completed: {report['completed']}",
+        "faults: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(report["faults"].items()))
+        + (f" (disk_full not hit: {report['disk_full_not_hit']})" if report["disk_full_not_hit"] else ""),
+        f"groups: trained {g.get('groups_trained')}, re-issued {report['reissued']}, given up {g.get('groups_given_up')}, "
+        f"lost {len(g.get('groups_lost', []))}, trained twice {len(g.get('groups_trained_twice', []))}, "
+        f"trained but not finished {len(g.get('trained_not_finished', []))}; steps discarded by rewinds {g.get('discarded_steps')}",
+        f"tokens: unattributed {t['unattributed']} of {t['generated']} in {t['closed_invocations']} closed invocation(s); "
+        f"{t['generated_in_invocations_a_fault_ended']} generated in invocations a fault ended",
+        "",
+        f"{'fault':<16}{'count':>6}{'to trained step: median s':>28}{'max s':>8}",
+    ]
+    for kind, rec in sorted(report["fault_to_trained_step"].items()):
+        lines.append(f"{kind:<16}{report['faults'].get(kind, 0):>6}{_f(rec['median_s']):>28}{_f(rec['max_s']):>8}")
+    lines += [
+        "",
+        f"{'process':<18}{'n':>3}{'RSS MB start/end':>18}{'KB/step':>9}{'fds':>10}{'/step':>7}{'threads':>9}{'/step':>7}{'RSS last half':>22}",
+    ]
+    for kind, p in report["processes"].items():
+        r, f, th = p["rss_kb"], p["fds"], p["threads"]
+        half = p.get("rss_last_half")
+        half_s = f"{half['growth']:+.1%} over {half['minutes']} min" if half and half["growth"] is not None else "-"
+        lines.append(
+            f"{kind:<18}{p['processes']:>3}{r['start'] / 1024:>9.0f}/{r['end'] / 1024:<8.0f}{_f(r['per_step']):>9}"
+            f"{f['start']:>5}/{f['end']:<4}{_f(f['per_step'], 3):>7}{th['start']:>5}/{th['end']:<3}{_f(th['per_step'], 3):>7}{half_s:>22}"
+        )
+    st = report["storage"]
+    lines += [
+        "",
+        f"storage: checkpoints {_checkpoints(st['checkpoints'])}; "
+        f"snapshots loading {sum(v['loads'] for v in st['snapshots'].values())}/{len(st['snapshots'])}; "
+        f"unindexed snapshot folders {len(st['unindexed_snapshot_dirs'])}; all load: {st['all_load']}",
+        "",
+        "invocations (rc, ended by, left-over processes, last line):",
+    ]
+    for inv in report["invocations"]:
+        lines.append(
+            f"  #{inv['index']} from step {inv['resumed_from']}, {inv['seconds']:.0f} s: rc {inv['rc']}, "
+            f"{inv['ended_by'] or '-'}, {inv['leftover_processes']} left; {inv['last_line'][:160]}"
+        )
+    return "\n".join(lines)
+
+
+def _checkpoints(found: dict[str, dict]) -> str:
+    said = [f"{k}: step {v['step']}" if v["loads"] else f"{k}: FAILS {v['error']}" for k, v in found.items()]
+    return ", ".join(said) or "none"
+
+
+def _f(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
