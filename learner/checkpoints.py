@@ -6,11 +6,19 @@ old tags; each rank keeps its own RNG streams (torch's CPU and, with CUDA, every
 device's generator, Python's, numpy's). Resume needs the same backend,
 ZeRO stage (configured and run: one rank runs stage 1 or 2 as 0), world size and LoRA rank, and is
 exact. Under LoRA only the adapter's tensors are saved (the base weights load from the model path).
+
+A save replaces the files of the one before it (torch_state.pt, the RNG files, learner.json) only once
+every new file is whole: each is written beside its old one as ``*.partial`` and renamed over it after
+all are written, learner.json last. A write that fails (the disk full) removes its partial files and
+leaves the previous checkpoint as it was, loadable; it raises one line saying so (torch's own error
+for a full disk is an "enforce fail ... unexpected pos" from its zip writer).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
 import re
 import shutil
@@ -88,6 +96,51 @@ def check_effective_stage(meta: Mapping[str, Any], tag_dir: Path, running: int) 
         )
 
 
+PARTIAL = ".partial"
+_FULL_BYTES = 1 << 20  # less free than this when a write failed: the disk was full
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written whole; the previous one is kept (one line)."""
+
+
+def _free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def write_error(folder: Path, what: str, exc: BaseException) -> CheckpointWriteError:
+    """The one line for a checkpoint write that failed: "no space left" when the filesystem was full."""
+    if getattr(exc, "errno", None) == errno.ENOSPC or _free_bytes(folder) < _FULL_BYTES:
+        return CheckpointWriteError(
+            errno.ENOSPC,
+            f"no space left on device writing {what} to {folder} ({_free_bytes(folder) / 2**20:.1f} MB free "
+            "after removing the partial files): the previous checkpoint there is kept whole; free space, "
+            "then resume=RUN_DIR",
+        )
+    return CheckpointWriteError(
+        f"{what} to {folder} failed ({type(exc).__name__}: {exc}); the previous checkpoint is kept"
+    )
+
+
+def write_whole(files: Mapping[Path, Any], what: str) -> None:
+    """Each ``path -> write(partial_path)`` into ``path.partial``, then every partial renamed over its
+    path in the given order (the one naming the checkpoint last). Any failure removes the partials and
+    raises ``CheckpointWriteError``: "no space left" when the filesystem was full, else the cause."""
+    written: list[Path] = []
+    try:
+        for path, write in files.items():
+            partial = path.with_name(path.name + PARTIAL)
+            written.append(partial)
+            write(partial)
+    except Exception as exc:
+        for partial in written:
+            partial.unlink(missing_ok=True)
+        raise write_error(next(iter(files)).parent, what, exc) from exc
+    for partial in written:
+        os.replace(partial, partial.with_name(partial.name[: -len(PARTIAL)]))
+
+
 def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int) -> Path:
     """``keep`` > 0: only the newest ``keep`` DeepSpeed tags stay."""
     import numpy as np
@@ -107,19 +160,27 @@ def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int
     lora = lora_on(cfg)  # only the adapter's tensors: the frozen base comes from model_path (learner/lora.py)
     if lora:
         meta["lora_rank"] = cfg.lora.rank
-    if learner.engine is not None:
-        learner.engine.save_checkpoint(
-            str(path), tag=step_tag(learner.step), client_state={"seal": meta}, exclude_frozen_parameters=lora
-        )
+    files: dict[Path, Any] = {}
+    what = f"the learner checkpoint of step {learner.step} (rank {learner.rank})"
+    if learner.engine is not None:  # DeepSpeed's own files go to a new tag folder: learner.json names it last
+        try:
+            learner.engine.save_checkpoint(
+                str(path), tag=step_tag(learner.step), client_state={"seal": meta}, exclude_frozen_parameters=lora
+            )
+        except Exception as exc:
+            shutil.rmtree(path / step_tag(learner.step), ignore_errors=True)  # no partial tag takes the room
+            raise write_error(path, what, exc) from exc
     else:
         model = trainable_state(learner.model) if lora else learner.model.state_dict()
-        torch.save({"model": model, "optimizer": learner.optimizer.state_dict()}, path / "torch_state.pt")
-    torch.save(rng, _rng_file(learner, path))
+        state = {"model": model, "optimizer": learner.optimizer.state_dict()}
+        files[path / "torch_state.pt"] = lambda to: torch.save(state, to)
+    files[_rng_file(learner, path)] = lambda to: torch.save(rng, to)
     meta["world_size"] = learner.world_size
     if learner.rank == 0:
-        (path / "learner.json").write_text(json.dumps(meta, indent=2))
-        if keep and learner.engine is not None:
-            prune_tags(path, keep)
+        files[path / "learner.json"] = lambda to: to.write_text(json.dumps(meta, indent=2))
+    write_whole(files, what)
+    if learner.rank == 0 and keep and learner.engine is not None:
+        prune_tags(path, keep)
     return path
 
 
