@@ -162,3 +162,26 @@ def merged_model(peft_model: Any, model_path: str) -> Any:
     if missing or unexpected:
         raise RuntimeError(f"merged LoRA weights do not fit {model_path}: missing {missing}, unexpected {unexpected}")
     return model.to(next(peft_model.parameters()).device).eval()
+
+
+def adapter_tensors(peft_model: Any, dtype: Any = None) -> dict[str, Any]:
+    """The adapter as a publish carries it to generators serving adapters (actors/generation/
+    adapter_updates.py): peft's saved names (what adapter_model.safetensors holds, vLLM's names for
+    it), each lora_B multiplied by its layer's alpha / rank. vLLM folds that scaling into B when it
+    loads an adapter (LoRALayerWeights.optimize); done here first, the tensors alone say everything
+    the generator needs (it writes lora_alpha = r). Cast to ``dtype`` (None: as trained), on CPU."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import get_peft_model_state_dict
+
+    scaling = {
+        f"{name}.lora_B.weight": float(module.scaling[ADAPTER])
+        for name, module in peft_model.named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_B
+    }
+    out = {}
+    for name, tensor in get_peft_model_state_dict(peft_model, adapter_name=ADAPTER).items():
+        t = tensor.detach().float() * scaling[name] if name in scaling else tensor.detach().float()
+        out[name] = t.to("cpu", dtype or tensor.dtype)
+    if not out or len(scaling) * 2 != len(out):
+        raise RuntimeError(f"the policy's adapter has {len(out)} tensors for {len(scaling)} LoRA layers")
+    return out

@@ -8,10 +8,16 @@ loads it eagerly (``add_lora``: a file that does not load fails the publish, not
 and every later request carries its ``LoRARequest``. Version v is adapter id v + 1 (vLLM's ids
 start at 1). ``AdapterSlots`` keeps the newest ``keep`` versions loaded and removes older ones,
 so a replica holds at most ``max_loras`` adapters.
+
+Through the fleet's weight-sync paths a publish carries the adapter's tensors alone (``adapter_config``,
+``write_adapter_files``: the replica writes peft's directory itself), and the async replica keeps each
+version while a request uses it (``ServedAdapters``, driven by actors/generation/adapter_updates.py).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +76,131 @@ class AdapterSlots:
         while len(self._loaded) > self._keep:
             self._engine.remove_lora(self._loaded.pop(0).lora_int_id)
         return request
+
+
+# --------------------------------------------------------------- adapters from tensors
+# A publish through the fleet's weight-sync paths (Ray's object store, the broadcast group) carries
+# the adapter's tensors alone, under peft's saved names (learner/lora.py ``adapter_tensors``), with
+# each B already scaled by alpha / rank: vLLM folds that scaling into B when it loads an adapter
+# (LoRALayerWeights.optimize), so the learner does it first and the wire needs no config at all.
+# The replica writes them as peft's directory with lora_alpha = r (scaling 1) and loads it by path,
+# vLLM's one way in (a path also lets its LRU cache reload an evicted adapter).
+LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"
+
+
+def adapter_config(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """peft's adapter_config.json for pre-scaled adapter ``tensors``: the rank from the A matrices
+    (one rank for all), the target modules from the names, alpha = rank (scaling 1)."""
+    ranks = {int(t.shape[0]) for name, t in tensors.items() if name.endswith(LORA_A)}
+    if len(ranks) != 1:
+        raise ValueError(f"adapter tensors must hold lora_A matrices of one rank, found ranks {sorted(ranks)}")
+    odd = [n for n in tensors if not n.endswith((LORA_A, LORA_B))]
+    if odd:
+        raise ValueError(f"not adapter tensors (lora_A / lora_B weights): {odd[:3]}")
+    rank = ranks.pop()
+    targets = sorted({name.removesuffix(LORA_A).rsplit(".", 1)[-1] for name in tensors if name.endswith(LORA_A)})
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": rank,  # B arrives scaled by the learner's alpha / rank
+        "lora_dropout": 0.0,
+        "target_modules": targets,
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+    }
+
+
+def write_adapter_files(directory: str | Path, tensors: Mapping[str, Any]) -> tuple[Path, int]:
+    """``tensors`` (name -> torch tensor) as peft's adapter directory under ``directory``, written
+    beside it and renamed into place, so vLLM never reads half a file. Returns (path, bytes)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    config = adapter_config(tensors)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    save_file({n: t.detach().contiguous().cpu() for n, t in tensors.items()}, str(tmp / ADAPTER_FILES[1]))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out, sum(f.stat().st_size for f in out.iterdir())
+
+
+def read_adapter_files(directory: str | Path) -> dict[str, Any]:
+    """The tensors of an adapter directory (tests; a replica restoring from a file)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(directory) / ADAPTER_FILES[1]))
+
+
+class ServedAdapters:
+    """The adapters an async replica serves (actors/generation/async_vllm_engine.py): every version
+    stays loaded while a request uses it and the newest always does; an older one goes (removed from
+    the engine, its directory deleted) once no request uses it. New requests take the newest.
+
+    Unlike ``AdapterSlots`` (the blocking engine: updates land between batches), requests here run
+    across updates, so a version is held by use, not by count: vLLM schedules at most ``max_loras``
+    adapters in a batch and reloads an evicted one from its directory, so more versions in use than
+    slots cost throughput, never a wrong adapter."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._requests: dict[int, Any] = {}  # version -> LoRARequest, oldest first
+        self._users: dict[int, int] = {}  # version -> requests using it now
+
+    @property
+    def newest(self) -> int | None:
+        return next(reversed(self._requests), None)
+
+    def directory(self, version: int) -> Path:
+        return self.root / f"v{version:06d}"
+
+    def request(self, version: int | None) -> Any:
+        """The LoRARequest of ``version``; None (the base model) for a version never loaded."""
+        return None if version is None else self._requests.get(version)
+
+    def loaded(self) -> list[int]:
+        return list(self._requests)
+
+    def users(self, version: int) -> int:
+        return self._users.get(version, 0)
+
+    async def add(self, engine: Any, version: int) -> Any:
+        """Load the adapter written to ``directory(version)`` (eagerly: a bad file fails the update,
+        not a later request) and make it the newest; returns what the engine's ``add_lora`` took."""
+        request = adapter_request(version, self.directory(version))
+        if not await engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the adapter of v{version} from {request.lora_path}")
+        self._requests.pop(version, None)
+        self._requests[version] = request
+        return request
+
+    def acquire(self, version: int) -> Any:
+        """A request starts on ``version``: held until ``release``. Returns its LoRARequest."""
+        self._users[version] = self._users.get(version, 0) + 1
+        return self.request(version)
+
+    def release(self, version: int) -> None:
+        left = self._users.get(version, 0) - 1
+        if left > 0:
+            self._users[version] = left
+        else:
+            self._users.pop(version, None)
+
+    async def drop_unused(self, engine: Any) -> list[int]:
+        """Remove every version but the newest that no request uses; returns them."""
+        import shutil
+
+        newest, dropped = self.newest, []
+        for version in [v for v in self._requests if v != newest and not self._users.get(v)]:
+            request = self._requests.pop(version)
+            await engine.remove_lora(request.lora_int_id)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
+            dropped.append(version)
+        return dropped

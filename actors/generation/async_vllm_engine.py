@@ -1,50 +1,17 @@
-"""A generator replica on vLLM's async engine (AsyncLLM): continuous batching.
+"""A generator replica on vLLM's async engine (AsyncLLM): continuous batching, as a Ray async actor with
+``GeneratorServer``'s method names (the blocking ``VllmGenerator`` serves one batch at a time). Engine settings:
+actors/generation/engine_settings.py; weights in: actors/generation/sources.py and weight_transfer.py.
 
-Every request enters the engine's running batch as it arrives and returns as it finishes, so an env actor whose
-episode needs a short turn is not held behind the longest sequence of someone else's batch (the blocking
-``VllmGenerator`` serves one ``LLM.generate`` batch at a time).
-
-Used as a Ray async actor (``max_concurrency`` calls at once on its event loop); the method names are those of
-``actors.generation.server.GeneratorServer``, so the driver and the env actors drive either the same way. Engine
-settings and environment: actors/generation/engine_settings.py, shared with ``VllmGenerator``.
-
-Weight updates pause the engine with vLLM's own ``pause_generation``; the ``update_mode`` says what happens to
-requests in flight:
-
-- ``pause``: no new request is scheduled, in-flight ones finish on the old weights (vLLM mode ``wait``), then
-  the weights change;
-- ``keep``: in-flight requests freeze (their KV cache kept) and continue under the new weights after the update
-  (vLLM mode ``keep``);
-- ``abort``: in-flight requests are aborted; each one's partial output is kept and continued on the new weights
-  as a new engine request whose prompt is the old prompt plus the tokens so far (AReaL's interruptible
-  rollouts).
-
-Per-span versions come from vLLM itself: the engine labels every output token with the weight version it was
-sampled under (``set_weight_version``), and a finished output carries the spans
-(``CompletionOutput.weight_versions``).
-
-The prefix cache is partitioned by weight version: every request carries ``cache_salt`` = the version it was
-issued under (vLLM mixes it into its block hashes), so a request never reads KV computed under other weights,
-even while vLLM refuses the ``reset_prefix_cache`` tried after each update (always in ``keep``: the frozen
-requests hold blocks; counted ``prefix_cache_reset_refused``). A request in the engine at the update keeps the
-KV of its own version (docs/generator-fleet.md, "Prefix cache across updates").
-
-``pause`` drains for at most ``drain_timeout_s`` (default half the update timeout, or of the learner's wait for
-the replica's "ready" when weights come by broadcast, weights/group.py's ``READY_FRACTION`` of the group's
-timeout, so that wait never outlasts a drain); requests still running then are aborted and continued on the new
-weights as in ``abort`` (counted: ``drain_timeouts``).
-
-A load that fails part way (a broken broadcast, a failed or cancelled restore) leaves each module old or new
-(actors/generation/weight_transfer.py's abort), so the model is a mix of two versions: the requests in flight
-are aborted (keep's frozen ones would otherwise go on on it, labelled with the old version), and the replica
-holds every request, as a restarted one does (``awaiting_weights``), until a whole version lands; the fleet
-restores it. A replica whose engine core died says so (``ReplicaEngineDead``) and the fleet replaces it.
-
-Weights reach the engine's workers (another process) three ways: a safetensors directory; name -> array records
-through ``collective_rpc`` (as raw bytes: vLLM's RPC encodes tensors as lists), one bucket of the learner's
-``WeightManifest`` at a time; or the learner's broadcast group through vLLM's weight-transfer interface
-(``join_weight_group`` / ``update_weights_from_group``: ``seal_nccl`` on CUDA, ``seal_gloo`` on CPU,
-actors/generation/weight_transfer.py).
+Updates pause the engine (vLLM's ``pause_generation``); ``update_mode`` (docs/generator-fleet.md) says what
+requests in flight do: ``pause``, finish on the old weights first, for at most ``drain_timeout_s`` (default half
+the update timeout, or of a broadcast's "ready" wait, weights/group.py ``READY_FRACTION``), then as ``abort``
+(counted ``drain_timeouts``); ``keep``, freeze with their KV cache and go on under the new weights; ``abort``,
+continue on the new weights as new requests holding their tokens so far (AReaL's interruptible rollouts).
+Spans carry vLLM's per-token version label (``set_weight_version``); every request's ``cache_salt`` is its
+version, so it never reads KV of other weights (counted: ``prefix_cache_reset_refused``). A load that fails part
+way leaves each module old or new: in-flight requests are aborted and all held (``awaiting_weights``) until a
+whole version lands. With ``max_lora_rank`` > 0 versions are LoRA adapters on the base and no update pauses the
+engine (actors/generation/adapter_updates.py).
 """
 
 from __future__ import annotations
@@ -55,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from actors.generation.adapter_updates import AdapterUpdates, engine_stream
 from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
 from actors.generation.server import ReplicaEngineDead
@@ -93,6 +61,8 @@ class AsyncVllmGenerator(Generator):
         drain_timeout_s: float | None = None,
         await_weights: bool = False,
         setup: Callable[[], Any] | None = None,
+        max_lora_rank: int = 0,
+        max_loras: int = 2,
     ) -> None:
         """``setup``: called first, in this process (the cluster's CPU pinning). The engine keywords
         go to ``EngineSettings`` (actors/generation/engine_settings.py), which checks them; the
@@ -116,6 +86,8 @@ class AsyncVllmGenerator(Generator):
             max_num_seqs=max_num_seqs,
             seed=seed,
             weight_sync=weight_sync,
+            max_lora_rank=max_lora_rank,
+            max_loras=max_loras,
         )
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"update_mode must be one of {sorted(UPDATE_MODES)}, got {update_mode!r}")
@@ -146,6 +118,7 @@ class AsyncVllmGenerator(Generator):
         self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
         self._group_ready = False
         self._awaiting_weights = await_weights or restarted_by_ray()
+        self.adapters = AdapterUpdates(self) if max_lora_rank else None
 
     # -------------------------------------------------------------- engine
     async def _ready(self) -> Any:
@@ -226,7 +199,7 @@ class AsyncVllmGenerator(Generator):
                 final = None
                 # The prefix cache is partitioned by weight version (module docstring).
                 prompt = TokensPrompt(prompt_token_ids=[*req.prompt_ids, *ids], cache_salt=f"seal-v{version_now}")
-                async for out in self._engine.generate(prompt, params, request_id=f"{req.request_id}#{piece}"):
+                async for out in engine_stream(self, prompt, params, f"{req.request_id}#{piece}", version_now):
                     final = out
                 if final is None or not final.outputs:
                     raise RuntimeError(f"vLLM returned no output for request {req.request_id}")
@@ -279,6 +252,8 @@ class AsyncVllmGenerator(Generator):
         """Load new weights under ``mode`` (default: the configured update_mode); seconds taken. ``source``:
         a snapshot directory, the learner's WeightManifest (weights/buckets.py) or a name -> tensor mapping
         (callers in this process). A coroutine: requests are served (drained, frozen, aborted) meanwhile."""
+        if self.adapters is not None:  # adapter tensors (or a peft adapter directory)
+            return await self.adapters.from_source(version, source, mode)
 
         async def load(engine) -> None:
             await send_weights_async(
@@ -334,6 +309,8 @@ class AsyncVllmGenerator(Generator):
             raise RuntimeError("update_weights_from_group before join_weight_group")
         if not metadata:
             raise ValueError("empty metadata: a round carries every weight of the model")
+        if self.adapters is not None:
+            return await self.adapters.from_group(version, metadata, mode)
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         from actors.generation.weight_transfer import update_info
@@ -445,12 +422,12 @@ class AsyncVllmGenerator(Generator):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        engine = await self._ready()
+        await self._ready()
         await self._no_update.wait()  # the weights loaded now, even while the replica holds its requests
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         final = None
-        async for out in engine.generate(
-            TokensPrompt(prompt_token_ids=list(token_ids)), params, request_id=f"canary-{time.monotonic_ns()}"
+        async for out in engine_stream(
+            self, TokensPrompt(prompt_token_ids=list(token_ids)), params, f"canary-{time.monotonic_ns()}", self._version
         ):
             final = out
         steps = final.prompt_logprobs or []
@@ -497,3 +474,5 @@ class AsyncVllmGenerator(Generator):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+        if self.adapters is not None:
+            self.adapters.close()

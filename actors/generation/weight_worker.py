@@ -186,6 +186,31 @@ class WeightSyncExtension:
             raise RuntimeError(f"the model loader did not take {len(unread)} tensors, e.g. {unread[:3]}")
         return state["received"]
 
+    def receive_adapter(self, metadata: list[WeightMeta | Mapping[str, Any]], directory: str) -> int:
+        """Receive one round of LoRA adapter tensors (a publish under ``learner.cfg.lora``: megabytes,
+        held whole) over whichever weight group this worker joined, and write them as peft's adapter
+        directory (the first worker; the others only take their part in the round) for the replica to
+        load by path (actors/generation/adapters.py). The model's own weights are not touched, so a
+        round that fails leaves nothing to undo. Returns the number of tensors."""
+        from actors.generation.adapters import write_adapter_files
+
+        group = getattr(self, "_seal_weight_group", None)  # the blocking engine's (init_weight_group)
+        transfer = getattr(self, "weight_transfer_engine", None)  # the async engine's (seal_gloo / seal_nccl)
+        group = group if group is not None else getattr(transfer, "group", None)
+        if group is None:
+            raise RuntimeError("receive_adapter before the worker joined a weight group")
+        metas = [WeightMeta.from_wire(m) for m in metadata]
+        group.begin_round()
+        tensors = {}
+        for meta in metas:
+            buf = torch.empty(meta.shape, dtype=meta.torch_dtype, device=self.device)
+            group.broadcast(buf, meta.name)
+            tensors[meta.name] = buf
+        group.synchronize()
+        if int(getattr(self, "rank", 0)) == 0:
+            write_adapter_files(directory, tensors)
+        return len(tensors)
+
 
 def _register_transfer_engine() -> None:
     """In a vLLM worker (which imports this module as its extension) make ``seal_gloo``

@@ -42,3 +42,45 @@ def test_an_adapter_request_names_the_version_and_needs_peft_s_files(tmp_path):
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")
     request = adapter_request(0, tmp_path)
     assert (request.lora_name, request.lora_int_id, request.lora_path) == ("policy-v0", 1, str(tmp_path))
+
+
+def _adapter(rank: int = 4) -> dict:
+    import torch
+
+    return {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(rank, 16),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.randn(32, rank),
+        "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight": torch.randn(rank, 64),
+        "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight": torch.randn(16, rank),
+    }
+
+
+def test_adapter_files_written_from_tensors_read_back_equal_with_scaling_one(tmp_path):
+    """The wire carries B already scaled by alpha / rank, so the config written says alpha = rank."""
+    import json
+
+    import torch
+
+    from actors.generation.adapters import ADAPTER_FILES, read_adapter_files, write_adapter_files
+
+    tensors = _adapter(rank=4)
+    path, nbytes = write_adapter_files(tmp_path / "v000001", tensors)
+    assert sorted(p.name for p in path.iterdir()) == sorted(ADAPTER_FILES) and nbytes > 0
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 4, ["down_proj", "q_proj"])
+    back = read_adapter_files(path)
+    assert set(back) == set(tensors) and all(torch.equal(back[n], t) for n, t in tensors.items())
+    assert not (tmp_path / "v000001.tmp").exists()
+    adapter_request(0, path)  # what the engine loads: peft's two files are there
+
+
+def test_tensors_that_are_not_one_adapter_are_refused(tmp_path):
+    import torch
+
+    from actors.generation.adapters import adapter_config
+
+    mixed = {**_adapter(rank=4), "base_model.model.model.layers.1.mlp.up_proj.lora_A.weight": torch.randn(8, 16)}
+    with pytest.raises(ValueError, match=r"one rank, found ranks \[4, 8\]"):
+        adapter_config(mixed)
+    with pytest.raises(ValueError, match="not adapter tensors"):
+        adapter_config({**_adapter(), "model.embed_tokens.weight": torch.randn(4, 4)})

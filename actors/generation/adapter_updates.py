@@ -1,0 +1,159 @@
+"""Policy versions as LoRA adapters on the async replica (actors/generation/async_vllm_engine.py).
+
+A replica started with ``max_lora_rank`` > 0 serves the base model once and each published
+version as a vLLM LoRA adapter: an update carries the adapter's tensors alone (megabytes; the
+learner's ``adapter_tensors``, learner/lora.py), by either weight-sync path:
+
+- records (``update_weights``): the learner's WeightManifest of adapter tensors, fetched bucket by
+  bucket from Ray's object store in the replica's process (or a name -> tensor mapping, or a peft
+  adapter directory);
+- the broadcast group (``update_weights_from_group``): one round received by the engine's workers
+  (``WeightSyncExtension.receive_adapter``, with the group's "ready" handshake and per-operation
+  bounds as for whole weights).
+
+Either way the tensors become peft's adapter directory on the replica's disk
+(actors/generation/adapters.py ``write_adapter_files``) and vLLM loads it eagerly (``add_lora``: a
+bad adapter fails the update within ``update_timeout_s``, not a later request). The base weights
+never change, so no update pauses the engine, and one that fails leaves the replica serving the
+version it had, whole.
+
+Requests in flight at an update (``update_mode``):
+
+- ``pause``: they finish on the adapter they started with, which stays loaded until no request uses
+  it (``ServedAdapters``); new requests take the new one at once (no drain to wait for);
+- ``keep`` and ``abort``: they are aborted and continued on the new adapter, their tokens so far
+  kept (a vLLM request's adapter is fixed, so ``keep``'s frozen KV cache cannot carry over).
+
+Every span carries the version of the adapter that sampled it. vLLM's own per-token label
+(``set_weight_version``) is engine-wide, so under adapters an old request's tokens would carry the
+newest version: the label is dropped and the version the piece started on stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from actors.generation.adapters import ServedAdapters, read_adapter_files, write_adapter_files
+from weights.buckets import WeightManifest
+
+
+def engine_stream(replica: Any, prompt: Any, params: Any, request_id: str, version: int):
+    """One engine request's outputs on ``replica``'s engine; serving adapters, on the one of ``version``."""
+    if replica.adapters is not None:
+        return replica.adapters.stream(replica._engine, prompt, params, request_id, version)
+    return replica._engine.generate(prompt, params, request_id=request_id)
+
+
+class AdapterUpdates:
+    """The adapter side of one ``AsyncVllmGenerator`` (``replica``): its updates and its requests' LoRAs."""
+
+    def __init__(self, replica: Any) -> None:
+        self.replica = replica
+        self.served = ServedAdapters(tempfile.mkdtemp(prefix=f"seal-adapters-{os.getpid()}-"))
+        self.written_bytes = 0  # the last adapter's files
+
+    # ------------------------------------------------------------ requests
+    async def stream(self, engine: Any, prompt: Any, params: Any, request_id: str, version: int):
+        """One engine request on the adapter of ``version`` (the base model before any), held loaded
+        until the request ends; its outputs without vLLM's engine-wide version label."""
+        lora = self.served.acquire(version)
+        try:
+            async for out in engine.generate(prompt, params, request_id=request_id, lora_request=lora):
+                for completion in out.outputs:
+                    completion.weight_versions = None  # the caller labels the piece with ``version``
+                yield out
+        finally:
+            self.served.release(version)
+            if version != self.served.newest and not self.served.users(version):
+                await self.served.drop_unused(engine)
+
+    # ------------------------------------------------------------- updates
+    async def from_source(self, version: int, source: Any, mode: str | None) -> float:
+        """``update_weights``: a manifest or mapping of adapter tensors, or a peft adapter directory."""
+
+        async def write(engine: Any) -> None:
+            out = self.served.directory(version)
+            if isinstance(source, str):
+                if not os.path.isdir(source):
+                    raise FileNotFoundError(f"adapter directory not found: {source}")
+                tensors = read_adapter_files(source)  # peft's own layout: copied as it is
+                shutil.rmtree(out, ignore_errors=True)
+                shutil.copytree(source, out)
+                self.written_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+                return
+            tensors = await self._fetch(source, version)
+            _, self.written_bytes = write_adapter_files(out, tensors)
+
+        return await self._update(version, mode, write)
+
+    async def _fetch(self, source: Mapping[str, Any] | WeightManifest, version: int) -> dict[str, Any]:
+        from actors.generation.sources import as_tensors
+        from weights.buckets import fetch_bucket_async
+
+        r = self.replica
+        if not isinstance(source, WeightManifest):
+            return dict(as_tensors(source))  # type: ignore[arg-type]
+        who = f"generator replica pid {os.getpid()} loading adapter v{version}"
+        tensors: dict[str, Any] = {}
+        for i in range(len(source.buckets)):
+            tensors.update(await fetch_bucket_async(source, i, who, r.update_timeout_s))
+        return tensors
+
+    async def from_group(self, version: int, metadata: list, mode: str | None) -> float:
+        """``update_weights_from_group``: one broadcast round of adapter tensors into the workers."""
+
+        async def write(engine: Any) -> None:
+            await engine.collective_rpc(
+                "receive_adapter", kwargs={"metadata": list(metadata), "directory": str(self.served.directory(version))}
+            )
+
+        return await self._update(version, mode, write)
+
+    async def _update(self, version: int, mode: str | None, write) -> float:
+        from actors.generation.async_vllm_engine import UPDATE_MODES
+
+        r = self.replica
+        mode = mode or r.update_mode
+        if mode not in UPDATE_MODES:
+            raise ValueError(f"update mode must be one of {sorted(UPDATE_MODES)}, got {mode!r}")
+        if version < r._version:
+            raise ValueError(f"weight version {version} is older than the loaded {r._version}")
+        engine = await r._ready()
+        r._check_engine()
+        async with r._update_lock:
+            t0 = time.perf_counter()
+            try:
+                await asyncio.wait_for(self._load(engine, version, write), r.update_timeout_s)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"generator replica (pid {os.getpid()}): the adapter update to v{version} "
+                    f"did not finish within {r.update_timeout_s:.0f} s"
+                ) from None
+            if mode != "pause":  # in flight: aborted, continued on the new adapter (_complete)
+                r._abort_epoch += 1
+                await engine.pause_generation(mode="abort", clear_cache=False)
+                await engine.resume_generation()
+            await self.served.drop_unused(engine)
+            seconds = time.perf_counter() - t0
+            r.counters.updates += 1
+            r.counters.update_s += seconds
+            return seconds
+
+    async def _load(self, engine: Any, version: int, write) -> None:
+        await write(engine)
+        await self.served.add(engine, version)
+        r = self.replica
+        # No await between the adapter becoming the newest and the replica's version: a piece that
+        # reads the version (and takes its adapter) sees both or neither.
+        r._version = version
+        r._awaiting_weights = False
+        r._serving.set()
+
+    def close(self) -> None:
+        shutil.rmtree(self.served.root, ignore_errors=True)
