@@ -19,6 +19,19 @@ ENV_OVERRIDES_HELP = (
 )
 # The training-interface components `seal env` takes (env_pool/interface/components.py's names).
 INTERFACE_COMPONENTS = "lite,feedback,guidelines,examples"
+# benchmarks/cli.py's PARTS, named again here: seal/ imports no benchmark (test_cli_help holds the two equal).
+BENCH_PARTS = (
+    "rollout-learn",
+    "sync-async",
+    "env",
+    "transport",
+    "weights",
+    "precision",
+    "trl",
+    "learner-scale",
+    "generator",
+    "learner",
+)
 WRITES_NOTHING = "Writes: nothing (prints to the terminal only)."
 
 
@@ -314,9 +327,7 @@ def model_parsers(sub: argparse._SubParsersAction) -> None:
 
 def bench_parser(sub: argparse._SubParsersAction) -> None:
     """benchmarks/cli.py: `seal bench PART` (its parts' options are parsed there)."""
-    from benchmarks.cli import PARTS  # a name table, standard library imports only
-
-    parts = ", ".join(PARTS)
+    parts = ", ".join(BENCH_PARTS)
     bench = sub.add_parser(
         "bench",
         help=f"benchmarks: {parts} or all",

@@ -59,7 +59,9 @@ def test_the_file_names_in_the_help_are_the_ones_the_code_writes():
 
 def test_seal_help_lists_every_bench_part():
     from benchmarks.cli import PARTS
+    from seal.commands.parsers import BENCH_PARTS
 
+    assert BENCH_PARTS == tuple(PARTS)
     top = " ".join(build_parser().format_help().split())
     bench_line = top.split("bench ", 1)[1]
     assert all(part in bench_line for part in PARTS), bench_line
