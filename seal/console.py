@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 
@@ -70,3 +71,76 @@ def engine_output_to_stderr() -> None:
         sys.stdout.flush()
         _results = os.fdopen(os.dup(1), "w", buffering=1)
         os.dup2(2, 1)
+
+
+class Heartbeat:
+    """At least one line every ``every`` seconds while a long command works: what it is doing now,
+    for how long, and the time left as ``left()`` estimates it. ``say`` prints a line at once (a
+    task done) and restarts the count; ``doing`` names the next activity. Lines go to a copy of
+    file descriptor 2 taken at the start, so they reach the terminal while an engine's own output
+    is sent to a log file (output_to_file). ``clock`` and ``stream`` are there for tests; ``start``
+    runs ``tick`` on a daemon thread, ``stop`` ends it."""
+
+    def __init__(
+        self,
+        every: float = 30.0,
+        *,
+        clock: Callable[[], float] | None = None,
+        stream: TextIO | None = None,
+        left: Callable[[float], str] | None = None,
+    ) -> None:
+        import time
+
+        self.every, self.clock = every, clock or time.monotonic
+        self._own_stream = stream is None
+        self.stream = stream if stream is not None else os.fdopen(os.dup(2), "w", buffering=1)
+        self.left = left or (lambda _busy: "time left unknown")
+        self.what, self.since = "starting", self.clock()
+        self.last_line = self.since
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def doing(self, what: str) -> None:
+        with self._lock:
+            self.what, self.since = what, self.clock()
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            self._print(line)
+
+    def tick(self) -> bool:
+        """Print the current activity if no line went out for ``every`` seconds; True if it did."""
+        with self._lock:
+            now = self.clock()
+            if now - self.last_line < self.every:
+                return False
+            busy = now - self.since
+            self._print(f"{self.what}: {duration(busy)} so far; {self.left(busy)}")
+            return True
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+        self.last_line = self.clock()
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._run, name="seal-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if self._own_stream:
+            self.stream.close()
+
+
+def duration(seconds: float) -> str:
+    """``2 min 05 s`` or ``40 s``."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"

@@ -7,21 +7,23 @@ checkpoint, the capability state or the interface, and nothing it runs feeds
 back into training. Every task is run with the raw benchmark interface at
 temperature 0 (one greedy rollout), a view's tasks BATCH_TASKS at a time played
 together as the closing evaluation plays its tasks (one engine batch per
-generation step), with a progress line per batch and the time left; one snapshot
-at a time: the engine is closed before the next snapshot's weights are loaded.
+generation step; the OOD harness views one task at a time), with a progress line per
+batch and, between them, at least one line every 30 s with what runs and the time left
+(evaluate_progress.py); one snapshot at a time: the engine is closed before the next
+snapshot's weights are loaded.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from seal.commands.evaluate_progress import EvalProgress
 from seal.console import results as result_stream
 from seal.console import stdout_to_stderr
 
@@ -41,8 +43,8 @@ def run_dir_arg(value: str | None, command: str) -> Path:
 
     written = "`seal train` writes runs/<timestamp> and its closing note names it"
     if not value:
-        runs = sorted(p.parent for p in Path("runs").glob("*/config.yaml"))
-        hint = f"e.g. `seal {command} {runs[-1]}` (the latest run here)" if runs else written
+        latest = latest_run(Path("runs"))
+        hint = f"e.g. `seal {command} {latest}` (the latest run here)" if latest else written
         raise CliError(f"seal {command} needs a run directory: {hint}")
     path = Path(value)
     if not path.is_dir():
@@ -50,6 +52,19 @@ def run_dir_arg(value: str | None, command: str) -> Path:
     if not (path / "config.yaml").is_file():
         raise CliError(f"{value} is not a run directory (no config.yaml; {written})")
     return path
+
+
+def latest_run(runs: Path) -> Path | None:
+    """The run directory under ``runs`` whose config was written last, leaving out rehearsals
+    (`seal rehearse` writes runs/rehearse-<recipe>-<time>: a tiny model's few steps, nothing to evaluate)."""
+    from seal.commands.rehearse_report import REPORT_JSON
+
+    found = [
+        p.parent
+        for p in runs.glob("*/config.yaml")
+        if not p.parent.name.startswith("rehearse-") and not (p.parent / REPORT_JSON).exists()
+    ]
+    return max(found, key=lambda d: ((d / "config.yaml").stat().st_mtime, d.name), default=None)
 
 
 def load_run_config(run_dir: Path, overrides: list[str]):
@@ -116,43 +131,6 @@ def _views(cfg, eval_cfg, records, names, groups_per_step: int):
     return views, env_of, pool
 
 
-class EvalProgress:
-    """One line on stderr per batch of tasks: where the evaluation is, and the time left over every
-    snapshot's uncached tasks at the rate of the batches played so far (engine starts and cached
-    tasks are not in the rate: a cached task costs nothing)."""
-
-    def __init__(self, to_play: int) -> None:
-        self.to_play, self.played, self.playing_s = to_play, 0, 0.0
-        self.started = self.batch_started = time.perf_counter()
-
-    def batch_starts(self) -> None:
-        self.batch_started = time.perf_counter()
-
-    def line(self, snapshot: str, view: str, done: int, tasks: int, ran: bool, count: int) -> None:
-        if ran:
-            self.played += count
-            self.playing_s += time.perf_counter() - self.batch_started
-        left = self.to_play - self.played
-        if not left:
-            eta = "none left to play"
-        elif self.played:
-            eta = f"about {_duration(self.playing_s / self.played * left)} left"
-        else:
-            eta = "time left known after the first batch"
-        how = "played" if ran else "from the cache"
-        print(
-            f"evaluate {snapshot} {view}: {done}/{tasks} tasks ({count} {how}); played {self.played} of "
-            f"{self.to_play} in {_duration(time.perf_counter() - self.started)}; {eta}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
-
-
 def _snapshot_keys(cfg, record: dict[str, Any], views, env_of, sampling) -> dict[str, str]:
     """The cache key of each view on one snapshot: what decides a greedy rollout."""
     from evaluation.runner import settings_key
@@ -196,11 +174,7 @@ def _run_snapshot(
             from seal.chat_setup import chat_tokenizer
             from seal.runtime.generator_spec import local_generator
 
-            print(
-                f"{name}: starting the engine on {weights} for {todo} tasks (its own output: {log})",
-                file=sys.stderr,
-                flush=True,
-            )
+            progress.engine_starts(name, weights, todo, log)
             with output_to_file(log):
                 generator = local_generator(cfg.generator, model_path=weights)
             chat = chat_tokenizer(cfg, generator.tokenizer)
@@ -212,7 +186,7 @@ def _run_snapshot(
             make_env = lambda node=env_node: instantiate(node)  # one env per episode
 
             def runner(task_ids, view=view.name, make_env=make_env):
-                progress.batch_starts()
+                progress.batch_starts(name, view, task_ids)
                 with output_to_file(log):
                     if is_harness(env_of[view]):  # tau2 / BFCL memory: the harness drives each episode
                         assert ood is not None  # a task to run means the engine and its harness runner started
@@ -234,7 +208,7 @@ def _run_snapshot(
                 key=keys[view.name],
                 view=view.name,
                 runner=runner,
-                batch=BATCH_TASKS,
+                batch=1 if is_harness(env_of[view.name]) else BATCH_TASKS,  # a harness plays one task at a time
                 progress=step,
             )
     finally:
@@ -296,10 +270,13 @@ def evaluate(args) -> int:
         if not runnable:
             raise CliError("no view can be run: " + "; ".join(f"{v.name}: {v.unavailable}" for v in views))
         results, timings = [], {}
-        progress = EvalProgress(_to_play(cfg, run_dir, records, runnable, env_of, sampling))
-        for record in records:  # one snapshot, one engine, at a time
-            got, timings[record["name"]] = _run_snapshot(cfg, run_dir, record, runnable, env_of, sampling, progress)
-            results += got
+        progress = EvalProgress(_to_play(cfg, run_dir, records, runnable, env_of, sampling)).start()
+        try:
+            for record in records:  # one snapshot, one engine, at a time
+                got, timings[record["name"]] = _run_snapshot(cfg, run_dir, record, runnable, env_of, sampling, progress)
+                results += got
+        finally:
+            progress.stop()
 
     roles = {v.role: v.name for v in runnable}
     # The held-out-category view gives the OOD gain; without it, the first other OOD view (e.g. tau2_retail).

@@ -52,6 +52,12 @@ def test_evaluate_and_report_name_the_run_directory_they_need(tmp_path, capsys, 
     (tmp_path / "runs" / "20261206-070000" / "config.yaml").write_text("{}")
     assert main(["evaluate", "--json"]) == 2
     assert "e.g. `seal evaluate runs/20261206-070000` (the latest run here)" in error_line(capsys)
+    for rehearsal in ("rehearse-qwen7b_2x8-20261206-080000", "mine"):  # the first by name, the second by its report
+        (tmp_path / "runs" / rehearsal).mkdir()
+        (tmp_path / "runs" / rehearsal / "config.yaml").write_text("{}")
+    (tmp_path / "runs" / "mine" / "rehearsal.json").write_text("{}")
+    assert main(["evaluate"]) == 2
+    assert "e.g. `seal evaluate runs/20261206-070000` (the latest run here)" in error_line(capsys)
     assert main(["report", "nowhere"]) == 2
     assert "nowhere: no such run directory" in error_line(capsys)
     assert main(["report", str(tmp_path)]) == 2

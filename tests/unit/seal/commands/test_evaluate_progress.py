@@ -1,23 +1,82 @@
-"""`seal evaluate`'s progress: a line per batch, the time left from the batches played so far."""
+"""`seal evaluate`'s progress: a line per batch (per task on a harness view), the time left from the
+tasks played so far, and a heartbeat line at least every 30 s in between (a fake clock drives it)."""
 
 from __future__ import annotations
 
+import io
 import re
+import time
 
-from seal.commands.evaluate import EvalProgress
+from seal.commands.evaluate_progress import HEARTBEAT_S, EvalProgress
+from seal.console import Heartbeat
 
 
-def test_a_line_per_batch_with_the_time_left_over_every_snapshot(capsys):
-    progress = EvalProgress(to_play=4)
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_line_per_batch_with_the_time_left_over_every_snapshot():
+    clock, out = FakeClock(), io.StringIO()
+    progress = EvalProgress(to_play=4, clock=clock, stream=out)
     progress.line("A_0", "id", 3, 5, ran=False, count=3)  # cached: free, no rate yet
-    progress.batch_starts()
+    progress.batch_starts("A_0", "id", ["a", "b"])
+    clock.now += 20
     progress.line("A_0", "id", 5, 5, ran=True, count=2)
-    progress.batch_starts()
+    progress.batch_starts("A_1", "id", ["a", "b"])
+    clock.now += 20
     progress.line("A_1", "id", 2, 5, ran=True, count=2)
-    first, second, last = capsys.readouterr().err.splitlines()
-    assert first.startswith("evaluate A_0 id: 3/5 tasks (3 from the cache); played 0 of 4 in ")
-    assert first.endswith("; time left known after the first batch")
-    assert re.fullmatch(r"evaluate A_0 id: 5/5 tasks \(2 played\); played 2 of 4 in \d+ s; about \d+ s left", second)
-    assert last.startswith("evaluate A_1 id: 2/5 tasks (2 played); played 4 of 4 in ") and last.endswith(
-        "; none left to play"
+    first, second, last = out.getvalue().splitlines()
+    assert (
+        first
+        == "evaluate A_0 id: 3/5 tasks (3 from the cache); played 0 of 4 in 0 s; time left known after the first task"
     )
+    assert second == "evaluate A_0 id: 5/5 tasks (2 played); played 2 of 4 in 20 s; about 20 s left"
+    assert last == "evaluate A_1 id: 2/5 tasks (2 played); played 4 of 4 in 40 s; none left to play"
+
+
+def test_a_quiet_stretch_gets_a_heartbeat_every_30_s_naming_the_task_and_the_time_left():
+    clock, out = FakeClock(), io.StringIO()
+    progress = EvalProgress(to_play=4, clock=clock, stream=out)
+    beat = progress.heartbeat
+    progress.engine_starts("A_0", "runs/x/snapshots/A_0", 4, "runs/x/evaluation/evaluate.log")
+    for _ in range(int(HEARTBEAT_S) - 1):  # the thread ticks every second: silent under 30 s
+        clock.now += 1
+        assert not beat.tick()
+    clock.now += 1
+    assert beat.tick()
+    progress.batch_starts("A_0", "tau2_retail", ["tau2:retail:0"])
+    clock.now += 100  # a harness task alone: 100 s
+    progress.line("A_0", "tau2_retail", 1, 4, ran=True, count=1)
+    progress.batch_starts("A_0", "tau2_retail", ["tau2:retail:1"])
+    clock.now += 29
+    assert not beat.tick()  # the task line above counts: 29 s since it
+    clock.now += 16
+    assert beat.tick()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("A_0: starting the engine on runs/x/snapshots/A_0 for 4 tasks")
+    assert lines[1] == (
+        "evaluate A_0: starting the engine: 30 s so far; played 0 of 4; time left known after the first task"
+    )
+    assert lines[2].startswith("evaluate A_0 tau2_retail: 1/4 tasks (1 played); played 1 of 4")
+    # 3 tasks left at 100 s each, 45 s of the one playing already spent
+    assert lines[3] == (
+        "evaluate A_0 tau2_retail: task tau2:retail:1 playing: 45 s so far; played 1 of 4; about 4 min 15 s left"
+    )
+    assert len(lines) == 4
+
+
+def test_the_heartbeat_thread_prints_on_its_own_and_stops():
+    out = io.StringIO()
+    beat = Heartbeat(0.01, stream=out, left=lambda busy: "left: some").start()
+    beat.doing("waiting")
+    deadline = 200
+    while "waiting" not in out.getvalue() and deadline:
+        time.sleep(0.05)
+        deadline -= 1
+    beat.stop()
+    assert re.search(r"^waiting: \d+ s so far; left: some$", out.getvalue(), re.M), out.getvalue()
+    assert beat._thread is not None and not beat._thread.is_alive()
