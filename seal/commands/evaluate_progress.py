@@ -52,13 +52,15 @@ class EvalProgress:
 
     def eta(self, busy: float = 0.0) -> str:
         """The time left: the tasks not yet played at the rate so far, less what the batch now
-        playing has already taken."""
+        playing has already taken; never less than the tasks after that batch (a task past its
+        share of the estimate does not make the others free)."""
         left = self.to_play - self.played
         if not left:
             return "none left to play"
         if not self.played:
             return "time left known after the first task"
-        return f"about {duration(max(0.0, self.playing_s / self.played * left - busy))} left"
+        rate = self.playing_s / self.played
+        return f"about {duration(max(rate * (left - self.batch), rate * left - busy))} left"
 
     def _left_now(self, _busy: float) -> str:
         busy = self.clock() - self.batch_started if self.batch else 0.0

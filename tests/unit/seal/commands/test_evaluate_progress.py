@@ -67,6 +67,9 @@ def test_a_quiet_stretch_gets_a_heartbeat_every_30_s_naming_the_task_and_the_tim
         "evaluate A_0 tau2_retail: task tau2:retail:1 playing: 45 s so far; played 1 of 4; about 4 min 15 s left"
     )
     assert len(lines) == 4
+    clock.now += 300  # far past its 100 s share: the two tasks after it still take 200 s
+    assert beat.tick()
+    assert out.getvalue().splitlines()[-1].endswith("5 min 45 s so far; played 1 of 4; about 3 min 20 s left")
 
 
 def test_the_heartbeat_thread_prints_on_its_own_and_stops():
