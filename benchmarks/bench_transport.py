@@ -140,7 +140,7 @@ def _zmq(tokens: int, count: int, seed: int) -> float:
                 continue
             taken += len(groups)
         seconds = time.perf_counter() - t0
-        if server.counters()["rejected"]:
+        if server.counters().server.rejected:
             raise RuntimeError("the replay server rejected frames of a valid trajectory")
     finally:
         proc.join(timeout=30)

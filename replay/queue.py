@@ -65,9 +65,6 @@ class QueueStats:
     lost_tokens: int = 0  # generated tokens of rollouts discarded without a group fate (see the module doc)
     nonfinite_refused: int = 0  # rollouts with a non-finite behaviour logprob, made infra faults (never trained)
 
-    def to_dict(self) -> dict[str, int]:
-        return dict(vars(self))
-
 
 @dataclass
 class _Pending:

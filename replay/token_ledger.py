@@ -86,18 +86,17 @@ def reached_gradient(totals: Mapping[str, Any]) -> float | None:
 
 class GeneratorCount:
     """The generator's own count of generated tokens over the run, from readings of the replicas'
-    counters (each replica's ``stats()``: ``generated_tokens`` and ``instance``, an id its process
-    draws at start). A restarted replica is a new instance counting from 0: the old instance's
+    counters (each replica's ``stats()``: ``instance``, an id its process draws at start, and
+    ``generated_tokens``). A restarted replica is a new instance counting from 0: the old instance's
     count, as last read, is kept, and so is a retired replica's."""
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[str, int]] = {}  # replica -> (instance, its count at the latest reading)
         self._earlier = 0  # what restarted replicas' earlier instances had counted when last read
 
-    def read(self, replicas: Mapping[str, Mapping[str, Any]]) -> None:
-        """One reading: replica name -> its stats (the replicas that answered)."""
-        for name, stats in replicas.items():
-            instance, count = str(stats.get("instance", "")), int(stats.get("generated_tokens", 0))
+    def read(self, replicas: Mapping[str, tuple[str, int]]) -> None:
+        """One reading: replica name -> its instance and generated tokens (the replicas that answered)."""
+        for name, (instance, count) in replicas.items():
             seen = self._last.get(name)
             # A count that went back is a restart too (a replica whose stats name no instance).
             if seen is not None and (seen[0] != instance or count < seen[1]):

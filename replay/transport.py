@@ -23,12 +23,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from replay.auth import ClientKeys, CurveGuard, RunKeys
 from replay.messages import Trajectory
-from replay.queue import Group, ReplayQueue
+from replay.queue import Group, QueueStats, ReplayQueue
 from replay.wire import WireError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -132,8 +131,14 @@ class ServerStats:
     # that other nodes' trajectories cross the network, not the loopback.
     frames_by_peer: dict[str, int] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**vars(self), "frames_by_peer": dict(self.frames_by_peer)}
+
+@dataclass(frozen=True)
+class ReplayCounters:
+    """One reading of the replay server's counters (``ReplayServer.counters``): copies, so the
+    driver reads them while the receiver thread counts on."""
+
+    queue: QueueStats  # groups and rollouts: accepted, dropped, filtered, lost tokens (replay/queue.py)
+    server: ServerStats  # frames, bytes, refusals, backpressure, by peer
 
 
 def _peer_address(msg) -> str:
@@ -304,11 +309,13 @@ class ReplayServer:
         with self._lock:
             return self.queue.ready()
 
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> ReplayCounters:
         with self._lock:
             if self._guard:
                 self.stats.unauthorized = self._guard.unauthorized
-            return {**self.queue.stats.to_dict(), **self.stats.to_dict()}
+            return ReplayCounters(
+                replace(self.queue.stats), replace(self.stats, frames_by_peer=dict(self.stats.frames_by_peer))
+            )
 
     def close(self) -> None:
         """Idempotent."""

@@ -61,6 +61,48 @@ class ReplicaCounters:
         return d
 
 
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One reading of a replica's ``stats()`` as the driver reads it (seal/runtime/generator_fleet.py):
+    the counters both engines keep, and the async engine's own (None from the blocking engine,
+    which has no prefix cache statistics, continued requests or drains)."""
+
+    instance: str  # drawn at the process's start: a restart is a new one (replay/token_ledger.py)
+    policy_version: int
+    requests: int
+    generated_tokens: int
+    outstanding: int  # requests in the engine or waiting
+    outstanding_tokens: int  # their prompt + new-token budget (0 where the engine does not count it)
+    busy_s: float
+    updates: int
+    update_s: float
+    wall_s: float
+    prefix_cache_hit_rate: float | None
+    prefix_cache_reset_refused: int
+    drain_timeouts: int
+    failed_updates: int
+
+    @classmethod
+    def of(cls, stats: dict[str, Any]) -> ReplicaStats:
+        """From an engine's ``stats()`` dict (GeneratorServer's or AsyncVllmGenerator's)."""
+        return cls(
+            instance=str(stats.get("instance", "")),  # a user's engine may name none
+            policy_version=int(stats["policy_version"]),
+            requests=int(stats["requests"]),
+            generated_tokens=int(stats["generated_tokens"]),
+            outstanding=int(stats.get("outstanding", 0)),
+            outstanding_tokens=int(stats.get("outstanding_tokens", 0)),
+            busy_s=float(stats["busy_s"]),
+            updates=int(stats["updates"]),
+            update_s=float(stats["update_s"]),
+            wall_s=float(stats["wall_s"]),
+            prefix_cache_hit_rate=stats.get("prefix_cache_hit_rate"),
+            prefix_cache_reset_refused=int(stats.get("prefix_cache_reset_refused", 0)),
+            drain_timeouts=int(stats.get("drain_timeouts", 0)),
+            failed_updates=int(stats.get("failed_updates", 0)),
+        )
+
+
 def version_of(label: str | None, default: int) -> int:
     try:
         return int(label) if label is not None else default

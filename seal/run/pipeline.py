@@ -220,10 +220,11 @@ class Pipeline:
                     self.dispatch.drain()
                 self.dispatch.settle(self.window.awaiting_reports())  # a step's figures are its groups' (step_metrics)
                 undecided = self.replay.undecided_tokens() if last else None
-                row = self.window.row(outcome, self._facts(), time.perf_counter(), undecided)
-                self.state.count_tokens(0, row.pop("_rollout_tokens"))
+                record = self.window.row(outcome, self._facts(), time.perf_counter(), undecided)
+                row = record.row
+                self.state.count_tokens(0, record.rollout_tokens)
                 history.append(row)
-                runlog.write(row, row.pop("_interface"))
+                runlog.write(row, record.interface)
                 self.progress.step_done(row)
                 step = self.state.step  # a checkpoint also at the run's last step, so resume= always can
                 if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == target):
@@ -289,10 +290,10 @@ class Pipeline:
                 "in_flight": len(self.dispatch.jobs),
                 **self.ledger.counters.__dict__,
                 "unauthorized": {
-                    "replay": self.replay.counters()["unauthorized"],
+                    "replay": self.replay.counters().server.unauthorized,
                     "control": self.control.unauthorized,
                 },
-                "replay_frames_by_peer": self.replay.counters()["frames_by_peer"],
+                "replay_frames_by_peer": self.replay.counters().server.frames_by_peer,
             }
         raise ValueError(f"unknown control command {command!r} (scale, status)")
 

@@ -20,11 +20,16 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from actors.generation.replica_counters import ReplicaStats
 from learner.step_result import StepResult, learner_row
 from replay.messages import INFRA_FAULT_KINDS, GroupReport, RoundEnd
 from replay.token_ledger import TokenLedger, run_totals
+from replay.transport import ReplayCounters
+
+if TYPE_CHECKING:
+    from seal.runtime.generator_fleet import GeneratorFleet
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +57,26 @@ class RunFacts:
     filtered_total: int  # slots whose groups the filter set aside (the ledger's counter)
     reissued: int
     given_up: int  # slots given up after max_attempts failures for the system's reasons (the ledger's counter)
-    replay: Mapping[str, Any]  # the replay server's counters (dropped_stale, rejected, unauthorized, ...)
+    replay: ReplayCounters  # the replay server's counters (dropped_stale, rejected, unauthorized, ...)
     control_unauthorized: int  # refused handshakes on the control socket
     weight_rounds_failed: int  # weight rounds a replica left, since the start
     publish_s: float | None  # the latest completed publish
     generator_restores: int
-    replicas: Mapping[str, Mapping[str, Any]]  # each answering replica's stats (GeneratorFleet.stats)
+    replicas: Mapping[str, ReplicaStats]  # each answering replica's stats (GeneratorFleet.stats)
     # The tokens the replicas generated since the run started, restarted and retired replicas
     # included (GeneratorFleet.generated_tokens); None when a replica did not answer this reading.
     generated_tokens: int | None
     replica_count: int  # replicas the fleet holds: fewer answering leaves the fleet's busy time unknown
     fleet: Mapping[str, Any]  # replica_metrics(...)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step's metrics row and what the driver keeps beside it, never in it."""
+
+    row: dict[str, Any]  # the line of metrics.jsonl (seal/run/run_log.py)
+    interface: dict[str, Any]  # the training interface in force after the step (RoundEnd.state): rounds.jsonl
+    rollout_tokens: int  # prompt + generated tokens of the step's rollouts (RunState's token totals)
 
 
 class StepWindow:
@@ -133,8 +147,8 @@ class StepWindow:
 
     def row(
         self, outcome: StepOutcome, facts: RunFacts, now: float, undecided: Mapping[str, int] | None = None
-    ) -> dict[str, Any]:
-        """The step's row; ``now``: when it ended (the next window starts there). ``undecided``: at the
+    ) -> StepRecord:
+        """The step's row and what goes beside it; ``now``: when it ended (the next window starts there). ``undecided``: at the
         run's end, the replay queue's groups no fate reached (group id -> tokens): the row then also
         closes the run's token books (``tokens_run``)."""
         wall = max(now - self.started, 1e-9)
@@ -153,7 +167,7 @@ class StepWindow:
             by_cat[t.category].append(t)
         faults = Counter(t.infra_fault.kind for g in decided for t in g.faulted)
         replicas = facts.replicas
-        busy = sum(r["busy_s"] for r in replicas.values()) if len(replicas) == facts.replica_count else None
+        busy = sum(r.busy_s for r in replicas.values()) if len(replicas) == facts.replica_count else None
         gen_idle = None
         if busy is not None and self._gen_busy0 is not None and busy >= self._gen_busy0:
             gen_idle = max(0.0, 1.0 - (busy - self._gen_busy0) / wall)
@@ -213,16 +227,16 @@ class StepWindow:
                 "generator": gen_idle,
                 "learner": max(0.0, 1.0 - (result.seconds if result else 0.0) / wall),
             },
-            "dropped": counters["dropped_stale"],
+            "dropped": counters.queue.dropped_stale,
             "reissued": facts.reissued,
-            "rejected": counters["rejected"],
+            "rejected": counters.server.rejected,
             # Refused CURVE handshakes on the replay stream and the control socket (replay/auth.py).
-            "unauthorized": counters["unauthorized"] + facts.control_unauthorized,
-            "abandoned": counters["abandoned"],
-            "replay_frames_by_peer": counters["frames_by_peer"],  # cumulative, by the IP each frame came from
-            "duplicates": counters["duplicates"],
+            "unauthorized": counters.server.unauthorized + facts.control_unauthorized,
+            "abandoned": counters.queue.abandoned,
+            "replay_frames_by_peer": counters.server.frames_by_peer,  # cumulative, by the IP each frame came from
+            "duplicates": counters.queue.duplicates,
             # rollouts with a non-finite behaviour logprob, made generation_error faults (replay/queue.py)
-            "nonfinite_refused": counters.get("nonfinite_refused", 0),
+            "nonfinite_refused": counters.queue.nonfinite_refused,
             "lost_groups": dict(self.failures),
             # Episodes the system ended (never scored), by kind; the groups re-issued for them; slots given up.
             "infra_failures": {k: faults[k] for k in INFRA_FAULT_KINDS},
@@ -236,11 +250,10 @@ class StepWindow:
             "env_actors": facts.env_actors,
             "skipped_overlong_tasks": self.skipped_overlong,
             "step_s": wall,
-            "_interface": interface.state,
-            "_rollout_tokens": sum(r.generation.prompt_tokens + r.generation.generated_tokens for r in reports),
         }
         self._reset(now)
-        return row
+        rollout_tokens = sum(r.generation.prompt_tokens + r.generation.generated_tokens for r in reports)
+        return StepRecord(row, interface.state, rollout_tokens)
 
     def _end_faults(self, undecided: Mapping[str, int] | None) -> dict[str, Any]:
         """At the run's end (``undecided`` given): the infra faults and episodes of the groups that finished
@@ -258,7 +271,7 @@ class StepWindow:
     def _token_books(self, facts: RunFacts, undecided: Mapping[str, int] | None) -> dict[str, Any]:
         """``tokens``: this step's buckets and the generator's own count over the step; at the run's
         end also ``tokens_run``: the run's buckets against the generator's count since the start."""
-        lost = int(facts.replay.get("lost_tokens", 0))
+        lost = facts.replay.queue.lost_tokens
         self.tokens.add("lost", max(0, lost - self._lost_tokens0))
         self._lost_tokens0 = lost
         # The generator's count only grows (restarts included), so the rows' counts add up to the
@@ -328,25 +341,23 @@ def episode_stats(trajs, max_new_tokens: int) -> dict[str, Any]:
     }
 
 
-def replica_metrics(fleet, replicas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def replica_metrics(fleet: GeneratorFleet, replicas: Mapping[str, ReplicaStats]) -> dict[str, Any]:
     """Per-replica counters since the replica started (requests, load, prefix hits) and the fleet's events."""
     c = fleet.counters
     failed, c.failed_replicas = list(c.failed_replicas), []
     canary, c.canary_max_diff = c.canary_max_diff, None
     return {
         "generator_replicas": len(fleet.router.replicas),
-        "replica_requests": {n: r.get("requests", 0) for n, r in replicas.items()},
-        "replica_outstanding_tokens": {n: r.get("outstanding_tokens", 0) for n, r in replicas.items()},
-        "replica_queue_depth": {
-            n: r.get("outstanding", 0) for n, r in replicas.items()
-        },  # requests in the engine or waiting
+        "replica_requests": {n: r.requests for n, r in replicas.items()},
+        "replica_outstanding_tokens": {n: r.outstanding_tokens for n, r in replicas.items()},
+        "replica_queue_depth": {n: r.outstanding for n, r in replicas.items()},  # requests in the engine or waiting
         "replica_prefix_cache_hit_rate": {
-            n: r["prefix_cache_hit_rate"] for n, r in replicas.items() if "prefix_cache_hit_rate" in r
+            n: r.prefix_cache_hit_rate for n, r in replicas.items() if r.prefix_cache_hit_rate is not None
         },
         # Since each replica started (async replicas; actors/generation/async_vllm_engine.py): updates after which vLLM
         # kept the old prefix cache (requests after them never read it), pause drains cut short by their bound.
-        "prefix_cache_reset_refused": sum(r.get("prefix_cache_reset_refused", 0) for r in replicas.values()),
-        "drain_timeouts": sum(r.get("drain_timeouts", 0) for r in replicas.values()),
+        "prefix_cache_reset_refused": sum(r.prefix_cache_reset_refused for r in replicas.values()),
+        "drain_timeouts": sum(r.drain_timeouts for r in replicas.values()),
         "replica_groups_routed": {n: load.routed for n, load in fleet.router.load.items()},
         "weight_sync_timeouts": c.update_timeouts,
         "weight_sync_failed_replicas": failed,

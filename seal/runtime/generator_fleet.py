@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.generation.replica_counters import ReplicaStats
 from replay.token_ledger import GeneratorCount
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 from seal.runtime.router import ReplicaRouter
@@ -74,8 +75,8 @@ class GeneratorFleet:
         self.spec, count = split_generator_spec(spec)
         self.reserved = dict(reserved or {})
         self.resources, self.prefix, self.max_restarts = resources, prefix, max_restarts
-        self.tp = int(self.spec.get("tensor_parallel_size", 1))
-        self.is_async = is_async_engine(self.spec.get("_target_"))
+        self.tp = int(self.spec["tensor_parallel_size"])  # GeneratorConfig's: every option sets it
+        self.is_async = is_async_engine(self.spec["_target_"])
         self.update_timeout_s = float(update_timeout_s)
         self.handles: dict[str, Any] = {}
         self.versions: dict[str, int] = {}
@@ -445,7 +446,8 @@ class GeneratorFleet:
                 continue
             handle = self.retiring.pop(name)
             try:  # its final count, for the run's token books: what it made since the last reading
-                self.token_count.read({name: ray.get(handle.stats.remote(), timeout=10.0)})
+                final = ReplicaStats.of(ray.get(handle.stats.remote(), timeout=10.0))
+                self.token_count.read({name: (final.instance, final.generated_tokens)})
             except (ray.exceptions.RayError, TimeoutError):
                 self._count_short = True  # its last tokens are nowhere: the run's count stays unknown
             ray.kill(handle, no_restart=True)
@@ -454,20 +456,20 @@ class GeneratorFleet:
             log.info("generator replica %s retired", name)
 
     # ------------------------------------------------------------ metrics
-    def stats(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+    def stats(self, timeout_s: float = 10.0) -> dict[str, ReplicaStats]:
         """Each replica's counters (requests, tokens, load, prefix hits); a replica that does not answer
         is left out. The replicas retiring are read too, for the run's token count (``generated_tokens``)."""
         import ray
 
         handles = {**self.handles, **self.retiring}
         refs = {name: handle.stats.remote() for name, handle in handles.items()}
-        out = {}
+        out: dict[str, ReplicaStats] = {}
         for name, ref in refs.items():
             try:
-                out[name] = ray.get(ref, timeout=timeout_s)
+                out[name] = ReplicaStats.of(ray.get(ref, timeout=timeout_s))
             except (ray.exceptions.RayError, TimeoutError):
                 continue
-        self.token_count.read(out)
+        self.token_count.read({name: (s.instance, s.generated_tokens) for name, s in out.items()})
         self._count_read_all = len(out) == len(refs)
         return {name: out[name] for name in self.names if name in out}
 

@@ -83,7 +83,7 @@ def test_two_replicas_share_the_groups_and_each_group_stays_on_one(tmp_path):
     routed = sorted(last["replica_groups_routed"].values())
     assert sum(routed) >= 6 and routed[0] >= 2  # balanced across groups, not all on one
     # Every replica has the last published version before its next group.
-    assert {s["policy_version"] for s in stats.values()} == {3}
+    assert {s.policy_version for s in stats.values()} == {3}
     assert last["weight_sync_timeouts"] == 0
     # The canary: every replica's logprobs after each update match the learner's (both in the same dtype here).
     diffs = [r["weight_sync_max_logprob_diff"] for r in rows[1:]]
@@ -146,7 +146,7 @@ def test_scale_replicas_1_to_2_to_1_during_training(tmp_path):
 
         assert ray.get(fleet.handles[new].policy_version.remote()) == p.state.version  # current weights before serving
         p.run(2)
-        requests_on_new = p.actors.generators.stats()[new]["requests"]
+        requests_on_new = p.actors.generators.stats()[new].requests
         fleet.scale(1, p.publisher.latest)
         assert fleet.router.replicas == [fleet.names[0]]
         rows = p.run(1)
@@ -251,6 +251,7 @@ def test_a_replica_whose_engine_core_died_is_restarted_not_restored_for_ever(tin
         "max_model_len": 1024,
         "cpu_kv_cache_gb": 0.25,
         "dtype": "float32",
+        "tensor_parallel_size": 1,
     }
     fleet = GeneratorFleet(spec, ActorResources(num_cpus=1), "dead-engine", max_restarts=2, update_timeout_s=300)
     name = fleet.names[0]

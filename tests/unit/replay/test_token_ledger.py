@@ -79,21 +79,19 @@ def test_a_bucket_takes_a_known_name_and_a_count_of_zero_or_more():
 
 def test_the_generator_count_keeps_what_a_restarted_replica_had_counted():
     count = GeneratorCount()
-    count.read(
-        {"gen-0": {"instance": "a", "generated_tokens": 100}, "gen-1": {"instance": "b", "generated_tokens": 40}}
-    )
+    count.read({"gen-0": ("a", 100), "gen-1": ("b", 40)})
     assert count.total == 140
-    count.read({"gen-0": {"instance": "a", "generated_tokens": 130}})  # gen-1 did not answer: its last reading stays
+    count.read({"gen-0": ("a", 130)})  # gen-1 did not answer: its last reading stays
     assert count.total == 170
     # gen-0 crashed and Ray restarted it: the new process counts from 0; the old one's 130 stays in the run's count.
-    count.read({"gen-0": {"instance": "c", "generated_tokens": 25}, "gen-1": {"instance": "b", "generated_tokens": 60}})
+    count.read({"gen-0": ("c", 25), "gen-1": ("b", 60)})
     assert count.total == 130 + 25 + 60
-    count.read({"gen-0": {"instance": "c", "generated_tokens": 30}})  # gen-1 retired: its final count stays
+    count.read({"gen-0": ("c", 30)})  # gen-1 retired: its final count stays
     assert count.total == 130 + 30 + 60
 
 
 def test_a_count_that_goes_back_is_a_restart_even_without_an_instance_id():
     count = GeneratorCount()
-    count.read({"gen-0": {"generated_tokens": 50}})
-    count.read({"gen-0": {"generated_tokens": 20}})
+    count.read({"gen-0": ("", 50)})
+    count.read({"gen-0": ("", 20)})
     assert count.total == 70

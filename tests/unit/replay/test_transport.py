@@ -44,7 +44,7 @@ def test_trajectories_stream_into_complete_groups(server):
     assert [t.rollout_index for t in batch[0].trajectories] == [0, 1] and len(
         batch[0].trajectories[0].token_ids
     ) == 5000
-    assert server.counters()["frames"] == 6 and server.counters()["rejected"] == 0
+    assert server.counters().server.frames == 6 and server.counters().server.rejected == 0
     sender.close()
 
 
@@ -56,7 +56,7 @@ def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
     sender.send(traj(group="g", index=0))
     sender.send(traj(group="g", index=1))
     assert wait_for(lambda: server.ready() == 1)
-    assert server.counters()["rejected"] == 3
+    assert server.counters().server.rejected == 3
     sender.close()
 
 
@@ -68,7 +68,7 @@ def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
     with pytest.raises(TransportTimeout, match="took no frame"):
         for g in range(200):  # nobody takes batches: the receiver stops reading, buffers fill, send times out
             sender.send(traj(group=f"g{g}", index=0, n_tokens=20_000))
-    assert server.ready() == 1 and server.counters()["backpressure_s"] > 0
+    assert server.ready() == 1 and server.counters().server.backpressure_s > 0
     assert g < 200
     server.close()
     sender.close()
@@ -77,10 +77,10 @@ def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
 def test_abandoned_groups_ignore_late_rollouts(server):
     sender = TrajectorySender(server.address, keys=server.client_keys)
     sender.send(traj(group="dead", index=0))
-    assert wait_for(lambda: server.counters()["accepted"] == 1)
+    assert wait_for(lambda: server.counters().queue.accepted == 1)
     assert server.abandon("dead") is True
     sender.send(traj(group="dead", index=1))
-    assert wait_for(lambda: server.counters()["duplicates"] == 1) and server.ready() == 0
+    assert wait_for(lambda: server.counters().queue.duplicates == 1) and server.ready() == 0
     sender.close()
 
 
@@ -116,7 +116,7 @@ def test_a_producer_that_closes_and_exits_has_delivered_every_frame():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert wait_for(lambda: server.ready() == 150, timeout=30), server.counters()
-        assert server.counters()["rejected"] == 0
+        assert server.counters().server.rejected == 0
     finally:
         server.close()
 
@@ -135,7 +135,7 @@ def test_frames_are_counted_by_the_address_they_came_from(server):
     sender = TrajectorySender(server.address, keys=server.client_keys)
     for i in range(2):
         sender.send(traj(group="g0", index=i))
-    assert wait_for(lambda: server.counters()["frames_by_peer"].get("127.0.0.1") == 2)
+    assert wait_for(lambda: server.counters().server.frames_by_peer.get("127.0.0.1") == 2)
     sender.close()
 
 

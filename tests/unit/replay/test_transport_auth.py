@@ -49,13 +49,13 @@ def test_only_the_runs_env_actor_key_gets_frames_through(server):
                 pass  # the handshake already failed and dropped the pipe: send has nowhere to queue
         _send_group(good, "good-0")
         assert wait_for(lambda: server.ready() == 1)
-        assert wait_for(lambda: server.counters()["unauthorized"] >= len(bad)), server.counters()
+        assert wait_for(lambda: server.counters().server.unauthorized >= len(bad)), server.counters()
         _send_group(good, "good-1")  # the server goes on serving good senders
         assert wait_for(lambda: server.ready() == 2)
         time.sleep(0.3)  # time for a bad frame to arrive, were it let through
         assert [g.group_id for g in server.take_batch() + server.take_batch()] == ["good-0", "good-1"]
         counters = server.counters()
-        assert counters["frames"] == 4 and counters["accepted"] == 4 and counters["rejected"] == 0
+        assert counters.server.frames == 4 and counters.queue.accepted == 4 and counters.server.rejected == 0
         assert server.ready() == 0
     finally:
         good.close()
@@ -69,7 +69,7 @@ def test_a_refused_sender_times_out_naming_curve(server):
         for g in range(50):  # the first frames fill the sender's buffers, then send blocks and times out
             sender.send(traj(group=f"g{g}", index=0, n_tokens=20_000))
     sender.close()
-    assert server.counters()["frames"] == 0
+    assert server.counters().server.frames == 0
 
 
 def test_the_driver_gives_its_keys_and_curve_can_be_turned_off():
@@ -83,7 +83,7 @@ def test_the_driver_gives_its_keys_and_curve_can_be_turned_off():
         assert plain.keys is None and plain.client_keys is None
         sender = TrajectorySender(plain.address)
         _send_group(sender, "g")
-        assert wait_for(lambda: plain.ready() == 1) and plain.counters()["unauthorized"] == 0
+        assert wait_for(lambda: plain.ready() == 1) and plain.counters().server.unauthorized == 0
         sender.close()
     finally:
         plain.close()

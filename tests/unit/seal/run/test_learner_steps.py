@@ -137,11 +137,11 @@ def steps(tmp_path, coordinator):
 
 def deliver(s: LearnerSteps, sender: TrajectorySender, rewards: tuple[float, float]) -> str:
     job = s.ledger.next_job(0)
-    before = s.replay.counters()["accepted"]
+    before = s.replay.counters().queue.accepted
     for i, reward in enumerate(rewards):
         sender.send(trajectory(job.group_id, i, reward))
     deadline = time.time() + 30
-    while s.replay.counters()["accepted"] < before + 2 and time.time() < deadline:
+    while s.replay.counters().queue.accepted < before + 2 and time.time() < deadline:
         time.sleep(0.02)
     return job.group_id
 

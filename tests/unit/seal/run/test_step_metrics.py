@@ -4,20 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from actors.generation.replica_counters import ReplicaStats
 from replay.messages import GroupReport, GroupStats, InfraFault, RoundEnd, Segment, Trajectory
 from replay.queue import Group as QueueGroup
-from replay.queue import stand_in
+from replay.queue import QueueStats, stand_in
+from replay.transport import ReplayCounters, ServerStats
 from seal.run.step_metrics import RunFacts, StepOutcome, StepWindow, sum_token_books
 from tests.unit.learner.step_results import step_result
 
-REPLAY = {
-    "dropped_stale": 1,
-    "rejected": 2,
-    "unauthorized": 3,
-    "abandoned": 0,
-    "frames_by_peer": {"10.0.0.2": 9},
-    "duplicates": 0,
-}
+STATS = {"policy_version": 1, "requests": 4, "updates": 1, "update_s": 0.1, "wall_s": 10.0}
+SERVER = ServerStats(rejected=2, unauthorized=3, frames_by_peer={"10.0.0.2": 9})
 
 
 def Group(trajectories: list, staleness: int = 0, faulted: tuple = ()) -> QueueGroup:
@@ -70,7 +66,7 @@ def report(group: str, generated: int = 8) -> GroupReport:
 
 def facts(step: int, version: int, busy: float, generated: int | None = 0, lost: int = 0) -> RunFacts:
     """``generated``: the generator's count since the run started (GeneratorFleet.generated_tokens)."""
-    replicas = {"gen-0": {"busy_s": busy, "requests": 4, "generated_tokens": generated}}
+    replicas = {"gen-0": ReplicaStats.of(STATS | {"busy_s": busy, "generated_tokens": generated or 0})}
     return RunFacts(
         step=step,
         policy_version=version,
@@ -78,7 +74,7 @@ def facts(step: int, version: int, busy: float, generated: int | None = 0, lost:
         filtered_total=1,
         reissued=0,
         given_up=0,
-        replay={**REPLAY, "lost_tokens": lost},
+        replay=ReplayCounters(QueueStats(dropped_stale=1, lost_tokens=lost), SERVER),
         control_unauthorized=1,
         weight_rounds_failed=0,
         publish_s=0.25,
@@ -98,7 +94,9 @@ def test_a_trained_step_and_a_skipped_one():
     window.decide("trained", batch[0])  # when the learner took it (seal/run/learner_steps.py)
     result = step_result(sequence_tokens=24, loss=0.5, seconds=1.0)
     interface = RoundEnd(0, (), 0, {"version": 0})
-    row = window.row(StepOutcome(batch, result, interface, 1.5), facts(1, 1, busy=1.0), start + 4.0)
+    record = window.row(StepOutcome(batch, result, interface, 1.5), facts(1, 1, busy=1.0), start + 4.0)
+    row = record.row
+    assert record.interface == {"version": 0} and not any(k.startswith("_") for k in row)  # carried beside the row
     assert (row["step"], row["policy_version"], row["mode"], row["skipped"], row["trained_groups"]) == (
         1,
         1,
@@ -113,10 +111,10 @@ def test_a_trained_step_and_a_skipped_one():
     assert (
         row["generator_replicas"] == 1 and row["skipped_overlong_tasks"] == 2 and row["idle_ratio"]["generator"] is None
     )
-    assert row["wait_s"]["learner"] == 1.5 and row["groups_generated"] == 1 and row["_interface"] == {"version": 0}
+    assert row["wait_s"]["learner"] == 1.5 and row["groups_generated"] == 1
 
     window.add_filtered(Group([traj("g2", 0.0), traj("g2", 0.0)]))
-    row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, busy=3.0), start + 8.0)
+    row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, busy=3.0), start + 8.0).row
     assert row["skipped"] and row["trained_groups"] == 0 and row["filtered_groups"] == 1 and row["loss"] is None
     assert row["tokens_per_s_per_device"] == 0.0 and row["groups_generated"] == 1  # the filtered group
     assert row["idle_ratio"]["generator"] == 0.5  # 2 busy seconds of the 4-second window
@@ -132,11 +130,11 @@ def test_generation_figures_belong_to_the_step_that_decided_the_group_whatever_t
     window.decide("trained", g1)
     assert window.awaiting_reports() == ["g1"]  # the driver settles it before the row
     window.add_report(report("g1", generated=8))
-    row = window.row(StepOutcome([g1], result, interface, 1.0), facts(1, 1, 1.0), window.started + 2.0)
+    row = window.row(StepOutcome([g1], result, interface, 1.0), facts(1, 1, 1.0), window.started + 2.0).row
     assert row["groups_generated"] == 1 and row["gen_tokens_per_s"] == 8 / 2.0
     g2 = Group([traj("g2", 1.0), traj("g2", 0.0)])
     window.decide("trained", g2)
-    row = window.row(StepOutcome([g2], result, interface, 1.0), facts(2, 2, 2.0), window.started + 2.0)
+    row = window.row(StepOutcome([g2], result, interface, 1.0), facts(2, 2, 2.0), window.started + 2.0).row
     assert row["groups_generated"] == 1 and row["gen_tokens_per_s"] == 40 / 2.0
 
 
@@ -155,7 +153,7 @@ def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
         StepOutcome([trained], step_result(sequence_tokens=9, seconds=1.0), interface, 1.0),
         facts(1, 1, 1.0, generated=5 * 4),
         window.started + 1.0,
-    )
+    ).row
     assert row["reward_mean"] == 1.0 and row["trained_reward_mean"] == 1.0  # the faulted 0 is not the policy's
     assert row["infra_failures"] == {
         "generation_error": 2,
@@ -176,13 +174,13 @@ def test_the_token_books_add_up_and_close_with_what_the_end_left_open():
     window.decide("trained", g1)
     window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
     window.decide("stale_dropped", Group([traj("g3", 1.0), traj("g3", 0.0)]))
-    row = window.row(StepOutcome([g1], step_result(sequence_tokens=9), interface, 1.0), facts(1, 1, 1.0, 24), 1.0)
+    row = window.row(StepOutcome([g1], step_result(sequence_tokens=9), interface, 1.0), facts(1, 1, 1.0, 24), 1.0).row
     assert "tokens_run" not in row
     window.add_report(report("g5", generated=8))  # finished, its trajectories still on the way
     g4 = Group([traj("g4", 1.0), traj("g4", 0.0)])
     window.decide("trained", g4)
     end = facts(2, 2, 2.0, generated=24 + 8 + 3 + 5 + 8, lost=3)
-    row = window.row(StepOutcome([g4], step_result(sequence_tokens=9), interface, 1.0), end, 2.0, {"g6": 5})
+    row = window.row(StepOutcome([g4], step_result(sequence_tokens=9), interface, 1.0), end, 2.0, {"g6": 5}).row
     books = row["tokens_run"]
     assert (books["trained"], books["filtered"], books["stale_dropped"], books["lost"]) == (16, 8, 8, 3)
     assert books["in_flight_end"] == 8 + 5 and books["attributed"] == books["generated"] == 48
@@ -196,7 +194,7 @@ def test_a_row_without_the_generators_count_leaves_its_tokens_to_the_next_rows()
     rows = []
     for step, count in [(1, 10), (2, None), (3, 45)]:  # step 2: a replica did not answer (restarting)
         window.decide("filtered", Group([traj(f"g{step}", 0.0), traj(f"g{step}", 0.0)]))
-        rows.append(window.row(StepOutcome([], None, interface, 0.0), facts(step, 0, 1.0, count), float(step)))
+        rows.append(window.row(StepOutcome([], None, interface, 0.0), facts(step, 0, 1.0, count), float(step)).row)
     assert [r["tokens"]["generated"] for r in rows] == [10, None, 35]  # the rows add up to the run's 45
 
 
@@ -208,6 +206,6 @@ def test_a_report_later_than_its_groups_row_is_not_counted_in_flight_at_the_end(
     window.row(StepOutcome([g1], step_result(sequence_tokens=9), interface, 1.0), facts(1, 1, 1.0, 8), 1.0)
     window.add_report(report("g1", generated=8))  # late: g1's tokens are already in trained
     window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
-    row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, 1.0, 16), 2.0, {})
+    row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, 1.0, 16), 2.0, {}).row
     books = row["tokens_run"]
     assert (books["trained"], books["filtered"], books["in_flight_end"], books["unattributed"]) == (8, 8, 0, 0)
