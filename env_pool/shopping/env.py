@@ -26,12 +26,11 @@ from env_pool.tool_env import ToolEnv
 # snapshot, in every run and in both interfaces: a request that lacks its quantity
 # (ask first, then add), an add, a remove, a look at the list, a thank-you that needs
 # no call, and a request dropped after the question. Without them SmolLM2-135M never
-# calls a tool (0% in every category). The order decides the base rates, which must be
-# above zero and well below the ceiling so that gains and losses both show (greedy,
-# 40 test tasks per category, 2026-12-03): this order 45% base / 72% miss_param; the
-# ask-first exchange fourth 8% / 91%; without it 65% / 2%; without its answer 5% / 0%.
-# Their items (pear, yogurt) are never in a task, so they show the call format and the
-# turn shapes, not an answer. Results are made up.
+# calls a tool. The order decides the base rates, which must be above zero and well
+# below the ceiling so that gains and losses both show (each order's measured rates:
+# docs/main-job.md, the CPU default's worked exchanges). Their items (pear, yogurt) are
+# never in a task, so they show the call format and the turn shapes, not an answer.
+# Results are made up.
 def _call_exchange(request: str, call: ToolCall, result: str, reply: str) -> Exchange:
     return (request, call, result, reply)
 
