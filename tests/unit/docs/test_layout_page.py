@@ -52,3 +52,55 @@ def test_the_page_lists_every_module_and_nothing_else():
 def test_the_tree_reader_follows_indentation():
     page = "## Modules\n```\na/        top\n  b.py    one\n  c/\n    d.py  two\ne/\n```\n"
     assert listed_paths(page) == ["a/", "a/b.py", "a/c/", "a/c/d.py", "e/"]
+
+
+def trail_hops(text: str) -> list[tuple[str, str]]:
+    """(file, qualified name) of each hop in the fenced blocks under '## Follow one trajectory ...'."""
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("## Follow one trajectory"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    hops, inside = [], False
+    for line in lines[start:end]:
+        if line.startswith("```"):
+            inside = not inside
+        elif inside and line.strip():
+            match = re.match(r"([\w/]+\.py):([\w.]+)\s", line)
+            assert match, f"docs/layout.md trail line is not 'file.py:function  what': {line!r}"
+            hops.append((match[1], match[2]))
+    return hops
+
+
+def defined(path: Path, qualname: str) -> bool:
+    """Whether ``qualname`` (``f`` or ``Class.method``) is defined at that place in ``path``."""
+    import ast
+
+    body = ast.parse(path.read_text()).body
+    for part in qualname.split("."):
+        node = next(
+            (
+                n
+                for n in body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            return False
+        body = node.body
+    return True
+
+
+def test_every_hop_of_the_trail_exists():
+    hops = trail_hops(PAGE.read_text())
+    assert len(hops) >= 20, hops
+    missing = [f"{f}:{q}" for f, q in hops if not (ROOT / f).is_file() or not defined(ROOT / f, q)]
+    assert not missing, f"docs/layout.md's trail names what the code no longer has: {missing}"
+
+
+def test_the_trail_reader_catches_a_renamed_function(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("class A:\n    async def go(self):\n        pass\n\ndef f():\n    pass\n")
+    assert defined(module, "A.go") and defined(module, "f")
+    assert not defined(module, "A.gone") and not defined(module, "g") and not defined(module, "f.x")
+    page = "## Follow one trajectory\n```\nm.py:A.go      one\nm.py:f  two\n```\n## Next\n```\nx.py:g  no\n```\n"
+    assert trail_hops(page) == [("m.py", "A.go"), ("m.py", "f")]
