@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 
@@ -39,6 +40,9 @@ def install_recorder(path: str, invocation: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # A soak started in the background inherits SIGINT ignored; the soak ends an invocation with
+    # SIGINT (the driver then closes its actors and Ray), so take it as Python does by default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     path = os.environ.get("SEAL_CHAOS_TRAINED")
     if path:
         install_recorder(path, int(os.environ.get("SEAL_CHAOS_INVOCATION", "0")))

@@ -42,15 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="folder for the run, the logs and chaos.json (default: a temp dir)"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--report", type=Path, default=None, help="print the report of a soak's raw.json again; run nothing")
     p.add_argument("overrides", nargs="*", help="more hydra overrides for the run")
     return p
 
 
 def main(argv: list[str]) -> int:
-    from benchmarks.chaos.report import render, summarise
+    from benchmarks.chaos.report import raw, render, summarise
     from benchmarks.chaos.soak import Soak
 
     args = build_parser().parse_args(argv)
+    if args.report:  # the report again from a soak's raw.json
+        print(render(summarise(json.loads(args.report.read_text()))))
+        return 0
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
@@ -76,7 +80,9 @@ def main(argv: list[str]) -> int:
     )
     with soak:
         soak.run()
-        report = summarise(soak)
+        recorded = raw(soak)  # read from the tmpfs before it goes
+    (out / "raw.json").write_text(json.dumps(recorded, default=str))
+    report = summarise(recorded)
     report.update(
         seed=args.seed,
         started=started,

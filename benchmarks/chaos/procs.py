@@ -103,6 +103,11 @@ def sample(pid: int) -> dict[str, int] | None:
     }
 
 
+def zombie(pid: int) -> bool:
+    text = _read(f"/proc/{pid}/stat")
+    return text is None or text.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def alive(p: Proc) -> bool:
     st = _stat(p.pid)
     return st is not None and st[1] == p.started

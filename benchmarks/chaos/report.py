@@ -136,12 +136,41 @@ def check_storage(storage: Path, run_dir: Path) -> dict[str, Any]:
     return result
 
 
-def summarise(soak) -> dict[str, Any]:
-    invocations = [inv.record() for inv in soak.invocations]
-    records = [json.loads(x) for x in soak.trained.read_text().splitlines()] if soak.trained.is_file() else []
+def raw(soak) -> dict[str, Any]:
+    """What the soak recorded, with what only its storage holds (the final checkpoint's position, the
+    load check) read while the tmpfs is still mounted: ``summarise`` works from this alone (raw.json)."""
     meta_file = soak.storage / "checkpoints" / "latest" / "learner.json"
-    final = json.loads(meta_file.read_text())["extra"] if meta_file.is_file() else None
-    logs = [line for inv in soak.invocations for line in inv.log.read_text(errors="replace").splitlines()]
+    try:
+        storage = check_storage(soak.storage, soak.run_dir)
+    except Exception as exc:  # the report still comes out
+        storage = {
+            "checkpoints": {},
+            "snapshots": {},
+            "unindexed_snapshot_dirs": [],
+            "all_load": False,
+            "error": repr(exc),
+        }
+    return {
+        "out": str(soak.out),
+        "seconds": round(soak.now(), 1),
+        "invocations": [inv.record() for inv in soak.invocations],
+        "logs": [str(inv.log) for inv in soak.invocations],
+        "final": json.loads(meta_file.read_text())["extra"] if meta_file.is_file() else None,
+        "storage": storage,
+        "rows": soak.rows,
+        "injected": soak.injected,
+        "samples": soak.samples,
+        "not_injected": getattr(soak, "not_injected", []),
+        "torn_rows": soak.torn_rows,
+    }
+
+
+def summarise(raw: dict[str, Any]) -> dict[str, Any]:
+    out = Path(raw["out"])
+    invocations, final, rows, injected = raw["invocations"], raw["final"], raw["rows"], raw["injected"]
+    trained = out / "trained.jsonl"
+    records = [json.loads(x) for x in trained.read_text().splitlines() if x.strip()] if trained.is_file() else []
+    logs = [line for log in raw["logs"] for line in Path(log).read_text(errors="replace").splitlines()]
     groups = (
         account(
             records,
@@ -155,29 +184,30 @@ def summarise(soak) -> dict[str, Any]:
         else {"error": "no checkpoint at the end"}
     )
     last_rows: dict[int, dict] = {}
-    for r in soak.rows:
+    for r in rows:
         last_rows[r["invocation"]] = r["row"]
-    taken = Counter(p.name.split("-")[0] for p in soak.chaos_dir.glob("*.taken-*"))
-    end_t = soak.now()
+    taken = Counter(p.name.split("-")[0] for p in (out / "triggers").glob("*.taken-*"))
     return {
-        "seconds": round(end_t, 1),
-        "faults": dict(Counter(f["kind"] for f in soak.injected)),
-        "faults_total": len(soak.injected),
-        "disk_full_not_hit": sum(bool(f.get("not_hit")) for f in soak.injected),
+        "seconds": raw["seconds"],
+        "faults": dict(Counter(f["kind"] for f in injected)),
+        "faults_total": len(injected),
+        "disk_full_not_hit": sum(bool(f.get("not_hit")) for f in injected),
         "triggers_claimed": dict(taken),
-        "not_injected": getattr(soak, "not_injected", []),
+        "not_injected": raw["not_injected"],
         "steps": int(final["step"]) if final else None,
-        "rows": len(soak.rows),
+        "rows": len(rows),
         "groups": groups,
         "reissued": sum(r.get("reissued", 0) for r in last_rows.values()),
         "given_up_counter": sum(r.get("given_up", 0) for r in last_rows.values()),
-        "tokens": token_books(soak.rows),
-        "fault_to_trained_step": fault_recovery(soak.injected, soak.rows),
-        "processes": processes(soak.samples, end_t),
-        "storage": check_storage(soak.storage, soak.run_dir),
+        "tokens": token_books(rows),
+        "fault_to_trained_step": fault_recovery(injected, rows),
+        "processes": processes(raw["samples"], raw["seconds"]),
+        "storage": raw["storage"],
         "invocations": invocations,
         "completed": bool(invocations) and invocations[-1]["rc"] == 0,
-        "injected": soak.injected,
+        "unexpected_exits": [i["index"] for i in invocations[:-1] if not i["ended_by"]],
+        "torn_metrics_lines": raw["torn_rows"],
+        "injected": injected,
     }
 
 
@@ -185,7 +215,8 @@ def render(report: dict[str, Any]) -> str:
     g, t = report["groups"], report["tokens"]
     lines = [
         f"soak {report['seconds'] / 60:.1f} min, seed {report.get('seed')}: {report['faults_total']} faults, "
-        f"{report['steps']} steps, {len(report['invocations'])} invocations, completed: {report['completed']}",
+        f"{report['steps']} steps, {len(report['invocations'])} invocations, completed: {report['completed']}, "
+        f"unexpected exits: {report['unexpected_exits'] or 'none'}",
         "faults: "
         + ", ".join(f"{k} {v}" for k, v in sorted(report["faults"].items()))
         + (f" (disk_full not hit: {report['disk_full_not_hit']})" if report["disk_full_not_hit"] else ""),

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 PR_SET_CHILD_SUBREAPER = 36
 FILL_LEAVE_BYTES = 4 << 20  # a checkpoint of the tiny model is ~13 MB: 4 MB free fails it
 FILL_GIVE_UP_S = 180.0  # a disk_full no write met by then is released (reported "not hit")
+LEFTOVER_GRACE_S = 30.0  # after a driver's exit: what is still alive then is left over (and ended)
 
 
 def base_overrides(run_dir: Path, storage: Path, chaos_dir: Path, replicas: int, checkpoint_every: int) -> list[str]:
@@ -67,7 +68,8 @@ class Invocation:
     rc: int | None = None
     last_line: str = ""
     ended_by: str | None = None  # the run-ending fault it stopped on; None: its own end (or an unexpected one)
-    leftovers: int = 0  # processes still alive after the driver's exit
+    leftovers: int = 0  # processes still alive LEFTOVER_GRACE_S after the driver's exit
+    leftover_kinds: list[str] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class Invocation:
             "last_line": self.last_line,
             "ended_by": self.ended_by,
             "leftover_processes": self.leftovers,
+            "leftover_kinds": self.leftover_kinds,
         }
 
 
@@ -109,6 +112,7 @@ class Soak:
         self.chaos_dir = self.out / "triggers"
         self.trained = self.out / "trained.jsonl"
         self._metrics_offset = 0
+        self.torn_rows = 0
         self._stopped: dict[int, tuple[procs.Proc, float]] = {}  # pid -> (process, SIGCONT time)
         self._filler: Path | None = None
         self._filled_t = 0.0
@@ -173,6 +177,7 @@ class Soak:
 
     def _end_invocation(self, inv: Invocation, kill: bool = False) -> None:
         if kill and inv.popen.poll() is None:
+            inv.ended_by = inv.ended_by or "soak_end"
             inv.popen.send_signal(signal.SIGINT)  # the driver closes its actors and Ray
             try:
                 inv.popen.wait(120)
@@ -183,9 +188,14 @@ class Soak:
         lines = [line for line in inv.log.read_text(errors="replace").splitlines() if line.strip()]
         inv.last_line = lines[-1][:400] if lines else ""
         self._cont_all()
-        time.sleep(2.0)  # Ray's own shutdown, when the driver had the chance
-        left = [p for p in procs.classify(os.getpid()) if p.pid != os.getpid()]
+        left = self._orphans()
+        deadline = time.monotonic() + LEFTOVER_GRACE_S  # Ray's own shutdown takes a few seconds
+        while left and time.monotonic() < deadline:
+            time.sleep(1.0)
+            self._reap()
+            left = self._orphans()
         inv.leftovers = len(left)
+        inv.leftover_kinds = sorted({p.kind for p in left})
         for p in left:
             try:
                 os.kill(p.pid, signal.SIGKILL)
@@ -193,6 +203,10 @@ class Soak:
                 pass
         self._reap()
         self._release_disk()
+
+    def _orphans(self) -> list[procs.Proc]:
+        """Processes of an ended invocation still alive (re-parented to this subreaper), zombies aside."""
+        return [p for p in procs.classify(os.getpid()) if p.pid != os.getpid() and not procs.zombie(p.pid)]
 
     def _reap(self) -> None:
         """Collect the exit status of orphans re-parented to this subreaper (never the Popen's child: its wait does)."""
@@ -214,12 +228,19 @@ class Soak:
         whole = chunk[: chunk.rfind("\n") + 1]
         self._metrics_offset += len(whole.encode())
         for line in whole.splitlines():
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line a killed driver left half written, then the next appended to
+                self.torn_rows += 1
+                continue
             self._step = int(row["step"])
             self.rows.append({"t": round(self.now(), 1), "invocation": inv.index, "row": row})
 
     def _sample(self, inv: Invocation) -> None:
+        """Every process of the run, once the invocation has trained a step (start-up is not growth)."""
         self._tree = procs.classify(inv.popen.pid)
+        if self.steps_this_invocation(inv) == 0:
+            return
         for p in self._tree:
             got = procs.sample(p.pid)
             if got is not None and p.kind != "ray":
@@ -314,6 +335,16 @@ class Soak:
         self._cont_due(all_now=True)
 
     # ------------------------------------------------------------ the loop
+    def _inject_one(self, pending: list[Fault], inv: Invocation, clock: float) -> None:
+        """The first due fault that can go in now (a run-ending one waits for the invocation's first
+        step, any waits for its target to be up; the ones behind it need not wait for it)."""
+        for i, fault in enumerate(pending):
+            if fault.at_s > clock:
+                return
+            if self.try_inject(fault, inv):
+                pending.pop(i)
+                return
+
     def settled(self, pending: list[Fault]) -> bool:
         if not self.until_done or pending:
             return False
@@ -348,13 +379,8 @@ class Soak:
                 self._release_disk()
             if clock0 is None and self.checkpoint_step() is not None:
                 clock0 = self.now()
-            if (
-                pending
-                and clock0 is not None
-                and pending[0].at_s <= self.now() - clock0
-                and self.try_inject(pending[0], inv)
-            ):
-                pending.pop(0)
+            if clock0 is not None:
+                self._inject_one(pending, inv, self.now() - clock0)
             time.sleep(tick_s)
         self.not_injected = [f.to_dict() for f in pending]
         # The end: the last invocation stopped, then one more resumes and finishes on its own, closing the books.
