@@ -275,8 +275,19 @@ def _changed_tasks(results: Sequence[TaskResult], first: str, last: str, view: s
 
 
 def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], plots: Mapping[str, Path | None]) -> str:
+    """The report, one section after the other."""
+    out = [
+        *_success_section(summary),
+        *_gains_section(summary, plots),
+        *_churn_section(summary, results, plots),
+        *_cost_section(summary, plots),
+    ]
+    return "\n".join(out)
+
+
+def _success_section(summary: Mapping[str, Any]) -> list[str]:
+    """The snapshots, success per snapshot and view (macro, micro) and each view by category."""
     names, views = summary["snapshots"], _views(summary)
-    first, final, best = names[0], summary["final"], summary["best_validation"]
     info = summary.get("snapshot_info", {})
     out = [
         "# Evaluation report",
@@ -316,7 +327,14 @@ def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], p
                 for n in names
             ],
         )
-    out += ["", "## Gains", "", f"Update-validation view `{summary['views']['validation']}`:", ""]
+    return out
+
+
+def _gains_section(summary: Mapping[str, Any], plots: Mapping[str, Path | None]) -> list[str]:
+    """UVG per snapshot, the ID and OOD gains, and the best-validation snapshot beside the final one."""
+    names, views = summary["snapshots"], _views(summary)
+    first, final, best = names[0], summary["final"], summary["best_validation"]
+    out = ["", "## Gains", "", f"Update-validation view `{summary['views']['validation']}`:", ""]
     out += _table(
         ["snapshot", "UVG_prev", "UVG_base"],
         [[n, _pp(summary["uvg_prev"].get(n)), _pp(summary["uvg_base"].get(n))] for n in names[1:]],
@@ -342,7 +360,16 @@ def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], p
             for label, n in (("best validation", best), ("final", final))
         ],
     )
-    out += [
+    return out
+
+
+def _churn_section(
+    summary: Mapping[str, Any], results: Sequence[TaskResult], plots: Mapping[str, Path | None]
+) -> list[str]:
+    """Forgetting, DeltaFix / DeltaForget and the fix / forget rates, and the tasks that changed."""
+    names, views = summary["snapshots"], _views(summary)
+    first, final = names[0], summary["final"]
+    out = [
         "",
         "## Forgetting and churn",
         "",
@@ -384,7 +411,13 @@ def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], p
     for v in views:
         fixed, forgot = _changed_tasks(results, first, final, v)
         out.append(f"- `{v}`: fixed {len(fixed)} {fixed[:10]}, forgot {len(forgot)} {forgot[:10]}")
-    out += ["", "## Cost", ""]
+    return out
+
+
+def _cost_section(summary: Mapping[str, Any], plots: Mapping[str, Path | None]) -> list[str]:
+    """Cost per snapshot, process diagnostics and the training rounds' plots."""
+    names, views = summary["snapshots"], _views(summary)
+    out = ["", "## Cost", ""]
     ckeys = (
         "tasks",
         "rollout_tokens_per_task",
@@ -410,7 +443,7 @@ def render_markdown(summary: Mapping[str, Any], results: Sequence[TaskResult], p
     else:
         out.append("No training rounds were given.")
     out += ["", "Per-task results: [results.csv](results.csv); all numbers: [summary.json](summary.json).", ""]
-    return "\n".join(out)
+    return out
 
 
 def write_report(
