@@ -50,6 +50,8 @@ class ServerCounters:
     busy_s: float = 0.0  # the engine generating or loading weights
     update_s: float = 0.0
     updates: int = 0
+    # Requests a caller waits on (queued or in the engine): what a kill of this process would fail now.
+    outstanding: int = 0
     started: float = field(default_factory=time.perf_counter)
     instance: str = field(default_factory=lambda: uuid.uuid4().hex)  # as ReplicaCounters': a restart is a new one
 
@@ -63,6 +65,7 @@ class ServerCounters:
             "busy_s": self.busy_s,
             "update_s": self.update_s,
             "updates": self.updates,
+            "outstanding": self.outstanding,
             "wall_s": wall,
             "idle_ratio": max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0,
             "mean_batch_requests": self.requests / self.batches if self.batches else 0.0,
@@ -80,6 +83,7 @@ class GeneratorServer:
         self.generator = make_generator()
         self.max_batch_requests = max_batch_requests
         self.counters = ServerCounters()
+        self._outstanding_lock = threading.Lock()
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._front: deque[_Job] = deque()  # taken from the queue but not yet served, in arrival order
         self._awaiting_weights = await_weights or restarted_by_ray()
@@ -88,8 +92,14 @@ class GeneratorServer:
     # ------------------------------------------------------- called remotely
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
         job = _Job("generate", (list(requests), sampling))
-        self._jobs.put(job)
-        return job.future.result()
+        with self._outstanding_lock:  # callers arrive on many threads of the actor
+            self.counters.outstanding += len(job.args[0])
+        try:
+            self._jobs.put(job)
+            return job.future.result()
+        finally:
+            with self._outstanding_lock:
+                self.counters.outstanding -= len(job.args[0])
 
     def update_weights(self, version: int, source: str | Mapping[str, Any] | WeightManifest) -> float:
         """A snapshot directory, the learner's WeightManifest (its buckets fetched and loaded one

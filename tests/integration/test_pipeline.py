@@ -210,24 +210,47 @@ def test_sync_mode_alternates_with_the_same_records(tmp_path):
 
 
 def _kill_when_busy(p, target: str, killed: list):
-    """SIGKILL an actor process while a group is in flight on it."""
+    """SIGKILL an actor process while a group's work is on it, checked just before the kill.
+
+    env: an env actor holding a dispatched group. generator: the replica with requests a caller
+    waits on (its ``outstanding``), so an env actor's call fails and the group is re-issued, once
+    the driver has read its count of tokens. A
+    pause between the check and the kill (as this test once had) let a loaded machine finish
+    the group first, and the kill then struck nothing."""
     import ray
 
+    pids: dict = {}  # asked before the moment of the kill, which then takes no round trip
     deadline = time.time() + 180
     while time.time() < deadline and not killed:
+        time.sleep(0.05)
+        if p.state.step < 1:
+            continue
         try:
             busy = [name for _, name in list(p.dispatch.jobs.values())]
         except RuntimeError:  # the dict changed while copied
             continue
-        if busy and p.state.step >= 1:
-            time.sleep(0.3)
-            handle = p.actors.generator if target == "generator" else p.actors.env.get(busy[0])
+        if not busy:
+            continue
+        if target == "generator":
+            handle = p.actors.generator
+            # The books below compare with what the driver last read of this process: a loaded
+            # machine can time out the readings, so wait for one that counted tokens.
+            if not p.actors.generators.token_count.total:
+                continue
+            stats = ray.get(handle.stats.remote(), timeout=30)
+            if not stats.get("outstanding"):
+                continue
+        else:
+            handle = p.actors.env.get(busy[0])
             if handle is None:
                 continue
-            os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
-            killed.append(target)
-            return
-        time.sleep(0.05)
+        key = busy[0] if target == "env" else "generator"
+        if key not in pids:
+            pids[key] = ray.get(handle.pid.remote(), timeout=30)
+            continue  # look again: the group may have moved on meanwhile
+        os.kill(pids[key], signal.SIGKILL)
+        killed.append(target)
+        return
 
 
 @pytest.mark.parametrize("target", ["env", "generator"])

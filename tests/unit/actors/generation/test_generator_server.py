@@ -108,3 +108,21 @@ def test_engine_errors_reach_every_caller_of_the_batch():
     else:
         raise AssertionError("no error")
     assert server.update_weights(1, {}) == 0.01  # the engine thread survives
+
+
+def test_stats_count_the_requests_callers_wait_on_until_their_answers():
+    engine = RecordingGenerator()
+    server = GeneratorServer(lambda: engine)
+    engine.gate.clear()
+    sampling = SamplingConfig(max_new_tokens=4)
+    callers = [
+        threading.Thread(target=server.generate, args=(requests(p, k), sampling)) for p, k in (("a", 2), ("b", 3))
+    ]
+    for c in callers:
+        c.start()
+    wait_until(lambda: server.stats()["outstanding"] == 5)
+    assert server.stats()["outstanding"] == 5  # queued and in the engine alike
+    engine.gate.set()
+    for c in callers:
+        c.join(timeout=5)
+    assert server.stats()["outstanding"] == 0 and server.stats()["requests"] == 5
