@@ -126,7 +126,7 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
             )
         # The learner moved during the measurements above: the generator takes its weights, so the
         # steps' mismatch compares vLLM and the learner at the same weights.
-        gen.update_weights(gen.policy_version + 1, learner.generator_weights(gen.dtype))
+        gen.update_weights(gen.policy_version + 1, learner.weights_out.generator_weights(gen.dtype))
         steps = {}
         for shape in args.shape_list:
             prompt_len, new = SHAPES[shape]
@@ -140,7 +140,7 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
                     _trajectories(outs, prompts, f"{shape}{r}"), RELEASED_BASE_WEIGHTS, policy_version=version
                 )
                 t1 = time.perf_counter()
-                update_s = gen.update_weights(version + 1, learner.generator_weights(gen.dtype))
+                update_s = gen.update_weights(version + 1, learner.weights_out.generator_weights(gen.dtype))
                 rows.append(
                     {
                         "step_s": time.perf_counter() - t0,

@@ -77,7 +77,7 @@ def main(spec: dict) -> dict:
             if clock:
                 row["phases"] = clock.take()
             t0 = time.perf_counter()
-            manifest = learner.weight_manifest(spec["publish_dtype"])
+            manifest = learner.weights_out.weight_manifest(spec["publish_dtype"])
             row["publish_s"] = time.perf_counter() - t0
             del manifest
             steps.append(row)

@@ -127,8 +127,8 @@ class VllmPeer:
         self.before = self.conn.recv()
 
     def round(self, learner, version: int, snapshot: str) -> dict:
-        self.conn.send((version, learner.weight_metadata(), snapshot))
-        sent = learner.broadcast_weights(self.broadcaster)  # vLLM is receiving meanwhile
+        self.conn.send((version, learner.weights_out.weight_metadata(), snapshot))
+        sent = learner.weights_out.broadcast_weights(self.broadcaster)  # vLLM is receiving meanwhile
         return {"broadcast_s": sent, **self.conn.recv()}
 
     def close(self) -> None:
@@ -176,12 +176,12 @@ def main() -> None:
     publish, weights = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, lrn in learners.items():
-            _, seconds = lrn.save_snapshot(tmp, version=1)
+            _, seconds = lrn.weights_out.save_snapshot(tmp, version=1, step=lrn.step)
             publish[name] = seconds
         if not args.no_broadcast:
             peer = VllmPeer(path, args.prompt_tokens)
             for version, (name, lrn) in enumerate(learners.items(), start=1):
-                snapshot, _ = lrn.save_snapshot(tmp, version=version)
+                snapshot, _ = lrn.weights_out.save_snapshot(tmp, version=version, step=lrn.step)
                 weights[name] = peer.round(lrn, version, str(snapshot))
             peer.close()
     load_after = os.getloadavg()[0]

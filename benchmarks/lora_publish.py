@@ -57,7 +57,7 @@ def main() -> None:
     seconds = []
     for version in range(1, args.rounds + 1):
         t = time.perf_counter()
-        path, _ = full.save_snapshot(out / "full", version)
+        path, _ = full.weights_out.save_snapshot(out / "full", version, full.step)
         gen.update_weights(version, str(path))
         seconds.append(time.perf_counter() - t)
     report["full_bytes"] = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))

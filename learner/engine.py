@@ -6,7 +6,8 @@ mini-batches into micro-batches (gradient accumulation). The loss is the token
 mean over the whole mini-batch, whatever the micro-batch split, so every
 backend and split computes the same update. A frozen copy of the initial
 weights is the KL reference (none when the KL coefficient is 0; with LoRA the policy, its adapter off). Checkpoints hold model, optimizer, step and RNG
-states plus any extra state the caller passes (capability and interface).
+states plus any extra state the caller passes (capability and interface). The objective of a
+micro-batch is learner/objective.py's; the weights leave through ``weights_out`` (learner/weights_out.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from learner.batch import Sample, build_samples
 from learner.config import LearnerConfig
 from learner.lora import add_adapter, lora_on, trainable_parameters
 from learner.micro_batches import MicroBatch, collate, packs, plan_mini_batches
+from learner.objective import MicroForwards, MiniBatchShare, micro_objective
 from learner.optimizer import StepBox, make_optimizer
 from learner.process_group import init_distributed
 from learner.reference import build_reference
@@ -30,7 +32,7 @@ from learner.weights_out import WeightsOut
 from replay.messages import Trajectory
 
 
-class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learner/weights_out.py
+class Learner:
     """``world_size`` ranks train together (learner/group.py forms their group before this is built);
     ``timeout_s`` bounds every collective and every call the driver makes to a rank."""
 
@@ -98,6 +100,9 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
             if cfg.loss.kl_coef
             else None
         )
+        # Weights out (gathers, snapshots, the broadcast), reading the policy this learner trains.
+        zero3 = self.engine is not None and cfg.zero_stage == 3
+        self.weights_out = WeightsOut(self.model, cfg, model_path, self.rank, zero3)
 
     @property
     def phases(self) -> Any:
@@ -312,9 +317,20 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
         with torch.no_grad():
             ref_logp = self._logprobs(self.ref, micro, batch)[0] if self.cfg.loss.kl_coef else None
         with self.phases.phase("loss"):
-            loss = self._micro_loss(
-                micro, batch, logp, entropy, ref_logp, mini_tokens, mini_sequences, proximal, stats, loss_scale
+            proximal_old = None
+            if id(micro[0]) in proximal:  # pi_old from before the step's first optimizer step
+                proximal_old = torch.stack([proximal[id(s)][: batch.mask.shape[1]] for s in micro])
+            out = micro_objective(
+                MicroForwards(logp, entropy, ref_logp, proximal_old),
+                batch,
+                MiniBatchShare(mini_tokens, mini_sequences, loss_scale),
+                self.cfg,
             )
+            if loss_scale:  # a padding micro-batch adds nothing to the step's statistics
+                stats.add_micro(
+                    out.metrics, micro, batch.behaviour, out.learner_old, batch.mask, out.is_weights, out.cut
+                )
+            loss = out.loss
         with self.phases.phase("backward"):
             if self.engine is not None:
                 # The caller owns the boundary: the last micro-batch of a mini-batch, however many it holds.
@@ -333,51 +349,6 @@ class Learner(WeightsOut):  # weights out (gathers, snapshots, broadcast): learn
                 finally:
                     self._phase_box.hold = False
         return forwarded if loss_scale else 0
-
-    def _micro_loss(
-        self,
-        micro,
-        batch: MicroBatch,
-        logp,
-        entropy,
-        ref_logp,
-        mini_tokens,
-        mini_sequences,
-        proximal,
-        stats,
-        loss_scale: float,
-    ):
-        import torch
-
-        from learner.loss import aggregation_weights, off_policy_weights, policy_loss
-
-        mask, behaviour = batch.mask, batch.behaviour
-        # pi_old: vLLM's behaviour logprobs, or the learner's own at the start of the step.
-        if self.cfg.old_logprobs == "recompute":
-            if id(micro[0]) in proximal:
-                old = torch.stack([proximal[id(s)][: mask.shape[1]] for s in micro]) * mask
-            else:
-                old = logp.detach() * mask
-            is_w, cut = off_policy_weights(old, behaviour, mask, self.cfg.loss)
-        else:
-            old, is_w, cut = behaviour, None, None
-        weights = aggregation_weights(mask, self.cfg.loss_agg, mini_tokens, mini_sequences)
-        loss, m = policy_loss(
-            logp,
-            old,
-            batch.advantages.expand_as(logp),
-            mask,
-            self.cfg.loss,
-            ref_logp,
-            entropy,
-            token_normalizer=float(mini_tokens),
-            token_weights=weights,
-            is_weights=is_w,
-        )
-        if not loss_scale:  # padding (learner/group.py): the same calls as the other ranks, no gradient
-            return loss * 0.0
-        stats.add_micro(m, micro, behaviour, logp.detach() * mask if old is behaviour else old, mask, is_w, cut)
-        return loss * loss_scale if loss_scale != 1.0 else loss
 
     def train_batch(
         self,

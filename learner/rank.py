@@ -140,12 +140,12 @@ class LearnerRank:
         store bucket by bucket: rank 0 returns the ``WeightManifest`` (weights/buckets.py),
         the other ranks of a group join the gathers and return None."""
         with self.order.turn(ticket, "weight gather", self.wait_s):
-            return self.learner.weight_manifest(dtype)
+            return self.learner.weights_out.weight_manifest(dtype)
 
     def save_snapshot(self, ticket: int, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""
         with self.order.turn(ticket, "snapshot", self.wait_s):
-            path, seconds = self.learner.save_snapshot(out_dir, version)
+            path, seconds = self.learner.weights_out.save_snapshot(out_dir, version, self.learner.step)
             _release_free_memory()
             return str(path), seconds
 
@@ -167,14 +167,14 @@ class LearnerRank:
             self.broadcaster = WeightBroadcaster(
                 host, port, world_size, backend, dtype=cast, timeout_s=self.learner.timeout_s
             )
-            return [m.to_wire() for m in self.learner.weight_metadata(cast)]
+            return [m.to_wire() for m in self.learner.weights_out.weight_metadata(cast)]
 
     def broadcast_weights(self, ticket: int) -> float:
         """Rank 0 sends over the weight group; the other ranks only join the ZeRO-3 bucket gathers."""
         with self.order.turn(ticket, "weight broadcast", self.wait_s):
             if self.rank == 0 and self.broadcaster is None:
                 raise RuntimeError("broadcast_weights before join_weight_group")
-            return self.learner.broadcast_weights(self.broadcaster if self.rank == 0 else None)
+            return self.learner.weights_out.broadcast_weights(self.broadcaster if self.rank == 0 else None)
 
     def save_checkpoint(self, ticket: int, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
         with self.order.turn(ticket, "checkpoint", self.wait_s):

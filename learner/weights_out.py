@@ -1,7 +1,7 @@
 """Weights out of a learner: full or bucket-by-bucket gathers (ZeRO-3), the generator's copy in its
 dtype (bucket by bucket into Ray's object store, or whole for an in-process generator), safetensors
-snapshots and the broadcast group. A mixin of learner.engine.Learner, which
-holds the model, engine, rank and config these read."""
+snapshots and the broadcast group. learner.engine.Learner holds one as ``weights_out``, built on
+the policy model it trains."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from learner.config import LearnerConfig
 
 # Largest safetensors file of a snapshot; more weights go to model-0000i-of-0000n shards and an
 # index, the layout save_pretrained writes (its default shard size: transformers 5).
@@ -48,13 +51,22 @@ class _Tally:
 
 
 class WeightsOut:
-    last_weights_out: WeightsOutStats = WeightsOutStats()
+    """The weights of one learner rank's policy ``model`` (its ``cfg``, loaded from ``model_path``) on
+    their way out; ``zero3``: partitioned, so every rank gathers with the others. It holds no
+    reference back to the learner: a learner is freed (and with it a ZeRO-3 config that would
+    partition later models: learner/engine.py) as soon as its last reference goes."""
+
     snapshot_shard_bytes: int = SNAPSHOT_SHARD_BYTES  # a test makes it small to see shards and the index
+
+    def __init__(self, model: Any, cfg: LearnerConfig, model_path: str, rank: int, zero3: bool) -> None:
+        self.model, self.cfg, self.model_path = model, cfg, model_path
+        self.rank, self.zero3 = rank, zero3
+        self.last_stats = WeightsOutStats()  # what this rank's last weights-out call took
 
     def _full_cpu(self, named_tensors) -> dict[str, Any]:
         """name -> full (gathered) fp32 tensor on CPU, whatever the ZeRO stage;
         ``named_tensors`` is called inside the gather."""
-        if self.engine is not None and self.cfg.zero_stage == 3:
+        if self.zero3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
@@ -84,18 +96,17 @@ class WeightsOut:
         from learner.weight_broadcast import model_weight_buckets
         from weights.buckets import put_buckets
 
-        zero3 = self.engine is not None and self.cfg.zero_stage == 3
         target = getattr(torch, dtype) if dtype else None
         # Cut buckets to the larger of the trained and the sent element: neither the gathered
         # bucket on the device nor the object in the store exceeds the bucket size.
         element_size = torch.empty((), dtype=target).element_size() if target is not None else 0
         with self._out_model() as model:
-            buckets = model_weight_buckets(model, zero3, self.bucket_bytes, element_size)
-            stats = _Tally(zero3)
+            buckets = model_weight_buckets(model, self.zero3, self.bucket_bytes, element_size)
+            stats = _Tally(self.zero3)
             if self.rank != 0:
                 for bucket in buckets:
                     stats.gathered(bucket)
-                self.last_weights_out = stats.result()
+                self.last_stats = stats.result()
                 return None
 
             def host(bucket):
@@ -105,7 +116,7 @@ class WeightsOut:
 
             sent = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
             manifest = put_buckets((host(b) for b in buckets), sent, self.cfg.weight_bucket_mb)
-        self.last_weights_out = stats.result()
+        self.last_stats = stats.result()
         return manifest
 
     def full_state_dict(self) -> dict[str, Any]:
@@ -133,29 +144,29 @@ class WeightsOut:
         target = getattr(torch, dtype)
         return {k: v.to(target) for k, v in weights.items()}
 
-    def save_snapshot(self, out_dir: str | Path, version: int) -> tuple[Path, float]:
+    def save_snapshot(self, out_dir: str | Path, version: int, step: int) -> tuple[Path, float]:
         """A versioned safetensors snapshot generators and transformers load, laid out as
-        ``save_pretrained`` lays it out; (path, seconds). Every rank calls it (a ZeRO-3 collective):
+        ``save_pretrained`` lays it out, recording ``version`` and the learner's optimizer ``step``
+        (seal-version.json); (path, seconds). Every rank calls it (a ZeRO-3 collective):
         the weights are gathered a bucket at a time (``weight_bucket_mb``) and only rank 0 copies
         them to the host and writes them, tensor by tensor (learner/safetensors_out.py). No rank
-        holds the whole model beyond its shard, on the device or the host; ``last_weights_out`` says
+        holds the whole model beyond its shard, on the device or the host; ``last_stats`` says
         what this rank took."""
         t0 = time.perf_counter()
         with self._out_model() as model:
-            return self._write_snapshot(model, Path(out_dir) / f"v{version:06d}", version, t0)
+            return self._write_snapshot(model, Path(out_dir) / f"v{version:06d}", version, step, t0)
 
-    def _write_snapshot(self, model, out: Path, version: int, t0: float) -> tuple[Path, float]:
+    def _write_snapshot(self, model, out: Path, version: int, step: int, t0: float) -> tuple[Path, float]:
         from learner.safetensors_out import DTYPES, ShardedWriter
         from learner.weight_broadcast import model_weight_buckets
 
         tmp = out.with_name(out.name + ".tmp")
-        zero3 = self.engine is not None and self.cfg.zero_stage == 3
-        buckets = model_weight_buckets(model, zero3, self.bucket_bytes)
-        stats = _Tally(zero3)
+        buckets = model_weight_buckets(model, self.zero3, self.bucket_bytes)
+        stats = _Tally(self.zero3)
         if self.rank != 0:
             for bucket in buckets:
                 stats.gathered(bucket)
-            self.last_weights_out = stats.result()
+            self.last_stats = stats.result()
             return out, time.perf_counter() - t0
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -176,7 +187,7 @@ class WeightsOut:
                 except Exception as exc:  # re-raised once the gathers are done
                     failure = exc
         if failure is not None:
-            self.last_weights_out = stats.result()
+            self.last_stats = stats.result()
             writer.abort()
             shutil.rmtree(tmp, ignore_errors=True)
             raise failure
@@ -184,10 +195,10 @@ class WeightsOut:
             writer.write(spec.name, stats.to_host(tensor))
         writer.close()
         self._save_configs(model, tmp)
-        (tmp / "seal-version.json").write_text(json.dumps({"version": version, "step": self.step}))
+        (tmp / "seal-version.json").write_text(json.dumps({"version": version, "step": step}))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
-        self.last_weights_out = stats.result()
+        self.last_stats = stats.result()
         return out, time.perf_counter() - t0
 
     def _snapshot_contents(self, model):
@@ -225,7 +236,7 @@ class WeightsOut:
             return broadcast_model(
                 model,
                 broadcaster,
-                zero3=self.engine is not None and self.cfg.zero_stage == 3,
+                zero3=self.zero3,
                 bucket_bytes=self.bucket_bytes,
             )
 

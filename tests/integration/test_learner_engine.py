@@ -95,7 +95,7 @@ def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False, shared_pr
 
 
 def weights(lrn):
-    return lrn.full_state_dict()
+    return lrn.weights_out.full_state_dict()
 
 
 # Different summation orders (ZeRO's flat buffers, micro-batch splits, packed
@@ -282,7 +282,7 @@ def test_save_snapshot_writes_a_loadable_versioned_snapshot(tiny_path, tmp_path)
 
     lrn = learner(tiny_path, "torch")
     lrn.train_batch(make_batch(4, tiny_path), RELEASED_BASE_WEIGHTS)
-    path, seconds = lrn.save_snapshot(tmp_path / "weights", version=1)
+    path, seconds = lrn.weights_out.save_snapshot(tmp_path / "weights", version=1, step=lrn.step)
     assert path.name == "v000001" and seconds < 30
     loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
     mine = weights(lrn)
@@ -318,7 +318,7 @@ def test_learner_scores_exactly_the_masked_tokens(tiny_path):
 def test_generator_weights_carry_a_tied_parameter_once(tiny_path, backend, stage):
     lrn = learner(tiny_path, backend, stage)
     assert lrn.model.config.tie_word_embeddings
-    full, sent = lrn.full_state_dict(), lrn.generator_weights()
+    full, sent = lrn.weights_out.full_state_dict(), lrn.weights_out.generator_weights()
     assert "lm_head.weight" in full and "lm_head.weight" not in sent
     assert set(sent) == set(full) - {"lm_head.weight"}
     assert all(torch.equal(sent[k], full[k]) for k in sent)

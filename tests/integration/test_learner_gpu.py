@@ -34,8 +34,8 @@ def test_cuda_step_matches_cpu(backend, stage):
         )
         lrn = Learner(path, cfg, group_size=2)
         try:
-            before = lrn.full_state_dict()
-            results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.full_state_dict())
+            before = lrn.weights_out.full_state_dict()
+            results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.weights_out.full_state_dict())
         finally:
             # Its NCCL group goes with it: a later test's init_process_group in this process
             # (test_learner_collectives' NCCL group of one) raised "initialize ... twice".

@@ -149,9 +149,9 @@ def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage
     # The one rank computes log p the straightforward way (the whole vocabulary's logits); the group's
     # ranks from the hidden states in chunks (the default): the same update, across ranks and paths.
     one = Learner(tiny_path, dataclasses.replace(config(stage), logprob_head="full"), group_size=N)
-    before = one.generator_weights()
+    before = one.weights_out.generator_weights()
     ref = one.train_batch(batch, RELEASED_BASE_WEIGHTS)
-    after_one = one.generator_weights()
+    after_one = one.weights_out.generator_weights()
     two = zero3_group if stage == 3 else group(tiny_path, config(2))
     try:
         # Same start, by the object store: the 2-rank group's buckets add up to the 1-rank learner's weights,
@@ -187,9 +187,9 @@ def test_two_zero3_ranks_packed_and_chunked_make_the_straightforward_update(tiny
     shared = make_batch(4, tiny_path, shared_prompt=True) + make_batch(5, tiny_path, shared_prompt=True)[:N]
     old_cfg = dataclasses.replace(config(3, kl_coef=kl), logprob_head="full")
     one = Learner(tiny_path, old_cfg, group_size=N)
-    before = one.generator_weights()
+    before = one.weights_out.generator_weights()
     ref = one.train_batch(shared, RELEASED_BASE_WEIGHTS)
-    after_one = one.generator_weights()
+    after_one = one.weights_out.generator_weights()
     new_cfg = dataclasses.replace(config(3, kl_coef=kl), micro_batch_size=N, shared_prefix=True)
     two = group(tiny_path, new_cfg)
     try:
@@ -211,9 +211,9 @@ def test_two_zero3_ranks_agree_on_recomputation_whatever_their_micro_batch_lengt
     choose from the longest micro-batch at each place, and make the one-rank update."""
     cfg = dataclasses.replace(config(3), gradient_checkpointing=True, gradient_checkpointing_min_tokens=3)
     one = Learner(tiny_path, cfg, group_size=N)
-    before = one.generator_weights()
+    before = one.weights_out.generator_weights()
     one.train_batch(batch, RELEASED_BASE_WEIGHTS)
-    after_one = one.generator_weights()
+    after_one = one.weights_out.generator_weights()
     two = group(tiny_path, cfg)
     try:
         got = two.train_now(batch, RELEASED_BASE_WEIGHTS)

@@ -147,7 +147,7 @@ def test_weights_out_of_a_lora_learner_are_the_base_with_the_adapter_merged(tiny
 
     lrn = lora_learner(tiny_path)
     lrn.train_batch(make_batch(4, tiny_path), RELEASED_BASE_WEIGHTS)
-    path, _ = lrn.save_snapshot(tmp_path, 1)
+    path, _ = lrn.weights_out.save_snapshot(tmp_path, 1, lrn.step)
     snapshot = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     ids = torch.tensor([[5, 900, 47, 3000, 12, 801, 77]])
     with torch.no_grad():
@@ -156,10 +156,10 @@ def test_weights_out_of_a_lora_learner_are_the_base_with_the_adapter_merged(tiny
     assert torch.allclose(served, policy, atol=1e-5, rtol=0), float((served - policy).abs().max())
     assert not torch.allclose(served, base, atol=1e-4, rtol=0)
 
-    sent = lrn.generator_weights()
+    sent = lrn.weights_out.generator_weights()
     plain = base_model(tiny_path)
     assert sent.keys() == {n for n, _ in plain.named_parameters()}  # a tied head once, as for full training
     assert all(torch.equal(sent[k], v) for k, v in snapshot.state_dict().items() if k in sent)
     from learner.weight_broadcast import model_metadata
 
-    assert lrn.weight_metadata() == model_metadata(plain)  # the broadcast round's layout: the base's
+    assert lrn.weights_out.weight_metadata() == model_metadata(plain)  # the broadcast round's layout: the base's

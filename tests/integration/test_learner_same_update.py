@@ -55,9 +55,9 @@ def learner(tiny_path: str, new: bool, kl: float, dtype: str = "float32") -> Lea
 
 def one_step(tiny_path, batch, new: bool, kl: float, dtype: str):
     lrn = learner(tiny_path, new, kl, dtype)
-    before = lrn.full_state_dict()
+    before = lrn.weights_out.full_state_dict()
     out = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)
-    return before, out, lrn.full_state_dict()
+    return before, out, lrn.weights_out.full_state_dict()
 
 
 @pytest.mark.parametrize("kl", [0.1, 0.0], ids=["kl", "no-kl"])

@@ -128,7 +128,7 @@ def test_mean_reward_rises_on_the_toy_env():
         ]
         out = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS, policy_version=step)
         mismatch.append(out.mismatch_abs_logprob_diff)
-        gen.update_weights(step + 1, lrn.generator_weights(gen.dtype))
+        gen.update_weights(step + 1, lrn.weights_out.generator_weights(gen.dtype))
     after = held_out_reward()
     gen.close()
     print(

@@ -109,19 +109,19 @@ def test_a_snapshot_is_what_save_pretrained_writes_and_loads(tiny_path, tmp_path
     from transformers import AutoModelForCausalLM
 
     lrn = Learner(tiny_path, learner_cfg(0, "torch"), group_size=1)
-    path, _ = lrn.save_snapshot(tmp_path / "weights", version=3)
+    path, _ = lrn.weights_out.save_snapshot(tmp_path / "weights", version=3, step=lrn.step)
     assert path.name == "v000003" and json.loads((path / "seal-version.json").read_text()) == {"version": 3, "step": 0}
     reference = tmp_path / "save_pretrained"
     lrn.model.save_pretrained(reference, safe_serialization=True)
     (reference / "seal-version.json").write_text("{}")
     assert_same_snapshot(path, reference)
-    assert lrn.last_weights_out.host_bytes == sum(p.numel() * 4 for p in lrn.model.parameters())
+    assert lrn.weights_out.last_stats.host_bytes == sum(p.numel() * 4 for p in lrn.model.parameters())
     loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
-    mine = lrn.full_state_dict()
+    mine = lrn.weights_out.full_state_dict()
     assert loaded.keys() == mine.keys() and all(torch.equal(loaded[k], mine[k]) for k in loaded)
     # Shards and their index, as save_pretrained writes a model over its shard size; transformers loads them.
-    lrn.snapshot_shard_bytes = 2 * 2**20
-    sharded, _ = lrn.save_snapshot(tmp_path / "weights", version=4)
+    lrn.weights_out.snapshot_shard_bytes = 2 * 2**20
+    sharded, _ = lrn.weights_out.save_snapshot(tmp_path / "weights", version=4, step=lrn.step)
     assert (sharded / SAFE_WEIGHTS_INDEX_NAME).is_file() and len(list(sharded.glob("model-*-of-*.safetensors"))) > 1
     again = AutoModelForCausalLM.from_pretrained(sharded, dtype=torch.float32).state_dict()
     assert all(torch.equal(again[k], mine[k]) for k in mine)
@@ -134,7 +134,7 @@ def test_two_zero3_ranks_save_the_one_rank_snapshot_with_host_copies_on_rank_0_o
     from tests.integration.test_learner_group import group
 
     one = Learner(tiny_path, learner_cfg(0, "torch"), group_size=1)
-    want, _ = one.save_snapshot(tmp_path / "one", version=1)
+    want, _ = one.weights_out.save_snapshot(tmp_path / "one", version=1, step=one.step)
     total = sum(p.numel() * 4 for p in one.model.parameters())
     largest = max(p.numel() * 4 for p in one.model.parameters())  # the embedding: a bucket of its own
     with local_ray(num_cpus=4, object_store_bytes=2**30):
@@ -143,7 +143,8 @@ def test_two_zero3_ranks_save_the_one_rank_snapshot_with_host_copies_on_rank_0_o
             got, _ = g.save_snapshot(str(tmp_path / "two"), 1)
             # Each rank's own account of what it took (learner/weights_out.py WeightsOutStats).
             stats = ray.get(
-                [a.__ray_call__.remote(lambda rank: rank.learner.last_weights_out) for a in g.actors], timeout=TIMEOUT_S
+                [a.__ray_call__.remote(lambda rank: rank.learner.weights_out.last_stats) for a in g.actors],
+                timeout=TIMEOUT_S,
             )
         finally:
             g.close()

@@ -85,9 +85,9 @@ def broadcast_round(learner, generator, version: int, first: bool, box: dict) ->
         opener.start()
         assert generator.init_weight_group(HOST, port, world_size=2, timeout_s=60) == [1]
         opener.join(timeout=60)
-    sender = threading.Thread(target=lambda: box.update(s=learner.broadcast_weights(box["b"])), daemon=True)
+    sender = threading.Thread(target=lambda: box.update(s=learner.weights_out.broadcast_weights(box["b"])), daemon=True)
     sender.start()
-    generator.update_weights_from_group(version, learner.weight_metadata())
+    generator.update_weights_from_group(version, learner.weights_out.weight_metadata())
     sender.join(timeout=60)
     assert "s" in box, "the learner is still sending: the engine left tensors on the wire"
 
@@ -115,16 +115,16 @@ def test_the_learner_publishes_under_the_checkpoint_names_and_layout(name, tmp_p
     saved = load_file(path / "model.safetensors")
     learner = learner_for(str(path))
     try:
-        metadata = [(m.name, tuple(m.shape)) for m in learner.weight_metadata()]
+        metadata = [(m.name, tuple(m.shape)) for m in learner.weights_out.weight_metadata()]
         sent = list(model_weights(learner.model))
         assert metadata == [(n, tuple(t.shape)) for n, t in sent]
         # Every parameter goes (a tied head once, as the file has it); persistent buffers are not trained.
         buffers = {n for n, _ in learner.model.named_buffers() if n in saved}
         assert {n for n, _ in sent} == set(saved) - buffers
         assert all(torch.equal(t, saved[n]) for n, t in sent)
-        mapping = learner.generator_weights()
+        mapping = learner.weights_out.generator_weights()
         assert list(mapping) == [n for n, _ in sent] and all(torch.equal(t, saved[n]) for n, t in mapping.items())
-        snapshot, _ = learner.save_snapshot(tmp_path, 1)
+        snapshot, _ = learner.weights_out.save_snapshot(tmp_path, 1, learner.step)
         written = load_file(snapshot / "model.safetensors")
         assert written.keys() == saved.keys() and all(torch.equal(written[k], saved[k]) for k in saved)
     finally:
@@ -164,7 +164,7 @@ def test_vllm_scores_as_the_learner_after_each_publish_path(name, ray_session):
             if path == "broadcast":
                 broadcast_round(learner, generator, version, first=True, box=box)
             else:
-                manifest = learner.weight_manifest(dtype=generator.dtype)
+                manifest = learner.weights_out.weight_manifest(dtype=generator.dtype)
                 assert len(manifest.buckets) >= 1
                 generator.update_weights(version, manifest)
             served, learned = both()

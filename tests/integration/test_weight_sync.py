@@ -36,9 +36,9 @@ def learner_side(model_dir: str, port: int, backend: str, device: str, zero_stag
             micro_batch_size=1,
         )
         learner = Learner(model_dir, cfg, group_size=1)
-        out.put(("metadata", learner.weight_metadata()))
+        out.put(("metadata", learner.weights_out.weight_metadata()))
         broadcaster = WeightBroadcaster(HOST, port, world_size=2, backend=backend, device=device, timeout_s=120)
-        seconds = [learner.broadcast_weights(broadcaster) for _ in range(rounds)]
+        seconds = [learner.weights_out.broadcast_weights(broadcaster) for _ in range(rounds)]
         broadcaster.close()
         out.put(("done", seconds))
     except BaseException as exc:  # the test would otherwise wait for a message that never comes
