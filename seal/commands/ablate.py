@@ -23,8 +23,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from seal.console import Heartbeat, duration
 
 FULL = "full"
 SAME = (
@@ -94,6 +98,43 @@ def _seal(argv: list[str], log: Path, capture: bool = False) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"`seal {' '.join(argv)}` failed (exit {proc.returncode}); see {log}")
     return proc.stdout if capture else ""
+
+
+class ChildCommands:
+    """`seal ablate`'s progress while its child commands run (their output goes to their logs): a
+    line at least every 30 s naming the command, and the time left at the mean pace of the commands
+    run so far. A training run found finished is skipped and leaves the count."""
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        stream: TextIO | None = None,
+        every: float = 30.0,
+    ) -> None:
+        self.total, self.done, self.spent, self.clock = total, 0, 0.0, clock
+        self.heartbeat = Heartbeat(every, clock=clock, stream=stream, left=self.left)
+
+    def left(self, busy: float) -> str:
+        remaining = self.total - self.done
+        if not self.done:
+            return f"{remaining} of {self.total} commands left; time left known after the first"
+        pace = self.spent / self.done  # the one running counts its time so far, never below the rest
+        estimate = max(pace * (remaining - 1), pace * remaining - busy)
+        return f"{remaining} of {self.total} commands left, about {duration(estimate)} left"
+
+    def skip(self) -> None:
+        self.total -= 1
+
+    def run(self, argv: list[str], log: Path, capture: bool = False) -> str:
+        self.heartbeat.doing(f"ablate: seal {' '.join(argv[:2])} (its output: {log})")
+        t0 = self.clock()
+        try:
+            return _seal(argv, log, capture)
+        finally:
+            self.spent += self.clock() - t0
+            self.done += 1
 
 
 def row(name: str, changes: str, summary: dict[str, Any]) -> dict[str, Any]:
@@ -187,25 +228,12 @@ def _seeds(args, shared: list[str]) -> list[int] | None:
     return seeds
 
 
-def ablate(args) -> int:
-    from seal.commands.ablate_curves import write_curves
-    from seal.commands.ablate_final import final_markdown, final_table, seed_dirs
+def _run_all(args, names, seeds, shared, plan, out: Path, calls: ChildCommands, rows, summaries, runs) -> None:
+    """Train (unless already trained with the same arguments) and evaluate every ablation and seed,
+    filling ``rows``, ``summaries`` and ``runs``."""
+    from seal.commands.ablate_final import seed_dirs
     from seal.errors import CliError
 
-    names = [n for n in args.ablations.split(",") if n]
-    known = ablation_names()
-    if unknown := [n for n in names if n != FULL and n not in known]:
-        raise CliError(f"unknown ablations {unknown}; known: {[FULL, *known]}")
-    if len(set(names)) != len(names) or not names:
-        raise CliError(f"--set needs distinct names, got {names}")
-    shared = list(args.overrides)
-    if bad := [o for o in shared if o.lstrip("+~").split("=")[0] in ("run_dir", "resume", "ablation")]:
-        raise CliError(f"seal ablate sets these itself: {bad}")
-    seeds = _seeds(args, shared)
-    plan = _compose_all(names, shared + ([f"seed={seeds[0]}"] if seeds else []))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, summaries, runs = [], {}, {}
     for name in names:
         runs[name] = seed_dirs(out, name, seeds)
         for seed, run_dir in runs[name].items():
@@ -223,16 +251,48 @@ def ablate(args) -> int:
                         f"{run_dir} holds a run made with other arguments (or unfinished): move it away first"
                     )
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
-                _seal(["train", *train], out / f"{tag}.train.log")
+                calls.run(["train", *train], out / f"{tag}.train.log")
+            else:
+                calls.skip()  # trained already with the same arguments
                 marker.write_text(json.dumps(train))
             if args.no_views:
                 continue
             evaluate = ["evaluate", str(run_dir), "--json"]
             evaluate += ["--limit", str(args.limit)] if args.limit is not None else []
             evaluate += ["--views", args.views] if args.views else []
-            summary = json.loads(_seal(evaluate, out / f"{tag}.evaluate.log", capture=True).strip().splitlines()[-1])
+            summary = json.loads(
+                calls.run(evaluate, out / f"{tag}.evaluate.log", capture=True).strip().splitlines()[-1]
+            )
             summaries[tag] = str(run_dir / "evaluation" / "summary.json")
             rows.append({**row(name, plan["changes"][name], summary), "seed": seed})
+
+
+def ablate(args) -> int:
+    from seal.commands.ablate_curves import write_curves
+    from seal.commands.ablate_final import final_markdown, final_table
+    from seal.errors import CliError
+
+    names = [n for n in args.ablations.split(",") if n]
+    known = ablation_names()
+    if unknown := [n for n in names if n != FULL and n not in known]:
+        raise CliError(f"unknown ablations {unknown}; known: {[FULL, *known]}")
+    if len(set(names)) != len(names) or not names:
+        raise CliError(f"--set needs distinct names, got {names}")
+    shared = list(args.overrides)
+    if bad := [o for o in shared if o.lstrip("+~").split("=")[0] in ("run_dir", "resume", "ablation")]:
+        raise CliError(f"seal ablate sets these itself: {bad}")
+    seeds = _seeds(args, shared)
+    plan = _compose_all(names, shared + ([f"seed={seeds[0]}"] if seeds else []))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, summaries, runs = [], {}, {}
+    per_run = 1 if args.no_views else 2  # seal train, then seal evaluate
+    calls = ChildCommands(len(names) * len(seeds or [None]) * per_run)
+    calls.heartbeat.start()
+    try:
+        _run_all(args, names, seeds, shared, plan, out, calls, rows, summaries, runs)
+    finally:
+        calls.heartbeat.stop()
     final = final_table(runs)
     _, curves_text = write_curves(runs, out)
     settings = {**plan["settings"], **({"seed": ",".join(map(str, seeds))} if seeds else {})}

@@ -83,3 +83,27 @@ def test_the_heartbeat_thread_prints_on_its_own_and_stops():
     beat.stop()
     assert re.search(r"^waiting: \d+ s so far; left: some$", out.getvalue(), re.M), out.getvalue()
     assert beat._thread is not None and not beat._thread.is_alive()
+
+
+def test_ablate_reports_each_child_command_and_the_time_left_at_its_pace():
+    from seal.commands.ablate import ChildCommands
+
+    clock, out = FakeClock(), io.StringIO()
+    calls = ChildCommands(4, clock=clock, stream=out)
+    calls.heartbeat.doing("ablate: seal train (its output: DIR/full.train.log)")
+    clock.now += 30
+    assert calls.heartbeat.tick()
+    calls.skip()  # full was trained already: 3 commands in all
+    calls.done, calls.spent = 1, 100.0  # one command ran, 100 s
+    calls.heartbeat.doing("ablate: seal evaluate DIR/full (its output: DIR/full.evaluate.log)")
+    clock.now += 40
+    assert calls.heartbeat.tick()
+    first, second = out.getvalue().splitlines()
+    assert first == (
+        "ablate: seal train (its output: DIR/full.train.log): 30 s so far; "
+        "4 of 4 commands left; time left known after the first"
+    )
+    assert second == (
+        "ablate: seal evaluate DIR/full (its output: DIR/full.evaluate.log): 40 s so far; "
+        "2 of 3 commands left, about 2 min 40 s left"
+    )
