@@ -14,14 +14,19 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from replay.auth import ClientKeys
 from seal.config import Settings, instantiate, instantiate_spec
+from seal.runtime.handles import CoordinatorHandle, EnvActorHandle, ReplicaHandle
 from seal.runtime.placement import ClusterConfig
+
+if TYPE_CHECKING:
+    from seal.runtime.generator_fleet import GeneratorFleet
+    from seal.runtime.learner_group import LearnerGroup
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,12 @@ def _spec(node) -> dict:
 
 
 class ActorSet:
+    # Set as each starts (the fleet and the learner group in __init__, the coordinator in
+    # start_coordinator); absent until then, which close() allows for.
+    generators: GeneratorFleet
+    learners: LearnerGroup
+    coordinator: CoordinatorHandle
+
     def __init__(
         self,
         cfg,
@@ -73,16 +84,19 @@ class ActorSet:
         self.sampling = instantiate(cfg.sampling)
         transport = instantiate(cfg.transport)
         self.hwm, self.send_timeout_s = transport.hwm, transport.send_timeout_s
-        self.generators: Any = None
-        self.coordinator: Any = None
-        self.learners: Any = None
-        self.env: dict[str, Any] = {}  # name -> handle, serving
-        self.retiring: dict[str, Any] = {}
-        self.closing: dict[str, Any] = {}  # retired env actor -> its close() call, in flight
+        self.env: dict[str, EnvActorHandle] = {}  # name -> handle, serving
+        self.retiring: dict[str, EnvActorHandle] = {}
+        self.closing: dict[str, Any] = {}  # retired env actor -> its close() call (an ObjectRef), in flight
         self.recovering: dict[str, Any] = {}  # name -> probe ref: crashed, serving again once the probe answers
         self.target_env = 0
         self._created = 0
         spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
+        from actors.generation.adapters import adapter_serving_spec
+        from seal.runtime.generator_spec import is_async_engine
+
+        # A LoRA learner publishing adapters: the replicas serve them (actors/generation/adapters.py).
+        lora = (spec.get("cfg") or {}).get("lora")
+        gen_spec = adapter_serving_spec(gen_spec, lora, is_async_engine(gen_spec.get("_target_")))
         group, fleet = settings.learner, settings.generator
         io = run_io_bounds(cfg, settings)  # checkpoint, resume and snapshot bounded by their bytes
         replicas = fleet.replicas
@@ -118,7 +132,7 @@ class ActorSet:
             self.generators.wait_ready(self.generators.names)
             self.check_layout(nodes)
         except BaseException:
-            if self.learners is None and pg is not None:
+            if not hasattr(self, "learners") and pg is not None:
                 ray.util.remove_placement_group(pg)  # the group owns it once made
             self.close()
             raise
@@ -162,11 +176,11 @@ class ActorSet:
             "learner": {f"rank-{r}": node["ip"] for r, node in enumerate(self.learners.nodes)},
             "generator": actor_nodes(self.generators.handles),
             "env": actor_nodes(self.env),
-            "coordinator": actor_nodes({"coordinator": self.coordinator}) if self.coordinator is not None else {},
+            "coordinator": actor_nodes({"coordinator": self.coordinator}) if hasattr(self, "coordinator") else {},
         }
 
     @property
-    def generator(self) -> Any:
+    def generator(self) -> ReplicaHandle:
         """The first replica (what a single-generator caller, e.g. a benchmark, talks to)."""
         return self.generators.first
 
@@ -270,7 +284,7 @@ class ActorSet:
         if started:
             self._wait_ready([h.pid.remote() for h in started], "env actors")
 
-    def idle_env_actor(self, busy: set[str]) -> tuple[str, Any] | None:
+    def idle_env_actor(self, busy: set[str]) -> tuple[str, EnvActorHandle] | None:
         self.reap(busy)
         self._check_recovering()
         for name, handle in self.env.items():
@@ -328,13 +342,13 @@ class ActorSet:
     def close(self) -> None:
         import ray
 
-        if self.learners is not None:
+        if hasattr(self, "learners"):
             self.learners.close()
-        if getattr(self, "generators", None) is not None:
+        if hasattr(self, "generators"):
             self.generators.close()
-        for handle in [*self.env.values(), *self.retiring.values(), self.coordinator]:
-            if handle is not None:
-                try:
-                    ray.kill(handle, no_restart=True)
-                except Exception:  # already gone
-                    pass
+        coordinator = [self.coordinator] if hasattr(self, "coordinator") else []
+        for handle in [*self.env.values(), *self.retiring.values(), *coordinator]:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already gone
+                pass

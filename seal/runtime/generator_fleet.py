@@ -33,6 +33,7 @@ from typing import Any
 from actors.generation.replica_counters import ReplicaStats
 from replay.token_ledger import GeneratorCount
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
+from seal.runtime.handles import ReplicaHandle
 from seal.runtime.router import ReplicaRouter
 
 log = logging.getLogger(__name__)
@@ -78,9 +79,9 @@ class GeneratorFleet:
         self.tp = int(self.spec["tensor_parallel_size"])  # GeneratorConfig's: every option sets it
         self.is_async = is_async_engine(self.spec["_target_"])
         self.update_timeout_s = float(update_timeout_s)
-        self.handles: dict[str, Any] = {}
+        self.handles: dict[str, ReplicaHandle] = {}
         self.versions: dict[str, int] = {}
-        self.retiring: dict[str, Any] = {}
+        self.retiring: dict[str, ReplicaHandle] = {}
         self.pending: dict[Any, tuple[str, int, float]] = {}  # update ref -> (replica, version, started)
         self.probes: dict[str, tuple[Any, float]] = {}  # replica -> (awaiting_weights ref, sent)
         self.restoring: set[str] = set()  # out of the router until they have the latest weights
@@ -130,6 +131,7 @@ class GeneratorFleet:
         if node is not None:  # replicas on different nodes where there are several (soft: Ray may still move it)
             options["scheduling_strategy"] = strategy
             self.chosen_nodes[name] = node
+        handle: ReplicaHandle
         if self.is_async:
             from hydra.utils import get_class
 
@@ -161,7 +163,7 @@ class GeneratorFleet:
             raise RuntimeError(f"a generator replica failed to start: {cause.strip().splitlines()[-1]}") from None
 
     @property
-    def first(self) -> Any:
+    def first(self) -> ReplicaHandle:
         return self.handles[self.names[0]]
 
     @property
