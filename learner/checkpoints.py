@@ -109,9 +109,20 @@ def _free_bytes(path: Path) -> int:
     return stat.f_bavail * stat.f_frsize
 
 
-def write_error(folder: Path, what: str, exc: BaseException) -> CheckpointWriteError:
-    """The one line for a checkpoint write that failed: "no space left" when the filesystem was full."""
-    if getattr(exc, "errno", None) == errno.ENOSPC or _free_bytes(folder) < _FULL_BYTES:
+def _disk_full(folder: Path, exc: BaseException) -> bool:
+    """Whether a failed write met a full filesystem: ENOSPC anywhere in the error's chain, or (torch's
+    zip writer says only "unexpected pos") next to no room left in ``folder`` while its partials stand."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "errno", None) == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return _free_bytes(folder) < _FULL_BYTES
+
+
+def write_error(folder: Path, what: str, exc: BaseException, full: bool) -> CheckpointWriteError:
+    """The one line for a checkpoint write that failed (``full``: on a full filesystem)."""
+    if full:
         return CheckpointWriteError(
             errno.ENOSPC,
             f"no space left on device writing {what} to {folder} ({_free_bytes(folder) / 2**20:.1f} MB free "
@@ -124,19 +135,29 @@ def write_error(folder: Path, what: str, exc: BaseException) -> CheckpointWriteE
 
 
 def write_whole(files: Mapping[Path, Any], what: str) -> None:
-    """Each ``path -> write(partial_path)`` into ``path.partial``, then every partial renamed over its
-    path in the given order (the one naming the checkpoint last). Any failure removes the partials and
-    raises ``CheckpointWriteError``: "no space left" when the filesystem was full, else the cause."""
+    """Each ``path -> write(file)`` into ``path.partial`` (an open binary file), then every partial
+    renamed over its path in the given order (the one naming the checkpoint last). Any failure removes
+    the partials and raises ``CheckpointWriteError``: "no space left" when the filesystem was full,
+    else the cause. The file is ours, closed on the way out: given a path, torch's zip writer keeps its
+    own handle open as long as the error's traceback lives (in a Ray actor: on), and the unlinked
+    partial holds the disk full."""
     written: list[Path] = []
     try:
         for path, write in files.items():
             partial = path.with_name(path.name + PARTIAL)
             written.append(partial)
-            write(partial)
+            with open(partial, "wb") as fh:
+                write(fh)
     except Exception as exc:
+        folder = next(iter(files)).parent
+        full = _disk_full(folder, exc)  # before the partials go
         for partial in written:
+            try:
+                os.truncate(partial, 0)  # the blocks go back even if some handle is still open
+            except OSError:
+                pass
             partial.unlink(missing_ok=True)
-        raise write_error(next(iter(files)).parent, what, exc) from exc
+        raise write_error(folder, what, exc, full) from exc
     for partial in written:
         os.replace(partial, partial.with_name(partial.name[: -len(PARTIAL)]))
 
@@ -168,16 +189,17 @@ def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int
                 str(path), tag=step_tag(learner.step), client_state={"seal": meta}, exclude_frozen_parameters=lora
             )
         except Exception as exc:
+            full = _disk_full(path, exc)
             shutil.rmtree(path / step_tag(learner.step), ignore_errors=True)  # no partial tag takes the room
-            raise write_error(path, what, exc) from exc
+            raise write_error(path, what, exc, full) from exc
     else:
         model = trainable_state(learner.model) if lora else learner.model.state_dict()
         state = {"model": model, "optimizer": learner.optimizer.state_dict()}
-        files[path / "torch_state.pt"] = lambda to: torch.save(state, to)
-    files[_rng_file(learner, path)] = lambda to: torch.save(rng, to)
+        files[path / "torch_state.pt"] = lambda fh: torch.save(state, fh)
+    files[_rng_file(learner, path)] = lambda fh: torch.save(rng, fh)
     meta["world_size"] = learner.world_size
     if learner.rank == 0:
-        files[path / "learner.json"] = lambda to: to.write_text(json.dumps(meta, indent=2))
+        files[path / "learner.json"] = lambda fh: fh.write(json.dumps(meta, indent=2).encode())
     write_whole(files, what)
     if learner.rank == 0 and keep and learner.engine is not None:
         prune_tags(path, keep)
