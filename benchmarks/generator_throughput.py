@@ -70,23 +70,9 @@ def main() -> None:
     group = run_group(lambda: BfclEnv(), gen, chat, args.task, args.n, sampling, interface, seed=0, stats=stats)
     group_s = time.perf_counter() - t
 
-    # Weight update to first token at the new version.
-    from safetensors.torch import load_file
-
-    tensors = load_file(os.path.join(path, "model.safetensors"))
-    probe = [GenerationRequest("u", prompt[:64], 1)]
-    updates = {"safetensors directory": [], "tensors in memory": []}
-    for _ in range(args.updates):
-        for kind in updates:
-            version = gen.policy_version + 1
-            t = time.perf_counter()
-            gen.update_weights(version, path if kind == "safetensors directory" else tensors)
-            out = gen.generate(probe, SamplingConfig(temperature=0.0, max_new_tokens=1))[0]
-            assert out.policy_version == version
-            updates[kind].append(time.perf_counter() - t)
+    updates = _weight_updates(gen, path, prompt, args.updates)
     load_after = os.getloadavg()[0]
 
-    median = lambda xs: sorted(xs)[len(xs) // 2]
     report = {
         "benchmark": "generator_throughput",
         "model": args.model,
@@ -106,29 +92,61 @@ def main() -> None:
             "rewards": [t.reward for t in group],
             "outcomes": [t.outcome for t in group],
         },
-        "weight_update_to_first_token_s": {k: {"median": median(v), "all": v} for k, v in updates.items()},
+        "weight_update_to_first_token_s": {k: {"median": _median(v), "all": v} for k, v in updates.items()},
         "machine": {"cpus": os.cpu_count()},
         "outside_load_1min": {"before": load_before, "after": load_after},
     }
+    _print_table(report, args.n, decoded, updates)
+    write_report(args.out, report)
+    gen.close()
+
+
+def _weight_updates(gen, path: str, prompt: list[int], rounds: int) -> dict[str, list[float]]:
+    """Seconds from each update call to the first token at the new version, per weight source."""
+    from safetensors.torch import load_file
+
+    from rollout.generator import GenerationRequest, SamplingConfig
+
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    probe = [GenerationRequest("u", prompt[:64], 1)]
+    updates: dict[str, list[float]] = {"safetensors directory": [], "tensors in memory": []}
+    for _ in range(rounds):
+        for kind in updates:
+            version = gen.policy_version + 1
+            t = time.perf_counter()
+            gen.update_weights(version, path if kind == "safetensors directory" else tensors)
+            out = gen.generate(probe, SamplingConfig(temperature=0.0, max_new_tokens=1))[0]
+            assert out.policy_version == version
+            updates[kind].append(time.perf_counter() - t)
+    return updates
+
+
+def _print_table(report: dict, n: int, decoded: int, updates: dict[str, list[float]]) -> None:
+    start_s, prefill_s, decode_s = report["engine_start_s"], report["prefill_s"], report["decode_s"]
+    group_s, prompt_tokens = report["group"]["seconds"], report["prompt_tokens"]
+    generated, hit_rate = report["group"]["generated_tokens"], report["group"]["prefix_cache_hit_rate"]
+    load_before, load_after = report["outside_load_1min"]["before"], report["outside_load_1min"]["after"]
     rows = [
         ("engine start", f"{start_s:.1f} s"),
-        ("opening prompt", f"{len(prompt)} tokens x {args.n}"),
+        ("opening prompt", f"{prompt_tokens} tokens x {n}"),
         (
             "prefill (cold, n prompts)",
             f"{prefill_s:.2f} s ({report['prefill_tokens_per_s']:.0f} tok/s; the prefix cache serves n-1)",
         ),
         ("decode", f"{decode_s:.2f} s for {decoded} tokens ({report['decode_tokens_per_s']:.1f} tok/s)"),
         (
-            f"group of {args.n} rollouts",
-            f"{group_s:.1f} s, {stats.generated_tokens} tokens ({report['group']['generated_tokens_per_s']:.1f} tok/s)",
+            f"group of {n} rollouts",
+            f"{group_s:.1f} s, {generated} tokens ({report['group']['generated_tokens_per_s']:.1f} tok/s)",
         ),
-        ("prefix-cache hit rate in group", f"{stats.prefix_cache_hit_rate:.1%}"),
-    ] + [(f"update ({k}) -> first token", f"{median(v):.2f} s median") for k, v in updates.items()]
+        ("prefix-cache hit rate in group", f"{hit_rate:.1%}"),
+    ] + [(f"update ({k}) -> first token", f"{_median(v):.2f} s median") for k, v in updates.items()]
     for name, value in rows:
         print(f"{name:<44}{value}")
     print(f"outside load (1-min avg): {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} cores")
-    write_report(args.out, report)
-    gen.close()
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 if __name__ == "__main__":

@@ -294,18 +294,17 @@ def _start_pipeline(overrides: list[str], run_dir: Path, progress, watchdog):
 
 def _read_out(report, pipeline, steps: int) -> None:
     """Everything the report states, read from the pipeline and its run directory; judged here."""
-    from seal.commands.rehearse_report import (
-        Landing,
-        NodeShape,
-        checkpoint_problems,
-        checkpoint_shards,
-        compare_placement,
-    )
-    from seal.runtime.storage import checkpoint_dir
+    ranks, replicas = _read_placement(report, pipeline)
+    _read_groups(report, pipeline, ranks, replicas)
+    _read_weights(report, pipeline, replicas)
+    _read_steps(report, pipeline, steps)
 
-    learner = pipeline.settings.learner  # the rehearsal's own run: the recipe's ranks on the CPU
-    world, stage, deepspeed = learner.world_size, learner.cfg.zero_stage, learner.backend == "deepspeed"
-    tp, gpus = pipeline.settings.generator.tensor_parallel_size, pipeline.cluster.generator.num_gpus
+
+def _read_placement(report, pipeline) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Where every learner rank and generator replica landed, against `seal plan`'s nodes."""
+    from seal.commands.rehearse_report import Landing, NodeShape, compare_placement
+
+    gpus = pipeline.cluster.generator.num_gpus
     try:
         ranks = pipeline.learner_ranks()
     except Exception as exc:  # the group is gone (a rank died): its nodes are still known
@@ -325,7 +324,14 @@ def _read_out(report, pipeline, steps: int) -> None:
         report.failures += compare_placement(
             [NodeShape(p["learner"], p["generator"]) for p in report.plan], report.landings, node_ids
         )
-    # The groups.
+    return ranks, replicas
+
+
+def _read_groups(report, pipeline, ranks: list[dict[str, Any]], replicas: dict[str, dict[str, Any]]) -> None:
+    """The learner's training group (ZeRO's partition) and the weight group, with their world sizes."""
+    learner = pipeline.settings.learner  # the rehearsal's own run: the recipe's ranks on the CPU
+    world, stage, deepspeed = learner.world_size, learner.cfg.zero_stage, learner.backend == "deepspeed"
+    tp = pipeline.settings.generator.tensor_parallel_size
     shares = [f"rank {r['rank']} holds {r['held'] / r['total']:.0%}" for r in ranks if r.get("total")]
     report.groups.append(
         {
@@ -354,7 +360,10 @@ def _read_out(report, pipeline, steps: int) -> None:
             )
     if pipeline.settings.generator.weight_sync == "broadcast" and not getattr(pipeline, "weight_groups", []):
         report.failures.append("the weight group (weight_sync=broadcast) never formed")
-    # Weights per replica.
+
+
+def _read_weights(report, pipeline, replicas: dict[str, dict[str, Any]]) -> None:
+    """Each replica's confirmed weight versions and canaries; the fleet's failures."""
     final = pipeline.state.version if hasattr(pipeline, "state") else 0
     limit = pipeline.trainer.canary_max_logprob_diff
     for name in replicas:
@@ -386,7 +395,15 @@ def _read_out(report, pipeline, steps: int) -> None:
             f"generator replicas failed during the rehearsal: {', '.join(c.failed_replicas) or '?'} "
             f"({c.update_timeouts} update timeouts, {c.canary_failures} canary failures, {c.restores} restores)"
         )
-    # Checkpoints, snapshot, steps.
+
+
+def _read_steps(report, pipeline, steps: int) -> None:
+    """Every rank's checkpoint shard, the closing snapshot and the step times."""
+    from seal.commands.rehearse_report import checkpoint_problems, checkpoint_shards
+    from seal.runtime.storage import checkpoint_dir
+
+    learner = pipeline.settings.learner
+    world, deepspeed = learner.world_size, learner.backend == "deepspeed"
     report.checkpoints = checkpoint_shards(checkpoint_dir(pipeline.storage))
     rows = _metrics(pipeline.run_dir)
     report.steps = [
