@@ -343,11 +343,15 @@ def bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def chaos_parser(sub: argparse._SubParsersAction) -> None:
     """benchmarks/chaos/cli.py: `seal chaos` (its options are parsed there)."""
+    # Every argument, options included, goes to benchmarks/chaos/cli.py (its --help lists them): no
+    # option prefix here, so argparse leaves `--minutes 60` to the remainder.
     chaos = sub.add_parser(
         "chaos",
         help="soak a real run under seeded random faults (root: mounts a tmpfs)",
         description="seal chaos --help lists its options (benchmarks/chaos/cli.py). Writes: the run, its "
-        "logs and chaos.json under --out.",
+        "logs, raw.json and chaos.json under --out.",
+        prefix_chars="+",
+        add_help=False,
     )
     chaos.add_argument("chaos_args", nargs=argparse.REMAINDER, help="--minutes M, --seed S, ..., hydra overrides")
     chaos.set_defaults(handler="benchmarks.chaos.cli:run")
