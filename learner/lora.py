@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ADAPTER = "default"  # peft's name for the one adapter
+PUBLISH_MODES = ("adapter", "merged")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class LoraConfig:
     dropout: float = 0.0
     # peft's target_modules: "all-linear" (every Linear but the output head) or module names.
     target_modules: str | Sequence[str] = "all-linear"
+    # What a publish sends: "adapter" (its tensors alone; generators serve the base once and each
+    # version as a vLLM LoRA adapter, actors/generation/adapter_updates.py) or "merged" (the whole
+    # model with the adapter merged, for generators that load whole weights only).
+    publish: str = "adapter"
 
     def __post_init__(self) -> None:
         if self.rank is not None and self.rank < 1:
@@ -47,6 +52,8 @@ class LoraConfig:
                 f"lora.dropout must be 0, got {self.dropout}: pi_old and the weight-sync canary need a "
                 "deterministic forward (learner/lora.py)"
             )
+        if self.publish not in PUBLISH_MODES:
+            raise ValueError(f"lora.publish must be one of {PUBLISH_MODES}, got {self.publish!r}")
         if isinstance(self.target_modules, str) and not self.target_modules:
             raise ValueError("lora.target_modules is empty")
 
@@ -185,3 +192,40 @@ def adapter_tensors(peft_model: Any, dtype: Any = None) -> dict[str, Any]:
     if not out or len(scaling) * 2 != len(out):
         raise RuntimeError(f"the policy's adapter has {len(out)} tensors for {len(scaling)} LoRA layers")
     return out
+
+
+def publishes_adapter(cfg: Any) -> bool:
+    """Whether a LearnerConfig's publishes carry the adapter alone (``lora.publish: adapter``) rather
+    than the merged model: the generators then serve the base once and each version as an adapter."""
+    return lora_on(cfg) and cfg.lora.publish == "adapter"
+
+
+def adapter_manifest(peft_model: Any, dtype: str | None, bucket_mb: float) -> Any:
+    """``adapter_tensors`` in the generator's ``dtype`` into Ray's object store (weights/buckets.py), as
+    whole-model publishes go: a manifest a replica fetches bucket by bucket. Megabytes: one bucket,
+    unless ``bucket_mb`` is smaller than the adapter."""
+    import torch
+
+    from learner.weight_broadcast import weight_buckets
+    from weights.buckets import put_buckets
+
+    tensors = adapter_tensors(peft_model, getattr(torch, dtype) if dtype else None)
+    buckets = weight_buckets(list(tensors.items()), int(bucket_mb * 2**20))
+    sent = dtype or str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    return put_buckets(iter(buckets), sent, bucket_mb)
+
+
+def adapter_metadata(peft_model: Any, dtype: Any = None) -> list[Any]:
+    """What ``adapter_tensors`` sends over the broadcast group, cast to ``dtype`` (a torch dtype)."""
+    from weights.group import WeightMeta
+
+    return [WeightMeta.of(n, t.shape, dtype or t.dtype) for n, t in adapter_tensors(peft_model).items()]
+
+
+def broadcast_adapter(peft_model: Any, broadcaster: Any) -> float:
+    """Send ``adapter_tensors`` over the weight group (rank 0; the broadcaster casts to the generator's
+    dtype, as ``adapter_metadata`` said); seconds. Other ranks pass None: ZeRO-2 ranks each hold the
+    whole adapter, so there is no gather to walk in step (LoRA with ZeRO-3 is refused)."""
+    if broadcaster is None:
+        return 0.0
+    return broadcaster.broadcast(adapter_tensors(peft_model))

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from learner.lora import adapter_manifest, adapter_metadata, broadcast_adapter, publishes_adapter
+
 if TYPE_CHECKING:
     from learner.config import LearnerConfig
 
@@ -91,6 +93,8 @@ class WeightsOut:
         bucket to the generator's ``dtype`` (None: fp32 as trained), puts it into the store as
         its own object and drops its host copy before the next gather. Rank 0 returns the
         ``WeightManifest`` (weights/buckets.py), the other ranks None."""
+        if publishes_adapter(self.cfg):  # the adapter alone (learner/lora.py): every ZeRO-2 rank holds it whole
+            return adapter_manifest(self.model, dtype, self.cfg.weight_bucket_mb) if self.rank == 0 else None
         import torch
 
         from learner.weight_broadcast import model_weight_buckets
@@ -230,6 +234,8 @@ class WeightsOut:
     def broadcast_weights(self, broadcaster) -> float:
         """Weights to vLLM over the weight group (learner/weight_broadcast.py), gathered per parameter
         under ZeRO-3 (ranks other than 0 pass None); seconds. ``weight_metadata`` says what is sent."""
+        if publishes_adapter(self.cfg):
+            return broadcast_adapter(self.model, broadcaster)
         from learner.weight_broadcast import broadcast_model
 
         with self._out_model() as model:
@@ -241,6 +247,8 @@ class WeightsOut:
             )
 
     def weight_metadata(self, dtype=None) -> list:
+        if publishes_adapter(self.cfg):
+            return adapter_metadata(self.model, dtype)
         from learner.weight_broadcast import model_metadata
 
         with self._out_model() as model:

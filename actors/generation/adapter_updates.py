@@ -53,8 +53,9 @@ def engine_stream(replica: Any, prompt: Any, params: Any, request_id: str, versi
 class AdapterUpdates:
     """The adapter side of one ``AsyncVllmGenerator`` (``replica``): its updates and its requests' LoRAs."""
 
-    def __init__(self, replica: Any) -> None:
-        self.replica = replica
+    def __init__(self, replica: Any, modes: Mapping[str, str]) -> None:
+        """``modes``: the replica's update modes (async_vllm_engine.py UPDATE_MODES)."""
+        self.replica, self.modes = replica, modes
         self.served = ServedAdapters(tempfile.mkdtemp(prefix=f"seal-adapters-{os.getpid()}-"))
         self.written_bytes = 0  # the last adapter's files
 
@@ -116,12 +117,10 @@ class AdapterUpdates:
         return await self._update(version, mode, write)
 
     async def _update(self, version: int, mode: str | None, write) -> float:
-        from actors.generation.async_vllm_engine import UPDATE_MODES
-
         r = self.replica
         mode = mode or r.update_mode
-        if mode not in UPDATE_MODES:
-            raise ValueError(f"update mode must be one of {sorted(UPDATE_MODES)}, got {mode!r}")
+        if mode not in self.modes:
+            raise ValueError(f"update mode must be one of {sorted(self.modes)}, got {mode!r}")
         if version < r._version:
             raise ValueError(f"weight version {version} is older than the loaded {r._version}")
         engine = await r._ready()

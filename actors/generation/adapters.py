@@ -204,3 +204,33 @@ class ServedAdapters:
             shutil.rmtree(request.lora_path, ignore_errors=True)
             dropped.append(version)
         return dropped
+
+
+def serving_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds a rank-``rank`` adapter."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"a rank-{rank} adapter is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
+    return fitting[0]
+
+
+def adapter_serving_spec(generator: Mapping[str, Any], lora: Mapping[str, Any] | None, async_engine: bool) -> dict:
+    """The generator's constructor arguments for a learner whose ``lora`` section (learner.cfg.lora)
+    publishes adapters (a rank and ``publish: adapter``): LoRA serving on, ``max_lora_rank`` the
+    smallest vLLM rank holding the adapter unless one set by hand holds it. Only the async replica
+    takes adapters through the fleet's paths; the blocking one is refused with what to set instead.
+    Any other learner: ``generator`` unchanged."""
+    spec = dict(generator)
+    if not lora or lora.get("rank") is None or lora.get("publish", "adapter") != "adapter":
+        return spec
+    rank = int(lora["rank"])
+    if not async_engine:
+        raise ValueError(
+            "learner.cfg.lora.publish=adapter needs the async generator (generator=vllm_async_cpu or "
+            "vllm_async_gpu); with the blocking engine set learner.cfg.lora.publish=merged"
+        )
+    given = int(spec.get("max_lora_rank") or 0)
+    if given and given < rank:
+        raise ValueError(f"generator.max_lora_rank={given} cannot serve the learner's rank-{rank} adapter")
+    spec["max_lora_rank"] = given or serving_rank(rank)
+    return spec

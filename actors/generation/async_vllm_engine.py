@@ -118,7 +118,7 @@ class AsyncVllmGenerator(Generator):
         self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
         self._group_ready = False
         self._awaiting_weights = await_weights or restarted_by_ray()
-        self.adapters = AdapterUpdates(self) if max_lora_rank else None
+        self.adapters = AdapterUpdates(self, UPDATE_MODES) if max_lora_rank else None
 
     # -------------------------------------------------------------- engine
     async def _ready(self) -> Any:
