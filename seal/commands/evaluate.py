@@ -237,35 +237,25 @@ def _to_play(cfg, run_dir: Path, records, views, env_of, sampling) -> int:
 
 
 def evaluate(args) -> int:
-    from evaluation.metrics import summarize
-    from evaluation.ood_views import harness_notes, unavailable_views
-    from evaluation.records import OOD_TEST, write_task_csv
-    from evaluation.views import schedule_record, validation_task_ids
-    from seal.config import LearnerGroupConfig, TrainerConfig, instantiate
+    from evaluation.records import write_task_csv
+    from seal.config import TrainerConfig, instantiate
     from seal.errors import CliError
     from seal.run.snapshots import read_snapshots
 
     run_dir = run_dir_arg(args.run_dir, "evaluate")
     cfg = load_run_config(run_dir, args.overrides)
-    trainer, learners = TrainerConfig.of(cfg), LearnerGroupConfig.of(cfg)  # the run's, typed
     if args.limit is not None:
         if args.limit < 1:
             raise CliError("--limit must be >= 1")
         cfg.evaluation.limit, cfg.evaluation.view_limits = args.limit, {}
     eval_cfg = instantiate(cfg.evaluation)
     all_records = read_snapshots(run_dir)
-    records = all_records
-    if args.snapshots:
-        wanted = [s for s in args.snapshots.split(",") if s]
-        known = [r["name"] for r in all_records]
-        if unknown := [s for s in wanted if s not in known]:
-            raise CliError(f"unknown snapshots {unknown}; the run has {known}")
-        records = [r for r in all_records if r["name"] in wanted]
+    records = _chosen_snapshots(all_records, args.snapshots)
     names = [v for v in args.views.split(",") if v] if args.views else list(eval_cfg.views)
     sampling = eval_sampling(cfg, eval_cfg)
     t0 = time.perf_counter()
     with stdout_to_stderr(args.json):
-        views, env_of, pool = _views(cfg, eval_cfg, all_records, names, trainer.groups_per_step)
+        views, env_of, pool = _views(cfg, eval_cfg, all_records, names, TrainerConfig.of(cfg).groups_per_step)
         runnable = [v for v in views if v.unavailable is None]
         if not runnable:
             raise CliError("no view can be run: " + "; ".join(f"{v.name}: {v.unavailable}" for v in views))
@@ -278,52 +268,9 @@ def evaluate(args) -> int:
         finally:
             progress.stop()
 
-    roles = {v.role: v.name for v in runnable}
-    # The held-out-category view gives the OOD gain; without it, the first other OOD view (e.g. tau2_retail).
-    ood = OOD_TEST if OOD_TEST in roles.values() else next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)
-    summary = summarize(
-        results,
-        [_snapshot_info(r) for r in records],
-        validation_view=roles.get("validation", "validation"),
-        id_view=roles.get("id", "id"),
-        ood_view=ood,
-        replay_view=roles.get("replay", "replay"),
-    )
-    validation = set(
-        validation_task_ids(
-            instantiate(cfg.env).task_ids("train"), eval_cfg.validation_size, eval_cfg.heldout_categories
-        )
-    )
-    summary["schedule"] = schedule_record(
-        eval_cfg.schedule,
-        pool_size=len(pool()),
-        groups_per_step=trainer.groups_per_step,
-        rollouts=int(cfg.n),
-        mini_batch_groups=learners.mini_batch_groups,
-        steps=max(int(r["step"]) for r in all_records),
-        snapshot_every=trainer.snapshot_every,
-    )
-    summary["view_tasks"] = {
-        v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable
-    }
-    summary["views_unavailable"] = {
-        **unavailable_views(names),
-        **{v.name: v.unavailable for v in views if v.unavailable},
-    }
-    summary["ood_harnesses"] = harness_notes(runnable, {r["name"]: str(r["weights"]) for r in records})
-    summary["evaluation"] = {
-        "interface": "raw",
-        "temperature": sampling.temperature,
-        "max_new_tokens": sampling.max_new_tokens,
-        "rollouts_per_task": 1,
-        "seed": int(cfg.seed),
-        "wall_s": time.perf_counter() - t0,
-        "per_snapshot": timings,
-        "heldout_categories": list(eval_cfg.heldout_categories),
-        "validation_size": eval_cfg.validation_size,
-        # validation tasks that were in the training pool: 0 unless the run predates the split
-        "validation_in_training_pool": len(validation & set(pool())),
-    }
+    summary = _metrics(results, records, runnable)
+    summary.update(_described(cfg, eval_cfg, all_records, records, views, env_of, pool, names))
+    summary["evaluation"].update(wall_s=time.perf_counter() - t0, per_snapshot=timings)
     out = run_dir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -333,6 +280,84 @@ def evaluate(args) -> int:
     else:
         print_summary(summary, out)
     return 0
+
+
+def _chosen_snapshots(records: list[dict[str, Any]], chosen: str | None) -> list[dict[str, Any]]:
+    """The run's snapshots that --snapshots names (all without it), in the run's order."""
+    from seal.errors import CliError
+
+    if not chosen:
+        return records
+    wanted = [s for s in chosen.split(",") if s]
+    known = [r["name"] for r in records]
+    if unknown := [s for s in wanted if s not in known]:
+        raise CliError(f"unknown snapshots {unknown}; the run has {known}")
+    return [r for r in records if r["name"] in wanted]
+
+
+def _metrics(results: list, records: list[dict[str, Any]], runnable) -> dict[str, Any]:
+    """The summary's metrics: each view in the role it plays (validation, id, ood, replay)."""
+    from evaluation.metrics import summarize
+    from evaluation.records import OOD_TEST
+
+    roles = {v.role: v.name for v in runnable}
+    # The held-out-category view gives the OOD gain; without it, the first other OOD view (e.g. tau2_retail).
+    ood = OOD_TEST if OOD_TEST in roles.values() else next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)
+    return summarize(
+        results,
+        [_snapshot_info(r) for r in records],
+        validation_view=roles.get("validation", "validation"),
+        id_view=roles.get("id", "id"),
+        ood_view=ood,
+        replay_view=roles.get("replay", "replay"),
+    )
+
+
+def _described(cfg, eval_cfg, all_records, records, views, env_of, pool, names: list[str]) -> dict[str, Any]:
+    """What the summary records beside the metrics: the run's schedule, each view's size and env,
+    the views that could not run and why, the harnesses' notes, the evaluation's settings."""
+    from evaluation.ood_views import harness_notes, unavailable_views
+    from evaluation.views import schedule_record, validation_task_ids
+    from seal.config import LearnerGroupConfig, TrainerConfig, instantiate
+
+    trainer, learners = TrainerConfig.of(cfg), LearnerGroupConfig.of(cfg)  # the run's, typed
+    runnable = [v for v in views if v.unavailable is None]
+    sampling = eval_sampling(cfg, eval_cfg)
+    validation = set(
+        validation_task_ids(
+            instantiate(cfg.env).task_ids("train"), eval_cfg.validation_size, eval_cfg.heldout_categories
+        )
+    )
+    return {
+        "schedule": schedule_record(
+            eval_cfg.schedule,
+            pool_size=len(pool()),
+            groups_per_step=trainer.groups_per_step,
+            rollouts=int(cfg.n),
+            mini_batch_groups=learners.mini_batch_groups,
+            steps=max(int(r["step"]) for r in all_records),
+            snapshot_every=trainer.snapshot_every,
+        ),
+        "view_tasks": {
+            v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable
+        },
+        "views_unavailable": {
+            **unavailable_views(names),
+            **{v.name: v.unavailable for v in views if v.unavailable},
+        },
+        "ood_harnesses": harness_notes(runnable, {r["name"]: str(r["weights"]) for r in records}),
+        "evaluation": {
+            "interface": "raw",
+            "temperature": sampling.temperature,
+            "max_new_tokens": sampling.max_new_tokens,
+            "rollouts_per_task": 1,
+            "seed": int(cfg.seed),
+            "heldout_categories": list(eval_cfg.heldout_categories),
+            "validation_size": eval_cfg.validation_size,
+            # validation tasks that were in the training pool: 0 unless the run predates the split
+            "validation_in_training_pool": len(validation & set(pool())),
+        },
+    }
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:
