@@ -7,13 +7,16 @@ generated tokens). Each (system, shape, repeat) runs in a process of its own
 (benchmarks/learner_probe.py: the learner built from that checkout's config, warm-up steps, then
 measured ones), so peak RSS is per system; with --baseline DIR (a checkout of another commit, e.g.
 `git worktree add /tmp/old c76e32f`) the two systems alternate, the order flipping every repeat.
+With --lora R the two systems are this checkout training every weight (`full`) and a rank-R LoRA
+adapter (`lora`: learner.cfg.lora.rank=R, publishes carry the adapter alone), on the same shapes.
 
 FLOPs are the step's useful work, counted from the model's config and the batch's layout: every
 linear layer of the policy forward and backward (3x the forward) at every forwarded token, the
 attention each token does over the context it has (packed: the prefix once, each continuation
 against the prefix and itself), the output head at the scored tokens only, and the KL reference's
 forward. Recomputation (gradient checkpointing, the chunked head's backward) is not useful work
-and is not counted. `peak_fraction` = FLOP/s / the bf16 matmul peak the probe measures on the
+and is not counted. Under LoRA the frozen base needs no weight gradients: its backward is the input
+gradients alone (1x the forward; the adapter's own rank-R matmuls are not counted). `peak_fraction` = FLOP/s / the bf16 matmul peak the probe measures on the
 same threads in the same process (2048^3 `torch.matmul`, best of 5).
 """
 
@@ -55,6 +58,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shapes", default="main,trl", help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of the learner")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout, measured alternately")
+    parser.add_argument(
+        "--lora", type=int, default=None, metavar="RANK", help="full training against a rank-RANK LoRA adapter"
+    )
 
 
 def _shape_batch(shape: str, overrides: list[str], seed: int) -> tuple[list[dict], Any]:
@@ -115,7 +121,7 @@ def _shape_batch(shape: str, overrides: list[str], seed: int) -> tuple[list[dict
     return out, OmegaConf.to_container(cfg, resolve=True)
 
 
-def step_flops(model_path: str, batch: list[dict], kl: bool, packed: bool) -> float:
+def step_flops(model_path: str, batch: list[dict], kl: bool, packed: bool, lora: bool = False) -> float:
     """Useful FLOPs of one learner step on ``batch`` (one group): see the module docstring."""
     from transformers import AutoConfig
 
@@ -138,7 +144,7 @@ def step_flops(model_path: str, batch: list[dict], kl: bool, packed: bool) -> fl
     scored = sum(sum(t["loss_mask"][1:]) for t in batch)
     head = 2 * d * c.vocab_size * scored
     forward = per_token * tokens + attention + head
-    return 3 * forward + (forward if kl else 0.0)
+    return (2 if lora else 3) * forward + (forward if kl else 0.0)
 
 
 def _probe(repo: Path, overrides: list[str], batch: list[dict], args) -> dict[str, Any]:
@@ -178,6 +184,7 @@ def _summarise(probes: list[dict], flops: float) -> dict[str, Any]:
         "tokens_per_s": summary([s["tokens_per_s"] for s in steps]),
         "samples_per_s": summary([s["samples_per_s"] for s in steps]),
         "publish_s": summary([s["publish_s"] for s in steps]),
+        "publish_bytes": max(s.get("publish_bytes", 0) for s in steps),
         "flops_per_step": flops,
         "flops_per_s": flops / seconds["median"],
         "peak_flops_per_s": max(p["peak_flops_per_s"] for p in probes),
@@ -203,20 +210,32 @@ def run(args) -> dict[str, Any]:
         raise ValueError(f"--shapes must be a subset of {', '.join(SHAPES)}")
     if args.baseline is not None and not (args.baseline / "learner" / "engine.py").is_file():
         raise ValueError(f"--baseline {args.baseline} is not a checkout of this repository")
-    systems = {"this": REPO, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    if args.lora is not None and args.baseline is not None:
+        raise ValueError("--lora compares two systems of this checkout: leave out --baseline")
+    # name -> (checkout, its own overrides)
+    systems: dict[str, tuple[Path, list[str]]] = {"this": (REPO, [])}
+    if args.baseline:
+        systems["baseline"] = (args.baseline.resolve(), [])
+    if args.lora is not None:
+        systems = {"full": (REPO, []), "lora": (REPO, [f"learner.cfg.lora.rank={args.lora}"])}
+    first = next(iter(systems))
     per_shape: dict[str, Any] = {}
     for i, shape in enumerate(shapes):
         batch, cfg = _shape_batch(shape, list(args.overrides), seed=i)
         overrides = [*SHAPES[shape], *args.overrides]
         lc = cfg["learner"]["cfg"]
-        flops = step_flops(str(cfg["model"]["path"]), batch, bool(lc["loss"]["kl_coef"]), bool(lc["shared_prefix"]))
+        model_path, kl, packed = str(cfg["model"]["path"]), bool(lc["loss"]["kl_coef"]), bool(lc["shared_prefix"])
         probes: dict[str, list[dict]] = {name: [] for name in systems}
         for r in range(args.repeats):
             order = list(systems) if r % 2 == 0 else list(reversed(systems))
             for name in order:
                 log(f"[{NAME}] {shape}: {name} repeat {r + 1}/{args.repeats}")
-                probes[name].append(_probe(systems[name], overrides, batch, args))
-        per_shape[shape] = {name: _summarise(probes[name], flops) for name in systems}
+                repo, own = systems[name]
+                probes[name].append(_probe(repo, [*overrides, *own], batch, args))
+        per_shape[shape] = {
+            name: _summarise(probes[name], step_flops(model_path, batch, kl, packed, lora=name == "lora"))
+            for name in systems
+        }
         per_shape[shape]["group"] = {
             "n": len(batch),
             "prompt_tokens": batch[0]["prompt_length"],
@@ -225,7 +244,9 @@ def run(args) -> dict[str, Any]:
         if "baseline" in systems:
             this, base = per_shape[shape]["this"], per_shape[shape]["baseline"]
             per_shape[shape]["speedup"] = this["tokens_per_s"]["median"] / base["tokens_per_s"]["median"]
-    main = per_shape[shapes[0]]["this"]
+        if args.lora is not None:
+            per_shape[shape]["lora_vs_full"] = lora_ratios(per_shape[shape]["full"], per_shape[shape]["lora"])
+    main = per_shape[shapes[0]][first]
     report: dict[str, Any] = {
         "shapes": per_shape,
         "shape": shapes[0],
@@ -235,6 +256,7 @@ def run(args) -> dict[str, Any]:
         "peak_flops_per_s": main["peak_flops_per_s"],
         "peak_fraction": main["peak_fraction"],
         "baseline": str(args.baseline) if args.baseline else None,
+        "lora_rank": args.lora,
         "threads": args.threads,
     }
     report["targets"] = [target(f"peak_fraction ({shapes[0]})", main["peak_fraction"], ">=", 0.5)]
@@ -242,21 +264,41 @@ def run(args) -> dict[str, Any]:
         report["targets"].append(
             target(f"tokens/s vs baseline ({shapes[0]})", per_shape[shapes[0]]["speedup"], ">=", 2.0)
         )
+    if args.lora is not None:  # issue 49's targets, at the rank measured
+        ratios = per_shape[shapes[0]]["lora_vs_full"]
+        report["targets"] += [
+            target(f"LoRA step speedup ({shapes[0]})", ratios["step_speedup"], ">=", 1.5),
+            target(f"LoRA / full peak RSS ({shapes[0]})", ratios["rss_ratio"], "<", 1.0),
+            target(f"full / LoRA publish bytes ({shapes[0]})", ratios["publish_bytes_ratio"], ">=", 20.0),
+            target(f"full / LoRA publish seconds ({shapes[0]})", ratios["publish_s_ratio"], ">=", 10.0),
+        ]
     return report
+
+
+def lora_ratios(full: dict[str, Any], lora: dict[str, Any]) -> dict[str, float]:
+    """LoRA against full training on one shape: >1 means LoRA is faster or sends less, but
+    ``rss_ratio`` (LoRA's peak RSS over full's: < 1 means LoRA holds less)."""
+    return {
+        "step_speedup": full["step_s"]["median"] / lora["step_s"]["median"],
+        "rss_ratio": lora["peak_rss_gb"] / full["peak_rss_gb"],
+        "publish_bytes_ratio": full["publish_bytes"] / max(lora["publish_bytes"], 1),
+        "publish_s_ratio": full["publish_s"]["median"] / lora["publish_s"]["median"],
+    }
 
 
 def render(report: dict[str, Any]) -> str:
     parts = []
     for shape, per in report["shapes"].items():
-        this = per["this"]
+        systems = [s for s in ("this", "baseline", "full", "lora") if s in per]
         g = per["group"]
         parts.append(
             f"{shape}: one group of {g['n']}, prompt {g['prompt_tokens']} tokens, {g['sequence_tokens']} in all"
         )
-        if this.get("phases"):
-            rows = [(n, p["seconds"], f"{p['share']:.0%}") for n, p in this["phases"].items()]
-            parts.append(table(rows, ["phase", "seconds", "share"]))
-        systems = [s for s in ("this", "baseline") if s in per]
+        phased = [s for s in systems if per[s].get("phases")]
+        if phased:
+            names = list(dict.fromkeys(n for s in phased for n in per[s]["phases"]))
+            rows = [(n, *(f"{per[s]['phases'].get(n, {}).get('seconds', 0.0):.3f}" for s in phased)) for n in names]
+            parts.append(table(rows, ["phase", *(f"{s} s" for s in phased)]))
         rows = [
             (
                 s,
@@ -266,12 +308,21 @@ def render(report: dict[str, Any]) -> str:
                 per[s]["peak_flops_per_s"] / 1e9,
                 f"{per[s]['peak_fraction']:.0%}",
                 per[s]["peak_rss_gb"],
+                per[s]["publish_bytes"] / 1e6,
+                per[s]["publish_s"]["median"],
             )
             for s in systems
         ]
-        parts.append(table(rows, ["system", "step s", "tokens/s", "GFLOP/s", "peak GFLOP/s", "of peak", "RSS GB"]))
+        header = ["system", "step s", "tokens/s", "GFLOP/s", "peak GFLOP/s", "of peak", "RSS GB", "publish MB"]
+        parts.append(table(rows, [*header, "publish s"]))
         if "speedup" in per:
             parts.append(f"tokens/s, this / baseline: {per['speedup']:.2f}x")
+        if "lora_vs_full" in per:
+            r = per["lora_vs_full"]
+            parts.append(
+                f"LoRA vs full: step {r['step_speedup']:.2f}x faster, peak RSS x{r['rss_ratio']:.2f}, "
+                f"publish {r['publish_bytes_ratio']:.1f}x fewer bytes, {r['publish_s_ratio']:.1f}x shorter"
+            )
     return "\n\n".join(parts)
 
 
@@ -280,7 +331,7 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
     fig, axes = figure(len(shapes))
     for ax, shape in zip(axes, shapes):
         per = report["shapes"][shape]
-        systems = [s for s in ("this", "baseline") if s in per]
+        systems = [s for s in ("this", "baseline", "full", "lora") if s in per]
         for x, s in enumerate(systems):
             if not per[s].get("phases"):  # a checkout without the phase clock: its whole step, in grey
                 ax.bar(x, per[s]["step_s"]["median"], color="0.6", label="whole step (no phase clock)")

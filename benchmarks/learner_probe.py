@@ -79,6 +79,7 @@ def main(spec: dict) -> dict:
             t0 = time.perf_counter()
             manifest = learner.weights_out.weight_manifest(spec["publish_dtype"])
             row["publish_s"] = time.perf_counter() - t0
+            row["publish_bytes"] = getattr(manifest, "total_bytes", 0)  # the object-store bytes a publish puts
             del manifest
             steps.append(row)
     if spec.get("profile"):
