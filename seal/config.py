@@ -133,7 +133,7 @@ class TrainerConfig:
     storage: str | None
     checkpoint_keep: int = _at_least(0, "0: keep all")
     # The slowest storage (MB/s) a checkpoint, its resume and a snapshot may meet: each may take
-    # learner.timeout_s plus its bytes at this rate (seal/runtime/io_bounds.py).
+    # learner.timeout_s plus its bytes at this rate (seal/estimate/io_bounds.py).
     storage_min_mb_s: float = field(metadata={"above": 0})
     snapshot_every: int = _at_least(0, "0: A_0 and the end of each run only")
     closed_loop: bool

@@ -9,7 +9,7 @@ Rows:
   that step: both must run in bf16 inside the learner's autocast (issue 26, finding 3: DeepSpeed
   turned autocast off inside a reference engine without the ``torch_autocast`` section);
 - per model: that step's peak allocated CUDA memory against `seal plan`'s estimate for the same
-  setup (seal/runtime/memory.py), the plan's runtime allowance shown apart (torch's allocator does not
+  setup (seal/estimate/memory.py), the plan's runtime allowance shown apart (torch's allocator does not
   see the CUDA context);
 - ``pytest -m gpu``: the GPU-marked tests; those needing what is not installed skip themselves;
 - issue 46's rows (seal/commands/gpu_check_rows.py): a load that fails part way in keep mode, the
@@ -216,7 +216,7 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
 
 def memory_row(name: str, path: Path, cfg, batch, peak_bytes: int, device: str = "cuda") -> Row:
     """The step's peak allocated CUDA memory against `seal plan`'s estimate of the same setup."""
-    from seal.runtime.memory import CUDA_RUNTIME, GB, LearnerSetup, ModelSpec, learner_memory
+    from seal.estimate.memory import CUDA_RUNTIME, GB, LearnerSetup, ModelSpec, learner_memory
 
     spec = ModelSpec.from_config(json.loads((Path(path) / "config.json").read_text()), Path(path).name)
     setup = LearnerSetup(

@@ -1,4 +1,4 @@
-"""`seal plan [overrides]`: the plan (seal/runtime/plan.py) as a table or one JSON object."""
+"""`seal plan [overrides]`: the plan (seal/estimate/plan.py) as a table or one JSON object."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def run(args) -> int:
     from seal.commands.plan_report import plan_json, plan_table
     from seal.config import Settings, compose
     from seal.errors import CliError
-    from seal.runtime.plan import build_plan
+    from seal.estimate.plan import build_plan
 
     cfg = compose(args.overrides)
     plan = build_plan(cfg, settings=Settings.of(cfg))

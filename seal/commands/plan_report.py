@@ -1,11 +1,11 @@
-"""`seal plan`'s outputs: the readable table and the --json object (seal/runtime/plan.py builds the plan)."""
+"""`seal plan`'s outputs: the readable table and the --json object (seal/estimate/plan.py builds the plan)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from seal.runtime.memory import GB, micro_batch_tokens
-from seal.runtime.plan_layout import describe_node
+from seal.estimate.memory import GB, micro_batch_tokens
+from seal.estimate.plan_layout import describe_node
 
 TERMS = {
     "weights": "weights (fp32)",
@@ -84,7 +84,7 @@ def plan_table(plan) -> str:
         lines.append(f"  {'sequences of max_model_len':<34}{ge.sequences:>8d} concurrent")
         lines.append(f"  {'host memory per replica':<34}{ge.replica_bytes / GB:>8.2f} GB")
     lines.append("")
-    if plan.io is not None:  # what the driver waits for these calls on every rank (seal/runtime/io_bounds.py)
+    if plan.io is not None:  # what the driver waits for these calls on every rank (seal/estimate/io_bounds.py)
         lines.append(f"storage bounds: {plan.io.describe()}")
         lines.append("")
     if plan.layout is not None:

@@ -95,7 +95,7 @@ def check(cfg) -> Settings:
     pool = training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
     _check_env_episode(built["env"], pool[0])
     _check_cluster(cfg, settings)
-    from seal.runtime.plan import check_fits
+    from seal.estimate.plan import check_fits
 
     # `seal plan`'s memory and placement estimate (config.json only): refused only when it cannot fit.
     check_fits(cfg, settings)

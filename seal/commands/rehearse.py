@@ -137,7 +137,7 @@ def run(args) -> int:
     from seal.commands.preflight import one_line
     from seal.commands.rehearse_report import Report
     from seal.config import compose, instantiate
-    from seal.runtime.plan import build_plan
+    from seal.estimate.plan import build_plan
 
     user = list(args.overrides)
     try:

@@ -20,9 +20,20 @@ from omegaconf import OmegaConf
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from replay.auth import ClientKeys
+from seal.cluster_config import ClusterConfig
 from seal.config import Settings, instantiate, instantiate_spec
+from seal.estimate.plan import run_io_bounds
 from seal.runtime.handles import CoordinatorHandle, EnvActorHandle, ReplicaHandle
-from seal.runtime.placement import ClusterConfig
+from seal.runtime.layout_guard import (
+    check_learner_nodes,
+    check_object_stores,
+    check_replicas_fit,
+    node_name,
+    planned_learner_nodes,
+    reserve_learner,
+    reserved_per_node,
+    weights_bytes,
+)
 
 if TYPE_CHECKING:
     from seal.runtime.generator_fleet import GeneratorFleet
@@ -69,14 +80,7 @@ class ActorSet:
         import ray
 
         from seal.runtime.generator_fleet import GeneratorFleet
-        from seal.runtime.layout_guard import (
-            check_replicas_fit,
-            planned_learner_nodes,
-            reserve_learner,
-            reserved_per_node,
-        )
         from seal.runtime.learner_group import LearnerGroup
-        from seal.runtime.plan import run_io_bounds
 
         self.cfg, self.settings, self.cluster = cfg, settings, cluster
         self.replay_address, self.replay_keys = replay_address, replay_keys
@@ -164,8 +168,6 @@ class ActorSet:
     def check_layout(self, nodes: list) -> None:
         """The ranks landed where the plan puts them, and every node with a rank or a replica has an
         object store that holds the generator's weights (a replica's restore puts them there whole)."""
-        from seal.runtime.layout_guard import check_learner_nodes, check_object_stores, node_name, weights_bytes
-
         check_learner_nodes(
             self.learner_plan,
             [n.get("node_id", "?") for n in self.learners.nodes],

@@ -34,6 +34,7 @@ from actors.generation.replica_counters import ReplicaStats
 from replay.token_ledger import GeneratorCount
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 from seal.runtime.handles import ReplicaHandle
+from seal.runtime.layout_guard import spread_choice
 from seal.runtime.router import ReplicaRouter
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,6 @@ class GeneratorFleet:
             runtime_env={"env_vars": res.env_vars()},
             **res.ray_options(),
         )
-        from seal.runtime.layout_guard import spread_choice
-
         node, strategy = spread_choice(self.handles, self.chosen_nodes, self.resources.bundle(), self.reserved)
         if node is not None:  # replicas on different nodes where there are several (soft: Ray may still move it)
             options["scheduling_strategy"] = strategy

@@ -1,6 +1,6 @@
 """The run's actors land where `seal plan` puts them, or the run stops with one line.
 
-`seal plan` (seal/runtime/plan_layout.py) packs the learner ranks onto as few nodes as hold them once the
+`seal plan` (seal/estimate/plan_layout.py) packs the learner ranks onto as few nodes as hold them once the
 generator replicas are placed, and a recipe's figures assume that layout: qwen7b_2x8's 8 ranks on
 one node, where ZeRO-3's gathers stay on NVLink. Ray decides at run time, and the order matters:
 with the replicas started first and spread over both nodes, a PACK placement group for 8 ranks of
@@ -24,8 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from seal.cluster_config import ActorResources
 from seal.config import Settings
-from seal.runtime.placement import ActorResources
+from seal.estimate.memory import DTYPE_BYTES, ModelSpec
+from seal.estimate.plan import generator_setup, model_config
+from seal.estimate.plan_layout import Demand, nodes_from_ray, place
 
 # An object store must hold one copy of the generator's weights and a margin: batches, tag weights,
 # Ray's own objects (a fuller store spills to disk: slow, and it can fill the disk).
@@ -53,8 +56,6 @@ def planned_learner_nodes(
 ) -> tuple[int, ...]:
     """Learner ranks per node, most first, as `seal plan` places them on these nodes (``ray.nodes()``):
     (8,) is one node holding all 8. Ranks the plan cannot place at all are left out."""
-    from seal.runtime.plan_layout import Demand, nodes_from_ray, place
-
     demands = [Demand("generator", i, generator.bundle()) for i in range(replicas)] + [
         Demand("learner", r, learner.bundle()) for r in range(world_size)
     ]
@@ -146,8 +147,6 @@ def check_replicas_fit(
     reserved: Mapping[str, Mapping[str, float]],
 ) -> None:
     """Every replica has a node beside the learner's reservation (first fit, as the plan places them)."""
-    from seal.runtime.plan_layout import Demand, nodes_from_ray, place
-
     ask = _bundle(generator)
     if not ask:
         return
@@ -201,9 +200,6 @@ def weights_bytes(s: Settings) -> tuple[float, str]:
     """Bytes of the weights the generator takes (the model in the generator's dtype: what one
     weight manifest puts in the object store) and a description, from config.json only."""
     from pathlib import Path
-
-    from seal.runtime.memory import DTYPE_BYTES, ModelSpec
-    from seal.runtime.plan import generator_setup, model_config
 
     config, source = model_config(s.model)
     spec = ModelSpec.from_config(config, Path(source).parent.name)

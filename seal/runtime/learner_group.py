@@ -24,9 +24,9 @@ from typing import Any
 
 from learner.group import Rendezvous, shard_batch
 from learner.step_result import StepResult, merge_results
+from seal.cluster_config import ActorResources
 from seal.config import LearnerGroupConfig
-from seal.runtime.io_bounds import IoBounds
-from seal.runtime.placement import ActorResources
+from seal.estimate.io_bounds import IoBounds
 from weights.buckets import WeightManifest
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class LearnerGroup:
         placement: Any = None,
     ) -> None:
         """``settings``: the ``learner`` group, typed (seal/config.py); ``io``: how long a checkpoint,
-        a resume and a snapshot may take on every rank (seal/runtime/io_bounds.py; None: the model's
+        a resume and a snapshot may take on every rank (seal/estimate/io_bounds.py; None: the model's
         size is not known here, so ``timeout_s`` as every other call); ``placement``: a placement
         group already reserved for the ranks, one bundle per rank, which the group then owns
         (seal/runtime/layout_guard.py reserve_learner: the plan's layout); None: PACK here."""

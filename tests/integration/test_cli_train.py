@@ -125,7 +125,7 @@ def test_a_fresh_run_into_an_old_runs_directory_is_refused(sandbox, tmp_path):
 def test_no_task_that_fits_is_one_line_before_any_side_effect(sandbox, tmp_path):
     # 8180 of the tiny model's 8192 tokens go to the answer: no toy prompt fits in the 12 left.
     # n=2 and one sequence a micro-batch: more such sequences at once would not fit this machine's memory
-    # (`seal plan` says so first: the loss phase's full-vocabulary temporaries, seal/runtime/memory.py).
+    # (`seal plan` says so first: the loss phase's full-vocabulary temporaries, seal/estimate/memory.py).
     run_dir = tmp_path / "x"
     proc = seal_train(
         sandbox,

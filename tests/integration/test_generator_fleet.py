@@ -242,7 +242,7 @@ def test_a_replica_whose_engine_core_died_is_restarted_not_restored_for_ever(tin
     import ray
 
     from seal.runtime.generator_fleet import GeneratorFleet
-    from seal.runtime.placement import ActorResources
+    from seal.cluster_config import ActorResources
     from weights.model_assets import prepare_tiny_model
 
     spec = {

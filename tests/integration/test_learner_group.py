@@ -20,7 +20,7 @@ from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
 from seal.config import LearnerGroupConfig
 from seal.runtime.learner_group import LearnerGroup, LearnerGroupError
-from seal.runtime.placement import ActorResources
+from seal.cluster_config import ActorResources
 from tests.conftest import local_ray
 from tests.integration.test_learner_engine import assert_same_update, make_batch, update_gap
 

@@ -55,7 +55,7 @@ def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
     from learner.engine import Learner, LearnerConfig
     from seal.config import LearnerGroupConfig
     from seal.runtime.learner_group import LearnerGroup
-    from seal.runtime.placement import ActorResources
+    from seal.cluster_config import ActorResources
 
     cfg = LearnerConfig(
         backend="deepspeed",

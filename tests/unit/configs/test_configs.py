@@ -191,7 +191,7 @@ def test_every_generator_configs_engine_keywords_pass_the_engine_settings_checks
 
 @pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8"])
 def test_gpu_recipes_recompute_every_micro_batch_as_their_plan_assumes(recipe):
-    """seal/runtime/memory.py sizes a recipe's learner with recomputation on every micro-batch; the CPU
+    """seal/estimate/memory.py sizes a recipe's learner with recomputation on every micro-batch; the CPU
     default's 2048-token threshold (configs/learner/sizes/cpu.yaml: short shopping groups) must not reach them."""
     lc = compose([f"recipe={recipe}"]).learner.cfg
     assert lc.gradient_checkpointing is True and lc.gradient_checkpointing_min_tokens == 0

@@ -1,5 +1,5 @@
 """`seal plan` counts the keys and values the packed continuations' masked attention makes on a GPU
-(issue 46 item 9; seal/runtime/memory.py ``packed_kv_bytes``): measured here with torch's profiler on
+(issue 46 item 9; seal/estimate/memory.py ``packed_kv_bytes``): measured here with torch's profiler on
 the same code path, learner/packing.py's masked ``_continuations``, which CUDA takes (CPU takes the two
 unmasked blocks: dropout sends CPU down the masked path for this measurement, without changing a
 byte of the copies). The prefix is copied beside each continuation (a cat per k and v), then
@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention
 
 from learner.packing import _continuations, pack_shared_prefix
-from seal.runtime.memory import LearnerSetup, ModelSpec, packed_kv_bytes
+from seal.estimate.memory import LearnerSetup, ModelSpec, packed_kv_bytes
 
 HEADS, KV_HEADS, HEAD_DIM, PREFIX, CONTINUATION, N = 8, 2, 8, 24, 5, 3
 

@@ -29,10 +29,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "examples": {"env_pool"},
 }
 # Inside seal/: commands wire run and runtime; a run drives the runtime; the runtime knows neither.
+# The estimator (what a configuration asks) sits below them all: the runtime checks the live cluster
+# against it, and it knows none of them.
 SEAL_WINGS_MAY_IMPORT: dict[str, set[str]] = {
-    "seal.commands": {"seal.run", "seal.runtime"},
-    "seal.run": {"seal.runtime"},
-    "seal.runtime": set(),
+    "seal.commands": {"seal.run", "seal.runtime", "seal.estimate"},
+    "seal.run": {"seal.runtime", "seal.estimate"},
+    "seal.runtime": {"seal.estimate"},
+    "seal.estimate": set(),
 }
 MAX_LINES = 500
 

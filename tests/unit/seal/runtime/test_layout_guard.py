@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from seal.cluster_config import ActorResources, ClusterConfig
 from seal.runtime.layout_guard import (
     LayoutError,
     check_learner_nodes,
@@ -17,7 +18,7 @@ from seal.runtime.layout_guard import (
     free_nodes,
     planned_learner_nodes,
 )
-from seal.runtime.placement import ActorResources, ClusterConfig, least_used_node
+from seal.runtime.placement import least_used_node
 
 GEN_TP4 = ActorResources(num_cpus=4, num_gpus=4)  # qwen7b_2x8's cluster.generator
 RANK = ActorResources(num_cpus=4, num_gpus=1)  # its cluster.learner

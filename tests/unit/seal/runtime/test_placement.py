@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from seal.runtime.placement import ActorResources, ClusterConfig, parse_cpu_list
+from seal.cluster_config import ActorResources, ClusterConfig, parse_cpu_list
 
 
 def test_cpu_lists_parse_like_linux():
@@ -42,7 +42,7 @@ def test_unpinned_factory_is_left_as_it_is():
 # every thread started after it, and the factory's result comes back.
 CHILD = """
 import json, os, threading
-from seal.runtime.placement import ActorResources
+from seal.cluster_config import ActorResources
 stop = threading.Event()
 early = threading.Thread(target=stop.wait); early.start()
 build = ActorResources(cpus="{cpu}").pinned(lambda: "built")

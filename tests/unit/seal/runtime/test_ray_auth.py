@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from seal.cluster_config import ClusterConfig
 from seal.config import compose, instantiate
-from seal.runtime.placement import ClusterConfig, _apply_ray_auth, ray_auth_env, ray_token_source
+from seal.runtime.placement import _apply_ray_auth, ray_auth_env, ray_token_source
 
 JOIN = ClusterConfig(address="auto", ray_auth="token")
 

@@ -1,5 +1,5 @@
 """The run's collective groups against the devices their members are on, before anything starts
-(`seal plan`'s problems and `seal train`'s preflight, both through seal/runtime/plan.py).
+(`seal plan`'s problems and `seal train`'s preflight, both through seal/estimate/plan.py).
 
 Two groups carry tensors between processes: the learner's training group (its ranks; NCCL on CUDA,
 gloo on the CPU: seal/runtime/learner_group.py) and, with ``generator.weight_sync=broadcast``, the
@@ -23,7 +23,7 @@ from seal.config import Settings
 
 def group_problems(s: Settings, cluster: Any) -> list[str]:
     """One line per collective group its members' devices cannot form (empty: none). ``s``: the
-    config's typed groups; ``cluster``: the built ``cluster`` group (seal.runtime.placement.ClusterConfig),
+    config's typed groups; ``cluster``: the built ``cluster`` group (seal.cluster_config.ClusterConfig),
     for what each actor reserves."""
     learner, generator, world = s.learner.device, s.generator.device, s.learner.world_size
     broadcast = s.generator.weight_sync == "broadcast"

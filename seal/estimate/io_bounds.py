@@ -1,5 +1,5 @@
 """How long the learner ranks' storage I/O may take: a checkpoint, a resume and a frozen snapshot,
-each bounded by its own bytes (pure functions; seal/runtime/plan.py reads the model's config.json).
+each bounded by its own bytes (pure functions; seal/estimate/plan.py reads the model's config.json).
 
 Every other call on the learner group is bounded by ``learner.timeout_s`` (600 s). That one bound
 also covered a checkpoint (a 7B model with AdamW state writes ~91 GB), its resume (the same bytes
@@ -23,14 +23,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from seal.runtime.memory import GB, LearnerSetup, ModelSpec
+from seal.estimate.memory import GB, LearnerSetup, ModelSpec
 
 MB = 1e6
 
 
 def checkpoint_bytes(m: ModelSpec, s: LearnerSetup) -> float:
     """What a checkpoint writes, every rank's files together (a resume reads the same), as
-    seal/runtime/memory.py counts the state it holds: fp32 weights 4P (ZeRO-1/2 write them whole
+    seal/estimate/memory.py counts the state it holds: fp32 weights 4P (ZeRO-1/2 write them whole
     beside the partitions; ZeRO-3's are in the partitions), the fp32 master partition where ZeRO-1/2
     (or an offloaded ZeRO-3) keep one, AdamW's m and v 8P. The reference model is never saved."""
     p, stage = m.params(), s.stage

@@ -1,8 +1,8 @@
 """What a configuration asks of the cluster, before anything starts (`seal plan`, seal/commands/plan.py).
 
 Reads the composed config and the model's config.json (never weights), estimates the learner's
-memory per rank and the generator's per replica (seal/runtime/memory.py), places the actors on the
-target nodes (seal/runtime/plan_layout.py: ``cluster.hardware``, this machine, or with
+memory per rank and the generator's per replica (seal/estimate/memory.py), places the actors on the
+target nodes (seal/estimate/plan_layout.py: ``cluster.hardware``, this machine, or with
 ``cluster.address`` the running cluster's own resources) and lists what does not fit with what
 would. ``seal train`` runs the same check in its preflight (``check_fits``), refusing only a
 plan that clearly cannot fit. Rendering is in seal/commands/plan_report.py.
@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from seal.cluster_config import ClusterConfig
 from seal.config import GeneratorConfig, ModelConfig, Settings
-from seal.runtime.device_groups import group_problems
-from seal.runtime.io_bounds import IoBounds, closing_barrier_problem, io_bounds
-from seal.runtime.memory import (
+from seal.estimate.device_groups import group_problems
+from seal.estimate.io_bounds import IoBounds, closing_barrier_problem, io_bounds
+from seal.estimate.memory import (
     GB,
     Estimate,
     GeneratorEstimate,
@@ -32,8 +33,7 @@ from seal.runtime.memory import (
     smallest_fitting,
     tp_divides,
 )
-from seal.runtime.placement import ClusterConfig
-from seal.runtime.plan_layout import (
+from seal.estimate.plan_layout import (
     Demand,
     Layout,
     hardware_nodes,
@@ -65,7 +65,7 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    io: IoBounds | None = None  # how long checkpoint, resume and snapshot may take (seal/runtime/io_bounds.py)
+    io: IoBounds | None = None  # how long checkpoint, resume and snapshot may take (seal/estimate/io_bounds.py)
 
     @property
     def fits(self) -> bool:
@@ -185,7 +185,7 @@ def target_nodes(
         )
     )
     if cluster.address and query:
-        from seal.runtime.plan_layout import query_cluster
+        from seal.estimate.plan_layout import query_cluster
 
         try:
             nodes = nodes_from_ray(query_cluster(cluster.address), hw.gpu_gb if hw else None)
@@ -204,7 +204,7 @@ def target_nodes(
         )
     gpus = None
     if asks_gpus:
-        from seal.runtime.placement import local_gpu_count
+        from seal.cluster_config import local_gpu_count
 
         gpus = local_gpu_count()
     cpus = cluster.local_cpus(learner_ranks, replicas)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from seal.config import compose, config_dir
-from seal.runtime.memory import (
+from seal.estimate.memory import (
     GB,
     GeneratorSetup,
     LearnerSetup,
@@ -21,8 +21,8 @@ from seal.runtime.memory import (
     learner_phases,
     tp_divides,
 )
-from seal.runtime.plan import build_plan, check_fits, learner_alternatives
-from seal.runtime.plan_layout import Demand, layout_problems, nodes_from_ray, place
+from seal.estimate.plan import build_plan, check_fits, learner_alternatives
+from seal.estimate.plan_layout import Demand, layout_problems, nodes_from_ray, place
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -363,10 +363,10 @@ def test_plan_help_is_instant_and_the_plan_loads_no_model_library():
 
 
 def test_a_running_clusters_resources_win_over_the_declared_hardware(monkeypatch):
-    import seal.runtime.plan_layout
+    import seal.estimate.plan_layout
 
     small = [{"Alive": True, "NodeManagerAddress": "10.0.0.9", "Resources": {"CPU": 64.0, "GPU": 4.0, "memory": 400e9}}]
-    monkeypatch.setattr(seal.runtime.plan_layout, "query_cluster", lambda address, timeout_s=20.0: small)
+    monkeypatch.setattr(seal.estimate.plan_layout, "query_cluster", lambda address, timeout_s=20.0: small)
     plan = build_plan(compose(["recipe=qwen7b_1x8", "cluster.address=10.0.0.1:6379"]))
     assert plan.hardware.startswith("the running cluster at 10.0.0.1:6379 (1 nodes)") and not plan.fits
     assert any("learner actors" in p and "cannot be placed" in p for p in plan.problems), plan.problems
@@ -375,7 +375,7 @@ def test_a_running_clusters_resources_win_over_the_declared_hardware(monkeypatch
     def unreachable(address, timeout_s=20.0):
         raise RuntimeError(f"cluster.address={address}: no answer within 20s")
 
-    monkeypatch.setattr(seal.runtime.plan_layout, "query_cluster", unreachable)
+    monkeypatch.setattr(seal.estimate.plan_layout, "query_cluster", unreachable)
     plan = build_plan(compose(["recipe=qwen7b_1x8", "cluster.address=10.0.0.1:6379"]))
     assert plan.fits and plan.hardware.startswith("cluster.hardware: 1 node x (8 GPUs of 80 GB")
     assert (

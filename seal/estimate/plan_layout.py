@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from seal.runtime.placement import Hardware
+from seal.cluster_config import Hardware
 
 
 @dataclass(frozen=True)

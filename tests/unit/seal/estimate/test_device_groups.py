@@ -1,4 +1,4 @@
-"""The collective groups against their members' devices (seal/runtime/device_groups.py), refused in
+"""The collective groups against their members' devices (seal/estimate/device_groups.py), refused in
 one line by `seal plan` and by `seal train`'s preflight (issue 38 item 3: such configurations passed
 every check and failed late, in the replica's join of the weight group or in NCCL's init)."""
 
@@ -10,8 +10,8 @@ import pytest
 
 from seal.config import Settings, compose, instantiate
 from seal.errors import CliError
-from seal.runtime.device_groups import group_problems
-from seal.runtime.plan import build_plan, check_fits
+from seal.estimate.device_groups import group_problems
+from seal.estimate.plan import build_plan, check_fits
 
 ONE_GPU = "cluster.hardware={nodes:1,gpus_per_node:1,gpu_gb:80,cpus_per_node:16,memory_gb:128}"
 CUDA_REPLICA_CPU_LEARNER = ["generator=vllm_async_gpu", "cluster.generator.num_gpus=1", ONE_GPU]

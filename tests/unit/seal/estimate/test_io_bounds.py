@@ -1,4 +1,4 @@
-"""Checkpoint, resume and snapshot are bounded by their bytes (seal/runtime/io_bounds.py), shown by
+"""Checkpoint, resume and snapshot are bounded by their bytes (seal/estimate/io_bounds.py), shown by
 `seal plan` and given to the learner group (issue 38 item 7: all three shared learner.timeout_s,
 600 s, against ~91 GB of 7B checkpoint I/O)."""
 
@@ -10,11 +10,11 @@ import json
 import pytest
 
 from seal.config import LearnerGroupConfig, compose
-from seal.runtime.io_bounds import IoBounds, checkpoint_bytes, io_bounds, snapshot_bytes
+from seal.estimate.io_bounds import IoBounds, checkpoint_bytes, io_bounds, snapshot_bytes
+from seal.estimate.memory import LearnerSetup
+from seal.estimate.plan import build_plan, run_io_bounds
 from seal.runtime.learner_group import LearnerGroup
-from seal.runtime.memory import LearnerSetup
-from seal.runtime.plan import build_plan, run_io_bounds
-from tests.unit.seal.runtime.test_plan import P7, QWEN7
+from tests.unit.seal.estimate.test_plan import P7, QWEN7
 
 ZERO3 = LearnerSetup(backend="deepspeed", zero_stage=3, world_size=8)
 
@@ -73,8 +73,8 @@ def test_a_zero2_checkpoint_whose_closing_barrier_outlasts_the_group_timeout_is_
     """Issue 46 item 10: under ZeRO-1/2 on several ranks rank 0 alone writes the fp32 weights (4P) at a
     checkpoint while the others wait in DeepSpeed's closing barrier, a collective bounded by the training
     group's timeout (learner.timeout_s), which the checkpoint's own bound does not stretch."""
-    from seal.runtime.io_bounds import closing_barrier_problem, closing_barrier_s
-    from seal.runtime.plan import check_fits
+    from seal.estimate.io_bounds import closing_barrier_problem, closing_barrier_s
+    from seal.estimate.plan import check_fits
 
     z2 = LearnerSetup(zero_stage=2, world_size=8)
     assert closing_barrier_s(QWEN7, z2, 40.0) == pytest.approx(4 * P7 / 40e6) == pytest.approx(762, abs=1)
