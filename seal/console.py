@@ -132,6 +132,12 @@ class Heartbeat:
         while not self._stop.wait(1.0):
             self.tick()
 
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -144,3 +150,45 @@ def duration(seconds: float) -> str:
     """``2 min 05 s`` or ``40 s``."""
     minutes, secs = divmod(int(round(seconds)), 60)
     return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+class Paced:
+    """A known number of items done one after the other (tasks, groups, child commands): the
+    Heartbeat names the item under way, and the time left is the items not done at the mean pace
+    of those done, never less than the items after the one under way. ``skip`` drops an item
+    that needs no work (a finished run found again)."""
+
+    def __init__(
+        self,
+        total: int,
+        noun: str,
+        *,
+        clock: Callable[[], float] | None = None,
+        stream: TextIO | None = None,
+        every: float = 30.0,
+    ) -> None:
+        import time
+
+        self.total, self.noun, self.done, self.spent = total, noun, 0, 0.0
+        self.clock = clock or time.monotonic
+        self.started = self.clock()
+        self.heartbeat = Heartbeat(every, clock=self.clock, stream=stream, left=self.left)
+
+    def left(self, busy: float) -> str:
+        remaining = self.total - self.done
+        if not self.done:
+            return f"{remaining} of {self.total} {self.noun} left; time left known after the first"
+        pace = self.spent / self.done
+        estimate = max(pace * (remaining - 1), pace * remaining - busy)
+        return f"{remaining} of {self.total} {self.noun} left, about {duration(estimate)} left"
+
+    def starts(self, what: str) -> None:
+        self.started = self.clock()
+        self.heartbeat.doing(what)
+
+    def ends(self) -> None:
+        self.spent += self.clock() - self.started
+        self.done += 1
+
+    def skip(self) -> None:
+        self.total -= 1

@@ -23,12 +23,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from seal.console import Heartbeat, duration
+from seal.console import Paced
 
 FULL = "full"
 SAME = (
@@ -103,38 +101,21 @@ def _seal(argv: list[str], log: Path, capture: bool = False) -> str:
 class ChildCommands:
     """`seal ablate`'s progress while its child commands run (their output goes to their logs): a
     line at least every 30 s naming the command, and the time left at the mean pace of the commands
-    run so far. A training run found finished is skipped and leaves the count."""
+    run so far (seal/console.py's Paced). A training run found finished is skipped."""
 
-    def __init__(
-        self,
-        total: int,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        stream: TextIO | None = None,
-        every: float = 30.0,
-    ) -> None:
-        self.total, self.done, self.spent, self.clock = total, 0, 0.0, clock
-        self.heartbeat = Heartbeat(every, clock=clock, stream=stream, left=self.left)
-
-    def left(self, busy: float) -> str:
-        remaining = self.total - self.done
-        if not self.done:
-            return f"{remaining} of {self.total} commands left; time left known after the first"
-        pace = self.spent / self.done  # the one running counts its time so far, never below the rest
-        estimate = max(pace * (remaining - 1), pace * remaining - busy)
-        return f"{remaining} of {self.total} commands left, about {duration(estimate)} left"
+    def __init__(self, total: int, *, clock=None, stream: TextIO | None = None, every: float = 30.0) -> None:
+        self.paced = Paced(total, "commands", clock=clock, stream=stream, every=every)
+        self.heartbeat = self.paced.heartbeat
 
     def skip(self) -> None:
-        self.total -= 1
+        self.paced.skip()
 
     def run(self, argv: list[str], log: Path, capture: bool = False) -> str:
-        self.heartbeat.doing(f"ablate: seal {' '.join(argv[:2])} (its output: {log})")
-        t0 = self.clock()
+        self.paced.starts(f"ablate: seal {' '.join(argv[:2])} (its output: {log})")
         try:
             return _seal(argv, log, capture)
         finally:
-            self.spent += self.clock() - t0
-            self.done += 1
+            self.paced.ends()
 
 
 def row(name: str, changes: str, summary: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import replace
 
-from seal.console import results
+from seal.console import Paced, results
 
 
 def _setup(overrides: list[str], extra: list[str]):
@@ -95,8 +95,10 @@ def rollout(args) -> int:
     tags: Counter = Counter()
     rewards = []
     t0 = time.perf_counter()
-    with open(args.out, "w", encoding="utf-8") as out:
+    paced = Paced(len(ids), "groups")  # a line every 30 s: a group takes minutes on a CPU
+    with paced.heartbeat, open(args.out, "w", encoding="utf-8") as out:
         for i, task_id in enumerate(tqdm(ids, desc="groups", unit="group")):
+            paced.starts(f"rollout: group {i + 1} of {len(ids)} ({task_id}, n={args.n}) playing")
             group = run_group(
                 make_env,
                 generator,
@@ -109,6 +111,7 @@ def rollout(args) -> int:
                 seed=cfg.seed + i,
                 stats=stats,
             )
+            paced.ends()
             for traj in group:
                 out.write(json.dumps(traj.to_dict()) + "\n")
                 tags.update(traj.tags)
@@ -152,19 +155,23 @@ def evaluate(args) -> int:
     generator, chat = _generator(cfg, instantiate)
     by_cat: dict[str, list[float]] = defaultdict(list)
     outcomes: Counter = Counter()
-    for i, task_id in enumerate(tqdm(ids, desc="eval", unit="task")):
-        (traj,) = run_group(
-            make_env,
-            generator,
-            chat,
-            task_id,
-            1,
-            replace(sampling, seed=cfg.seed),
-            RAW_INTERFACE,
-            group_id=f"eval{i:05d}",
-        )
-        by_cat[traj.category].append(traj.reward)
-        outcomes[traj.outcome] += 1
+    paced = Paced(len(ids), "tasks")  # a line every 30 s: a task can take minutes on a CPU
+    with paced.heartbeat:
+        for i, task_id in enumerate(tqdm(ids, desc="eval", unit="task")):
+            paced.starts(f"eval: task {i + 1} of {len(ids)} ({task_id}) playing")
+            (traj,) = run_group(
+                make_env,
+                generator,
+                chat,
+                task_id,
+                1,
+                replace(sampling, seed=cfg.seed),
+                RAW_INTERFACE,
+                group_id=f"eval{i:05d}",
+            )
+            paced.ends()
+            by_cat[traj.category].append(traj.reward)
+            outcomes[traj.outcome] += 1
     per_cat = {c: sum(v) / len(v) for c, v in sorted(by_cat.items())}
     overall = sum(per_cat.values()) / len(per_cat) if per_cat else 0.0  # macro average
     out = results()

@@ -74,13 +74,12 @@ def test_a_quiet_stretch_gets_a_heartbeat_every_30_s_naming_the_task_and_the_tim
 
 def test_the_heartbeat_thread_prints_on_its_own_and_stops():
     out = io.StringIO()
-    beat = Heartbeat(0.01, stream=out, left=lambda busy: "left: some").start()
-    beat.doing("waiting")
-    deadline = 200
-    while "waiting" not in out.getvalue() and deadline:
-        time.sleep(0.05)
-        deadline -= 1
-    beat.stop()
+    with Heartbeat(0.01, stream=out, left=lambda busy: "left: some") as beat:
+        beat.doing("waiting")
+        deadline = 200
+        while "waiting" not in out.getvalue() and deadline:
+            time.sleep(0.05)
+            deadline -= 1
     assert re.search(r"^waiting: \d+ s so far; left: some$", out.getvalue(), re.M), out.getvalue()
     assert beat._thread is not None and not beat._thread.is_alive()
 
@@ -90,12 +89,13 @@ def test_ablate_reports_each_child_command_and_the_time_left_at_its_pace():
 
     clock, out = FakeClock(), io.StringIO()
     calls = ChildCommands(4, clock=clock, stream=out)
-    calls.heartbeat.doing("ablate: seal train (its output: DIR/full.train.log)")
+    calls.paced.starts("ablate: seal train (its output: DIR/full.train.log)")
     clock.now += 30
     assert calls.heartbeat.tick()
-    calls.skip()  # full was trained already: 3 commands in all
-    calls.done, calls.spent = 1, 100.0  # one command ran, 100 s
-    calls.heartbeat.doing("ablate: seal evaluate DIR/full (its output: DIR/full.evaluate.log)")
+    clock.now += 70
+    calls.paced.ends()  # one command ran, 100 s
+    calls.skip()  # the next run was trained already: 3 commands in all
+    calls.paced.starts("ablate: seal evaluate DIR/full (its output: DIR/full.evaluate.log)")
     clock.now += 40
     assert calls.heartbeat.tick()
     first, second = out.getvalue().splitlines()
