@@ -23,12 +23,15 @@ TERMS = {
     "gathered": "ZeRO-3 gathered weights",
     "reference_casts": "reference bf16 cast (1 weight)",
     "weights_out": "weights out (rank 0)",
+    "adapter": "LoRA adapter (fp32)",
+    "merged_weights": "merged model (LoRA snapshot)",
 }
 PHASES = {
     "policy_forward": "the policy's forward",
     "loss": "the loss (logits, entropy)",
     "reference_forward": "the reference's forward",
     "publish": "a weight gather (publish, generator copy)",
+    "snapshot_merge": "a LoRA snapshot's merge",
 }
 
 
@@ -70,6 +73,7 @@ def plan_table(plan) -> str:
             f"max_model_len {gs.max_model_len}, gpu_memory_utilization {gs.gpu_memory_utilization:g}"
         )
         lines.append(f"  {'weights per GPU':<34}{ge.weights_per_gpu / GB:>8.2f} GB")
+        lines += _adapter_lines(gs, ge, " per GPU")
         lines.append(f"  {'KV cache per token per GPU':<34}{ge.kv_per_token / 1e3:>8.1f} KB")
         lines.append(f"  {'KV budget per GPU':<34}{ge.kv_budget / GB:>8.2f} GB")
         lines.append(f"  {'sequences of max_model_len':<34}{ge.sequences:>8d} concurrent per replica")
@@ -79,6 +83,7 @@ def plan_table(plan) -> str:
             f"generator: {plan.replicas} replica{'s' * (plan.replicas > 1)}, {gs.dtype}, cpu, max_model_len {gs.max_model_len}"
         )
         lines.append(f"  {'weights':<34}{ge.weights_per_gpu / GB:>8.2f} GB")
+        lines += _adapter_lines(gs, ge, "")
         lines.append(f"  {'KV cache per token':<34}{ge.kv_per_token / 1e3:>8.1f} KB")
         lines.append(f"  {'KV cache (cpu_kv_cache_gb)':<34}{ge.kv_budget / GB:>8.2f} GB")
         lines.append(f"  {'sequences of max_model_len':<34}{ge.sequences:>8d} concurrent")
@@ -93,6 +98,14 @@ def plan_table(plan) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     lines.append("fits: yes" if plan.fits else "fits: no")
     return "\n".join(lines)
+
+
+def _adapter_lines(gs, ge, where: str) -> list[str]:
+    """vLLM's LoRA slots, where the replicas serve the learner's adapters (seal/runtime/memory.py)."""
+    if not gs.max_lora_rank:
+        return []
+    label = f"LoRA slots ({gs.max_loras} x rank {gs.max_lora_rank}){where}"
+    return [f"  {label:<34}{ge.adapters_per_gpu / GB:>8.2f} GB"]
 
 
 def plan_json(plan) -> dict[str, Any]:
@@ -118,6 +131,7 @@ def plan_json(plan) -> dict[str, Any]:
             "packed": packed,
             "terms_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.device.items()},
             "peak_phase": plan.learner_est.phase,
+            "lora_rank": ls.lora_rank,
             "phases_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.phases.items()},
             "host_terms_gb": {k: round(v / GB, 3) for k, v in plan.learner_est.host.items()},
         },
@@ -130,6 +144,8 @@ def plan_json(plan) -> dict[str, Any]:
             "kv_budget_gb_per_gpu": round(ge.kv_budget / GB, 3),
             "concurrent_sequences": ge.sequences,
             "max_model_len": plan.generator.max_model_len,
+            "max_lora_rank": plan.generator.max_lora_rank,
+            "lora_slots_gb_per_gpu": round(ge.adapters_per_gpu / GB, 3),
         },
         "io_bounds": None
         if plan.io is None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from seal.estimate.memory import GB, LearnerSetup, ModelSpec
+from seal.estimate.memory import GB, LearnerSetup, ModelSpec, trained_params
 
 MB = 1e6
 
@@ -32,8 +32,9 @@ def checkpoint_bytes(m: ModelSpec, s: LearnerSetup) -> float:
     """What a checkpoint writes, every rank's files together (a resume reads the same), as
     seal/estimate/memory.py counts the state it holds: fp32 weights 4P (ZeRO-1/2 write them whole
     beside the partitions; ZeRO-3's are in the partitions), the fp32 master partition where ZeRO-1/2
-    (or an offloaded ZeRO-3) keep one, AdamW's m and v 8P. The reference model is never saved."""
-    p, stage = m.params(), s.stage
+    (or an offloaded ZeRO-3) keep one, AdamW's m and v 8P. The reference model is never saved; under
+    LoRA P is the adapter's (the frozen base comes from model_path at every start)."""
+    p, stage = trained_params(m, s), s.stage
     master = 4 * p if stage in (1, 2) or (stage == 3 and s.offload_optimizer) else 0
     return float(4 * p + master + (8 * p if s.optimizer == "adamw" else 0))
 
@@ -85,7 +86,7 @@ def closing_barrier_s(m: ModelSpec, s: LearnerSetup, min_mb_s: float) -> float:
     its extra write, the fp32 weights (4P), at ``min_mb_s``; 0 where every rank writes alike."""
     if s.stage not in (1, 2) or s.world_size < 2:
         return 0.0
-    return 4 * m.params() / (float(min_mb_s) * MB)
+    return 4 * trained_params(m, s) / (float(min_mb_s) * MB)
 
 
 def closing_barrier_problem(m: ModelSpec, s: LearnerSetup, timeout_s: float, min_mb_s: float) -> str | None:
@@ -97,7 +98,7 @@ def closing_barrier_problem(m: ModelSpec, s: LearnerSetup, timeout_s: float, min
     enough = int(math.ceil(wait / 100.0) * 100)
     return (
         f"a checkpoint under ZeRO-{s.stage} over {s.world_size} ranks: rank 0 alone writes the "
-        f"{4 * m.params() / GB:.1f} GB of fp32 weights while the others wait in DeepSpeed's closing barrier, "
+        f"{4 * trained_params(m, s) / GB:.1f} GB of fp32 weights while the others wait in DeepSpeed's closing barrier, "
         f"{wait:.0f} s at trainer.storage_min_mb_s={min_mb_s:g} MB/s, past the training group's timeout "
         f"(learner.timeout_s={timeout_s:g} s; the waiting ranks would be torn down): "
         f"set learner.timeout_s={enough}, use ZeRO-3 (learner=zero3) or trainer.checkpoint_every=0"

@@ -22,6 +22,13 @@ names the phase). Held throughout:
   ZeRO-3 the reduce bucket;
 - runtime: 3 GB per CUDA process (context, NCCL, allocator slack), 1 GB per CPU process.
 
+Under LoRA (``lora_rank`` R; learner/lora.py) the base's 4P stays whole and frozen (ZeRO-3 with LoRA
+is refused): gradients, master partition and optimizer state count the adapter's A parameters only
+(``ModelSpec.lora_params``: R x (in + out) of every linear layer but the head), there is no reference
+copy (the reference is the base with the adapter off), the policy forward's autocast caches casts of
+the adapter alone (the base's one weight at a time, as the reference's), and a snapshot for the
+evaluators builds the merged model for the call: a phase of its own holding another 4P.
+
 Phases of a step (T tokens forwarded in a micro-batch: micro_batch_size x seq_len, or, packed
 with shared_prefix and micro_batch_size >= 2, prompt + micro_batch_size x response; K =
 micro_batch_size x response scored positions; c compute bytes, 2 in bf16, 4 in fp32):
@@ -134,6 +141,13 @@ class ModelSpec:
     def params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params() * (1 if self.tied else 2) + self.hidden
 
+    def lora_params(self, rank: int) -> int:
+        """A rank-``rank`` adapter on every linear layer but the head (peft's all-linear): A [r, in] and
+        B [out, r] on q, k, v, o, gate, up and down of each layer."""
+        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
+        per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h)
+        return rank * self.layers * per_layer
+
     def kv_heads_per_shard(self, tp: int) -> int:
         return max(1, self.kv_heads // tp)
 
@@ -160,6 +174,7 @@ class LearnerSetup:
     response_len: int = 1024  # scored tokens per trajectory (sampling.max_new_tokens)
     weight_bucket_mb: float = 256.0  # ZeRO-3 gathers weights out (publish, the generator's copy) this many MB at a time
     logprob_head: str = "chunked"  # chunked (learner/token_logprobs.py) | full (whole-vocabulary logits kept)
+    lora_rank: int | None = None  # learner.cfg.lora.rank: an adapter trains, the base is frozen
 
     @property
     def stage(self) -> int:
@@ -172,7 +187,13 @@ class LearnerSetup:
             else "torch, 1 rank"
         )
         off = [k for k, v in (("optimizer", self.offload_optimizer), ("params", self.offload_param)) if v]
-        return f"{zero}, {self.dtype}, {self.device}" + (f", offload {'+'.join(off)}" if off else "")
+        lora = f", LoRA rank {self.lora_rank}" if self.lora_rank else ""
+        return f"{zero}, {self.dtype}, {self.device}{lora}" + (f", offload {'+'.join(off)}" if off else "")
+
+
+def trained_params(m: ModelSpec, s: LearnerSetup) -> int:
+    """The parameters with gradients, optimizer state and a place in checkpoints: all, or the adapter's."""
+    return m.lora_params(s.lora_rank) if s.lora_rank else m.params()
 
 
 @dataclass(frozen=True)
@@ -257,7 +278,8 @@ def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]
     phases = {
         "policy_forward": {
             "gathered": gathered,
-            "weight_casts": 2 * p if cb == 2 else 0,
+            # Under LoRA the frozen base's casts are not cached: one weight at a time, and the adapter.
+            "weight_casts": (2 * (largest + m.lora_params(s.lora_rank)) if s.lora_rank else 2 * p) if cb == 2 else 0,
             "activations": activations,
             "prefix_mask": mask,
             "prefix_kv": kv,
@@ -296,15 +318,22 @@ def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
             (host if on_host else device)[term] = float(value)
 
     put("weights", 4 * p / (n if stage == 3 else 1), s.offload_param)
-    put("gradients", 4 * p / (n if stage >= 2 else 1), s.offload_optimizer)
+    trained = p  # what gets gradients and optimizer state: every weight, or the adapter alone
+    if s.lora_rank:
+        trained = m.lora_params(s.lora_rank)
+        put("adapter", 4 * trained, s.offload_param)
+    put("gradients", 4 * trained / (n if stage >= 2 else 1), s.offload_optimizer)
     if stage in (1, 2) or (stage == 3 and s.offload_optimizer):
-        put("master", 4 * p / n, s.offload_optimizer)
-    put("optimizer", (8 * p if s.optimizer == "adamw" else 0) / (n if stage >= 1 else 1), s.offload_optimizer)
-    if s.reference:
+        put("master", 4 * trained / n, s.offload_optimizer)
+    adam = 8 * trained if s.optimizer == "adamw" else 0
+    put("optimizer", adam / (n if stage >= 1 else 1), s.offload_optimizer)
+    if s.reference and not s.lora_rank:  # under LoRA: the base with the adapter off, no copy
         put("reference", 4 * p / (n if stage == 3 else 1), stage == 3 and s.offload_param)
-    bucket = min(p, DS_BUCKET) * 4
+    bucket = min(trained, DS_BUCKET) * 4
     put("buffers", 2 * bucket if stage in (1, 2) else bucket if stage == 3 else 0, False)
     phases = learner_phases(m, s)
+    if s.lora_rank:  # a snapshot's merged model (learner/lora.py merged_model), built for the call
+        phases["snapshot_merge"] = {"merged_weights": 4.0 * p}
     peak = max(phases, key=lambda name: sum(phases[name].values()))
     for term, value in phases[peak].items():
         put(term, value, False)
@@ -328,6 +357,8 @@ class GeneratorSetup:
     gpu_memory_utilization: float | None = 0.85  # CUDA only (None: a CPU engine's options have none)
     max_model_len: int = 4096
     cpu_kv_cache_gb: float | None = 2.0  # CPU only: GiB per worker (vLLM's kv_cache_memory_bytes)
+    max_lora_rank: int = 0  # LoRA serving (actors/generation/adapters.py): slots of this rank
+    max_loras: int = 2
 
 
 @dataclass(frozen=True)
@@ -338,6 +369,7 @@ class GeneratorEstimate:
     sequences: int  # concurrent sequences of max_model_len
     reserved_per_gpu: float  # what the replica takes of each GPU (host memory on CPU)
     tp: int
+    adapters_per_gpu: float = 0.0  # vLLM's LoRA slots: max_loras adapters of max_lora_rank, in the dtype
 
     @property
     def replica_bytes(self) -> float:
@@ -352,19 +384,22 @@ def generator_memory(m: ModelSpec, g: GeneratorSetup, gpu_bytes: float | None) -
         raise ValueError(
             f"a {g.device} generator needs {'gpu_memory_utilization' if g.device == 'cuda' else 'cpu_kv_cache_gb'}"
         )
+    # vLLM allocates every slot's A and B stacks at start (LoRA layers' create_lora_weights), sharded
+    # with tensor parallelism; on CUDA inside gpu_memory_utilization, so they come out of the KV budget.
+    slots = g.max_loras * m.lora_params(g.max_lora_rank) * wb if g.max_lora_rank else 0.0
+    weights: float  # bytes; the CUDA branch shards them over tensor-parallel ranks
     if g.device != "cuda":
         weights, kv_token = m.params() * wb, m.kv_bytes_per_token(wb, 1)
         budget = share * GIB
-        return GeneratorEstimate(
-            weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), weights + budget + CPU_RUNTIME, 1
-        )
+        held = weights + slots + budget + CPU_RUNTIME
+        return GeneratorEstimate(weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), held, 1, slots)
     tp = g.tensor_parallel_size
-    weights, kv_token = m.params() * wb / tp, m.kv_bytes_per_token(wb, tp)
+    weights, kv_token, slots = m.params() * wb / tp, m.kv_bytes_per_token(wb, tp), slots / tp
     if gpu_bytes is None:
-        return GeneratorEstimate(weights, kv_token, 0.0, 0, weights + VLLM_RESERVE, tp)
+        return GeneratorEstimate(weights, kv_token, 0.0, 0, weights + slots + VLLM_RESERVE, tp, slots)
     taken = gpu_bytes * share
-    budget = max(0.0, taken - weights - VLLM_RESERVE)
-    return GeneratorEstimate(weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), taken, tp)
+    budget = max(0.0, taken - weights - slots - VLLM_RESERVE)
+    return GeneratorEstimate(weights, kv_token, budget, int(budget // (kv_token * g.max_model_len)), taken, tp, slots)
 
 
 def tp_divides(m: ModelSpec, tp: int) -> bool:

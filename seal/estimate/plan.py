@@ -131,6 +131,7 @@ def learner_setup(cfg, s: Settings) -> LearnerSetup:
         response_len=int(cfg.sampling.max_new_tokens),
         weight_bucket_mb=float(lc.weight_bucket_mb),
         logprob_head=lc.logprob_head,
+        lora_rank=lc.lora.rank if lc.lora is not None else None,
     )
 
 
@@ -145,6 +146,17 @@ def generator_setup(g: GeneratorConfig) -> GeneratorSetup:
         max_model_len=g.max_model_len,
         cpu_kv_cache_gb=g.cpu_kv_cache_gb,
     )
+
+
+def with_adapter_slots(gs: GeneratorSetup, lora) -> GeneratorSetup:
+    """A learner publishing adapters (learner.cfg.lora.publish: adapter) has the replicas serve them:
+    vLLM's LoRA slots at the smallest rank holding the adapter, as `seal train` starts them
+    (actors/generation/adapters.py ``adapter_serving_spec``: its max_loras default, 2)."""
+    from actors.generation.adapters import serving_rank
+
+    if lora is None or lora.rank is None or lora.publish != "adapter":
+        return gs
+    return replace(gs, max_lora_rank=serving_rank(int(lora.rank)))
 
 
 def demands(
@@ -225,6 +237,7 @@ def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Pla
     m = ModelSpec.from_config(config, Path(source).parent.name)
     cluster: ClusterConfig = instantiate(cfg.cluster)
     ls, gs = learner_setup(cfg, s), generator_setup(s.generator)
+    gs = with_adapter_slots(gs, s.learner.cfg.lora)
     replicas = s.generator.replicas
     asks_gpus = (
         ls.device == "cuda"
