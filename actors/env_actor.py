@@ -22,7 +22,7 @@ from typing import Any
 from env_pool.base import Environment
 from env_pool.interface.state import InterfaceState
 from replay.auth import ClientKeys
-from replay.messages import LOST_TOKENS_ATTR, GroupJob, GroupReport, GroupStats, InterfaceUpdate
+from replay.control_messages import LOST_TOKENS_ATTR, GroupJob, GroupReport, GroupStats, InterfaceUpdate
 from replay.transport import TrajectorySender
 from rollout.chat import ChatTokenizer
 from rollout.generator import SamplingConfig

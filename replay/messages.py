@@ -1,8 +1,9 @@
-"""What crosses the generator -> replay queue boundary.
+"""What crosses the generator -> replay queue boundary: the data plane.
 
 One typed record per rollout (docs/design.md, the trajectory record). Producers: rollout workers
 (rollout/play.py). Consumers: the replay queue and the learner. JSONL and
-(with the async pipeline) msgpack both come from ``to_dict``.
+(with the async pipeline) msgpack both come from ``to_dict``. The control plane's messages
+(jobs, reports, interface updates, the control socket's commands) are replay/control_messages.py's.
 """
 
 from __future__ import annotations
@@ -135,110 +136,3 @@ class Trajectory:
         if fields.get("infra_fault") is not None:
             fields["infra_fault"] = InfraFault(**fields["infra_fault"])
         return cls(**fields)
-
-
-# ------------------------------------------------------------ control plane
-@dataclass(frozen=True)
-class InterfaceUpdate:
-    """Coordinator -> env actors: the training interface's new state."""
-
-    version: int
-    state: dict[str, Any]  # InterfaceState.to_dict()
-
-
-@dataclass(frozen=True)
-class RoundEnd:
-    """Coordinator -> driver, closing a learner step's round: the training interface now in force."""
-
-    interface_version: int
-    active_guidelines: tuple[str, ...]
-    pushed_to: int  # env actors the new version went to (0: the interface did not change)
-    state: dict[str, Any]  # InterfaceState.to_dict(), written with the step's row
-
-
-@dataclass(frozen=True)
-class TagSummary:
-    """Env/rollout side -> coordinator: tags of one finished trajectory."""
-
-    task_id: str
-    category: str
-    tags: list[str]
-    labels: list[str]
-    reward: float
-    success: bool
-    progress: float
-    interface_version: int
-
-
-@dataclass(frozen=True)
-class Control:
-    """`seal scale` (or any operator tool) -> the running orchestrator, over its
-    control socket: ``scale`` with args {"env": N}, ``status``."""
-
-    command: str
-    args: dict[str, Any] = field(default_factory=dict)
-
-
-# ----------------------------------------------- orchestrator <-> env actors
-@dataclass(frozen=True)
-class GroupJob:
-    """Orchestrator -> env actor: play one GRPO group of ``n`` rollouts of a task.
-
-    ``slot`` is the task's position in the training stream: a re-issued job
-    (after a crash) keeps its slot and gets a new group id, so the learner sees
-    each slot's group exactly once."""
-
-    slot: int
-    task_id: str
-    group_id: str
-    n: int
-    seed: int
-    attempt: int = 0
-    generator: str = ""  # the generator replica (Ray actor name) the router chose; "" = the env actor's default
-    # Wall-clock budget of each episode (trainer.episode_deadline_s): past it the episode ends as an
-    # infra fault of kind "deadline". None: no budget.
-    episode_deadline_s: float | None = None
-
-
-@dataclass
-class GroupStats:
-    """What generating a group cost: counted while it plays (rollout/play.py), reported with it
-    (``GroupReport.generation``)."""
-
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0  # prefix-cache hits
-    generated_tokens: int = 0
-    generate_s: float = 0.0  # waiting for the generator
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-# A group job that raised (its generator replica gone: GeneratorUnavailable, or any other error)
-# sends nothing and returns no report: the exception carries, under this attribute, the tokens
-# the group had generated, for the driver's token books (``lost``; replay/token_ledger.py).
-LOST_TOKENS_ATTR = "generated_tokens"
-
-
-@dataclass(frozen=True)
-class GroupReport:
-    """Env actor -> orchestrator, after the group's trajectories went to the
-    replay queue (the trajectories themselves travel over ZeroMQ): counts and
-    per-stage timings."""
-
-    slot: int
-    group_id: str
-    task_id: str
-    actor: str
-    sent: int
-    interface_version: int
-    start_version: int
-    generation: GroupStats
-    env_s: float  # env steps, verifier and diagnosis
-    send_s: float  # handing frames to the transport (back-pressure shows here)
-    wall_s: float
-    env_steps: int
-    tool_calls: int
-    rewards: tuple[float, ...] = ()  # per rollout, in rollout order: the driver's progress line shows them
-    faults: tuple[str, ...] = ()  # per rollout: its infra fault's kind, "" for none (its reward is not the policy's)

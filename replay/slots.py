@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replay.messages import GroupJob
+from replay.control_messages import GroupJob
 
 log = logging.getLogger(__name__)
 

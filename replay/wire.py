@@ -1,4 +1,4 @@
-"""msgpack encoding of the messages in replay/messages.py.
+"""msgpack encoding of the messages in replay/messages.py (and the control socket's ``Control``).
 
 Every frame is a map {"v": schema version, "kind": message kind, "body": ...}.
 Token ids, masks and logprobs travel as raw little-endian arrays (bin), not
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from replay.messages import SCHEMA_VERSION, Control, InfraFault, Segment, Trajectory
+from replay.control_messages import Control
+from replay.messages import SCHEMA_VERSION, InfraFault, Segment, Trajectory
 
 # What travels as msgpack: the trajectory stream and the control socket. Interface updates and
 # tag summaries cross between actors through Ray, which pickles them.

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from env_pool.base import Environment, EpisodeResult, Outcome
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
-from replay.messages import GroupStats, InfraFault, Segment, Trajectory
+from replay.control_messages import GroupStats
+from replay.messages import InfraFault, Segment, Trajectory
 from rollout.chat import ChatBuildError, ChatTokenizer
 from rollout.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 

@@ -14,7 +14,7 @@ from actors.coordinator.capability_state import CapabilityState
 from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.guidelines import GuidelinePolicy, evolve
 from env_pool.interface.state import InterfaceState
-from replay.messages import TagSummary
+from replay.control_messages import TagSummary
 
 
 @dataclass(frozen=True)

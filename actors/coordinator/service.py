@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
-from replay.messages import InterfaceUpdate, RoundEnd, TagSummary
+from replay.control_messages import InterfaceUpdate, RoundEnd, TagSummary
 
 log = logging.getLogger(__name__)
 

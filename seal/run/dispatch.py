@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from replay.messages import LOST_TOKENS_ATTR, GroupJob, GroupReport
+from replay.control_messages import LOST_TOKENS_ATTR, GroupJob, GroupReport
 
 if TYPE_CHECKING:
     from replay.slots import SlotLedger

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from replay.messages import TagSummary
+from replay.control_messages import TagSummary
 from seal.config import TrainerConfig
 from seal.run.progress import learner_work
 from seal.run.step_metrics import StepOutcome

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from actors.generation.replica_counters import ReplicaStats
 from learner.step_result import StepResult, learner_row
-from replay.messages import INFRA_FAULT_KINDS, GroupReport, RoundEnd
+from replay.control_messages import GroupReport, RoundEnd
+from replay.messages import INFRA_FAULT_KINDS
 from replay.token_ledger import TokenLedger, run_totals
 from replay.transport import ReplayCounters
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.auth import ClientKeys, CurveGuard, KeyPair, RunKeys
-from replay.messages import Control
+from replay.control_messages import Control
 from replay.wire import WireError, decode, encode
 
 CONTROL_FILE = "control.json"

@@ -177,6 +177,10 @@ class GeneratorFleet:
         live = [self.versions[n] for n in self.serving()]
         return min(live) if live else max(self.versions.values(), default=0)
 
+    def start_at(self, version: int) -> None:
+        """Every replica holds ``version``'s weights: the run's start, the initial or resumed weights loaded."""
+        self.versions = {name: version for name in self.versions}
+
     def all_down(self) -> bool:
         return not self.router.replicas
 
@@ -218,6 +222,11 @@ class GeneratorFleet:
         return time.perf_counter() - started
 
     # ------------------------------------------------------------ canary
+    def watch_canary(self, token_ids: list[int], max_diff: float) -> None:
+        """Score ``token_ids`` on each replica after each confirmed update (the weight-sync canary);
+        a replica off the learner's logprobs by more than ``max_diff`` nats failed its sync."""
+        self.canary_ids, self.canary_max_diff = list(token_ids), float(max_diff)
+
     def expect(self, version: int, logprobs: list[float]) -> None:
         """The learner's canary logprobs at ``version`` (the version about to be published)."""
         self._expected = (int(version), [float(x) for x in logprobs])

@@ -13,7 +13,7 @@ import pytest
 
 from env_pool.interface.state import InterfaceState
 from env_pool.toy.env import ToyToolEnv
-from replay.messages import LOST_TOKENS_ATTR, GroupJob, InterfaceUpdate
+from replay.control_messages import LOST_TOKENS_ATTR, GroupJob, InterfaceUpdate
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer, TransportConfig
 from rollout.generator import GenerationOutput, GeneratorUnavailable, SamplingConfig

@@ -16,7 +16,7 @@ from env_pool.interface.state import InterfaceState
 from env_pool.multi_turn import Verdict
 from examples.thermostat.env import ThermostatEnv
 from learner.batch import build_samples
-from replay.messages import TagSummary
+from replay.control_messages import TagSummary
 from seal.run.summary import interface_text
 from tests.unit.replay.test_replay import traj
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.messages import SCHEMA_VERSION, Control, InfraFault, Segment, Trajectory
+from replay.control_messages import Control
+from replay.messages import SCHEMA_VERSION, InfraFault, Segment, Trajectory
 from replay.queue import ReplayQueue
 from replay.wire import WireError, decode, encode
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_replay import traj  # the sibling module (pytest puts tests/unit on sys.path)
 
-from replay.messages import Control
+from replay.control_messages import Control
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer, TrajectorySender, TransportConfig, TransportTimeout
 from replay.wire import encode

@@ -6,7 +6,8 @@ from actors.coordinator.coordinator import Coordinator
 from actors.coordinator.tag_weights import TagWeights
 from env_pool import tags as T
 from env_pool.interface.state import InterfaceState
-from replay.messages import Segment, TagSummary, Trajectory
+from replay.control_messages import TagSummary
+from replay.messages import Segment, Trajectory
 
 
 def summary(tags, reward=0.0, labels=None):

@@ -6,7 +6,7 @@ from actors.coordinator.coordinator import Coordinator
 from actors.coordinator.service import CoordinatorService
 from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.state import InterfaceState
-from replay.messages import TagSummary
+from replay.control_messages import TagSummary
 
 
 def make() -> Coordinator:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from replay.messages import GroupReport, GroupStats
+from replay.control_messages import GroupReport, GroupStats
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
 from replay.transport import ReplayServer, TransportConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from replay.messages import RoundEnd
+from replay.control_messages import RoundEnd
 from replay.queue import stand_in
 from seal.run.step_metrics import StepOutcome, StepWindow
 from seal.run.summary import infra_text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from replay.messages import GroupJob, GroupReport, GroupStats
+from replay.control_messages import GroupJob, GroupReport, GroupStats
 from seal.run.progress import (
     GROUP_LINES_MAX,
     Progress,

@@ -16,7 +16,7 @@ import pytest
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.state import InterfaceState
-from replay.messages import TagSummary
+from replay.control_messages import TagSummary
 from replay.slots import SlotPosition
 from seal.run.progress import Progress
 from seal.run.run_state import DriverState, RunState

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from actors.generation.replica_counters import ReplicaStats
-from replay.messages import GroupReport, GroupStats, InfraFault, RoundEnd, Segment, Trajectory
+from replay.control_messages import GroupReport, GroupStats, RoundEnd
+from replay.messages import InfraFault, Segment, Trajectory
 from replay.queue import Group as QueueGroup
 from replay.queue import QueueStats, stand_in
 from replay.transport import ReplayCounters, ServerStats
