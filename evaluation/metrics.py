@@ -288,6 +288,7 @@ def summarize(
         fix_rate[cur_name], forget_rate[cur_name] = {}, {}
         for view in sorted(indexed.get(cur_name, {})):
             cur = _outcomes(indexed, cur_name, view)
+            assert cur is not None  # the view is one of cur_name's
             prev = _outcomes(indexed, prev_name, view)
             base = _outcomes(indexed, first, view)
             if prev is not None:

@@ -26,10 +26,13 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluation.ood_views import HARNESS_KEY, split_tau2_id
 from evaluation.records import TaskResult
+
+if TYPE_CHECKING:
+    from env_pool.ood.openai_server import ChatServer
 
 AGENT_NAME, USER_NAME = "seal-policy", "seal-user-simulator"  # model names on the local endpoint
 TAU2_OUTCOMES = {
@@ -72,14 +75,13 @@ class OodRunner:
     def __init__(self, generator: Any, sampling: Any, *, snapshot: str, seed: int, details: Path | None = None) -> None:
         self.generator, self.sampling, self.snapshot, self.seed = generator, sampling, snapshot, seed
         self.details = details
-        self._agent: TokenCounter | None = None
-        self._user: TokenCounter | None = None
-        self._server = None
+        self._counters: tuple[TokenCounter, TokenCounter] | None = None  # the agent's and the user's
+        self._server: ChatServer | None = None
         self._memory: dict[str, Any] = {}  # backend -> MemoryRun of this snapshot
         self._played: dict[str, set[str]] = {}  # backend -> scenarios whose chain this snapshot played
 
     def _chat(self) -> tuple[TokenCounter, TokenCounter]:
-        if self._agent is None:
+        if self._counters is None:
             from evaluation.ood_backend import GeneratorChat
             from rollout.generator import SamplingConfig
 
@@ -89,8 +91,8 @@ class OodRunner:
                 SamplingConfig(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
                 seed=self.seed,
             )
-            self._agent, self._user = TokenCounter(chat), TokenCounter(chat)
-        return self._agent, self._user
+            self._counters = TokenCounter(chat), TokenCounter(chat)
+        return self._counters
 
     def run(self, env: Mapping[str, Any], view: str, task_id: str) -> TaskResult:
         t0 = time.perf_counter()
@@ -136,7 +138,8 @@ class OodRunner:
         agent, user = self._chat()
         if self._server is None:
             self._server = ChatServer({AGENT_NAME: agent, USER_NAME: user})
-        agent.reset(), user.reset()
+        agent.reset()
+        user.reset()
         r = tau2.run_episode(
             domain,
             tid,

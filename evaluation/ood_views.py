@@ -18,7 +18,7 @@ result cache key like any env config. evaluation/ood_runner.py runs them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from env_pool.ood import AVAILABLE_VIEWS, MEMORY_LABEL, TAU2_SIMULATOR_NOTE, UNAVAILABLE_VIEWS, VIEW_TARGETS
 from evaluation.records import OOD_TEST
@@ -81,8 +81,8 @@ def harness_env(view: str) -> dict[str, Any]:
     return env
 
 
-def is_harness(env: Mapping[str, Any] | None) -> bool:
-    return bool(env) and HARNESS_KEY in env
+def is_harness(env: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
+    return env is not None and HARNESS_KEY in env
 
 
 def view_task_ids(view: str) -> list[str]:

@@ -39,7 +39,8 @@ def step_tag(step: int) -> str:
 
 def tags_to_prune(names: list[str], keep: int) -> list[str]:
     """The step tags beyond the newest ``keep`` (by step number); other names are never touched."""
-    tags = sorted((n for n in names if _TAG.fullmatch(n)), key=lambda n: int(_TAG.fullmatch(n)[1]))
+    steps = {n: int(m[1]) for n in names if (m := _TAG.fullmatch(n))}
+    tags = sorted(steps, key=steps.__getitem__)
     return tags[:-keep] if keep > 0 else []
 
 

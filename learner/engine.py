@@ -52,7 +52,7 @@ class Learner:
         from weights.precision import choose_dtype
 
         model_path = str(resolve_model(model_path))
-        self._hf_ds_config = None
+        self._hf_ds_config: Any = None  # transformers' HfDeepSpeedConfig under ZeRO-3 (_init_deepspeed)
         self._owns_group = False  # shares the process group init_distributed formed here: close releases it
         self.cfg = cfg
         # The resolved compute dtype; "bfloat16" runs the forwards under autocast (``_autocast``).
@@ -90,10 +90,11 @@ class Learner:
         if cfg.backend == "deepspeed":
             self._init_deepspeed(model_path)
         else:
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).train()
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            model = model.to(self.device).train()  # type: ignore[arg-type]  # transformers types .to oddly
             self.model = self._prepare_policy_model(model)
             self.optimizer = make_optimizer(cfg, trainable_parameters(self.model), self._phase_box)
-            self.engine = None
+            self.engine: Any = None  # DeepSpeed's engine (_init_deepspeed); None: plain torch
         # The KL reference: none when the KL term is off; under LoRA the policy with its adapter disabled.
         self.ref = (
             build_reference(model_path, self.cfg, self.dtype, self.device, self._hf_ds_config, self.model)
@@ -156,7 +157,7 @@ class Learner:
         self._checkpointing = False
         if self.cfg.gradient_checkpointing:
             model.config.use_cache = False
-        if lora_on(self.cfg):
+        if self.cfg.lora is not None and lora_on(self.cfg):
             model = add_adapter(model, self.cfg.lora)
         if self.cfg.gradient_checkpointing:
             self._set_checkpointing(model, True)
@@ -439,7 +440,7 @@ class Learner:
         from learner.process_group import release_distributed
 
         for engine in (self.engine, self.ref):
-            if hasattr(engine, "destroy"):  # DeepSpeed's (the reference's too under ZeRO-3)
+            if engine is not None and hasattr(engine, "destroy"):  # DeepSpeed's (the reference's too under ZeRO-3)
                 engine.destroy()
         self.engine = self.ref = self._hf_ds_config = None  # later from_pretrained calls load whole models
         if self._owns_group:

@@ -18,7 +18,10 @@ mini-batch split into micro-batches sums to the same loss whatever the split.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # token-mean: one mean over every scored token of the mini-batch (DAPO, verl's
 # default); seq-mean-token-mean: a token mean per sequence, averaged over the
@@ -109,16 +112,16 @@ def off_policy_weights(old_logp: Any, behaviour_logp: Any, mask: Any, cfg: LossC
 
 
 def policy_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
     cfg: LossConfig,
-    ref_logp=None,
-    entropy=None,
+    ref_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
     token_normalizer: float | None = None,
-    token_weights=None,
-    is_weights=None,
+    token_weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """All tensors [batch, tokens]; ``advantages`` broadcast per token; ``mask`` 1 on model tokens.
 
@@ -150,7 +153,7 @@ def policy_loss(
     loss = pg_loss
     clipped_any = (loss2 > loss1).to(logp.dtype)
 
-    def token_mean(x) -> float:
+    def token_mean(x: Tensor) -> float:
         return float((x.detach().to(logp.dtype) * mask).sum() / n_tokens)
 
     metrics = {

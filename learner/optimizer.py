@@ -34,6 +34,7 @@ def make_optimizer(cfg: Any, params: Any, box: StepBox) -> Any:
     """``cfg``: a LearnerConfig. DeepSpeed's ZeRO optimizer calls the wrapped step too."""
     import torch
 
+    optimizer: torch.optim.Optimizer
     if cfg.optimizer == "sgd":
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.0, weight_decay=cfg.weight_decay)
     else:
@@ -48,5 +49,5 @@ def make_optimizer(cfg: Any, params: Any, box: StepBox) -> Any:
         with box.clock.phase("optimizer"):
             return step(*args, **kwargs)
 
-    optimizer.step = held_or_timed_step
+    optimizer.step = held_or_timed_step  # type: ignore[method-assign]  # the step, held or timed
     return optimizer

@@ -25,7 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.nn import Module
 
 ATTENTION = "seal_shared_prefix"
 LAYOUT_KWARG = "seal_packed_rows"  # forward kwarg transformers passes down to the attention function
@@ -166,8 +170,15 @@ def _row_layout(prefix: int, length: int, spans: list[tuple[int, int]], device: 
 
 
 def shared_prefix_attention(
-    module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
-):
+    module: Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
     """transformers attention function (query [B, H, W, D], key/value [B, KVH, W, D] -> [B, W, H, D], None).
 
     Without a packed layout in the kwargs (an ordinary right-padded batch) it
@@ -208,7 +219,16 @@ def shared_prefix_attention(
     return torch.cat(outputs, dim=0), None
 
 
-def _continuations(module, q, k, v, row: RowLayout, dropout: float, scaling: float | None, kwargs) -> Any:
+def _continuations(
+    module: Module,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    row: RowLayout,
+    dropout: float,
+    scaling: float | None,
+    kwargs: dict[str, Any],
+) -> Any:
     """The continuations' attention outputs [length - prefix, H, D] in row order, from one row's
     q [H, W, D] and k/v [KVH, W, D]: each continuation's queries against the prefix and itself."""
     import torch
@@ -241,7 +261,7 @@ def _continuations(module, q, k, v, row: RowLayout, dropout: float, scaling: flo
     return out.reshape(-1, out.shape[2], out.shape[3])[row.continuation_valid][None]
 
 
-def _split_continuations(q, k, v, row: RowLayout, scaling: float | None) -> Any:
+def _split_continuations(q: Tensor, k: Tensor, v: Tensor, row: RowLayout, scaling: float | None) -> Any:
     """``_continuations`` on CPU: two unmasked flash blocks merged (learner/split_attention.py)."""
     import torch
 
@@ -267,7 +287,7 @@ def _split_continuations(q, k, v, row: RowLayout, scaling: float | None) -> Any:
     return out.transpose(1, 2)
 
 
-def use_shared_prefix_attention(model) -> None:
+def use_shared_prefix_attention(model: Any) -> None:  # a transformers PreTrainedModel
     """Route ``model``'s attention through ``shared_prefix_attention`` (SDPA underneath)."""
     from transformers import AttentionInterface
 

@@ -20,12 +20,15 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from learner.call_order import CallOrder
 from learner.engine import Learner
 from learner.group import RankShard, Rendezvous, join_group
 from learner.step_result import StepResult
+
+if TYPE_CHECKING:
+    from learner.weight_broadcast import WeightBroadcaster
 
 
 @functools.cache
@@ -66,10 +69,17 @@ class LearnerRank:
 
             torch.set_num_threads(threads)
         self.learner: Learner | None = None
-        self.broadcaster = None  # rank 0 of the weight group, when generators take weights by broadcast
+        # Rank 0 of the weight group, when generators take weights by broadcast.
+        self.broadcaster: WeightBroadcaster | None = None
         self.rank = -1
         self.order = CallOrder(f"learner pid {os.getpid()}")
         self.wait_s = 3600.0  # how long a call waits for the one before it: the group's step timeout, set in start
+
+    def _started(self) -> Learner:
+        """This rank's learner; an ordered call before ``start`` built it is the driver's mistake."""
+        if self.learner is None:
+            raise RuntimeError(f"{self.order.name}: called before start built its learner")
+        return self.learner
 
     # ------------------------------------------------------------------ probes (no ticket)
     def address(self) -> tuple[str, int]:
@@ -121,7 +131,7 @@ class LearnerRank:
         policy_version: int | None,
     ) -> StepResult:
         with self.order.turn(ticket, "train step", self.wait_s):
-            out = self.learner.train_batch(
+            out = self._started().train_batch(
                 shard.trajectories,
                 tag_weights,
                 group_weights,
@@ -133,19 +143,20 @@ class LearnerRank:
 
     def canary_logprobs(self, ticket: int, token_ids: list[int]) -> list[float]:
         with self.order.turn(ticket, "weight canary", self.wait_s):
-            return self.learner.canary_logprobs(token_ids)
+            return self._started().canary_logprobs(token_ids)
 
     def weights(self, ticket: int, dtype: str | None = None):
         """The generator's weights in its ``dtype`` (None: fp32 as trained), put into the object
         store bucket by bucket: rank 0 returns the ``WeightManifest`` (weights/buckets.py),
         the other ranks of a group join the gathers and return None."""
         with self.order.turn(ticket, "weight gather", self.wait_s):
-            return self.learner.weights_out.weight_manifest(dtype)
+            return self._started().weights_out.weight_manifest(dtype)
 
     def save_snapshot(self, ticket: int, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""
         with self.order.turn(ticket, "snapshot", self.wait_s):
-            path, seconds = self.learner.weights_out.save_snapshot(out_dir, version, self.learner.step)
+            learner = self._started()
+            path, seconds = learner.weights_out.save_snapshot(out_dir, version, learner.step)
             _release_free_memory()
             return str(path), seconds
 
@@ -165,26 +176,26 @@ class LearnerRank:
                 self.broadcaster = None
             cast = getattr(torch, dtype) if dtype else None
             self.broadcaster = WeightBroadcaster(
-                host, port, world_size, backend, dtype=cast, timeout_s=self.learner.timeout_s
+                host, port, world_size, backend, dtype=cast, timeout_s=self._started().timeout_s
             )
-            return [m.to_wire() for m in self.learner.weights_out.weight_metadata(cast)]
+            return [m.to_wire() for m in self._started().weights_out.weight_metadata(cast)]
 
     def broadcast_weights(self, ticket: int) -> float:
         """Rank 0 sends over the weight group; the other ranks only join the ZeRO-3 bucket gathers."""
         with self.order.turn(ticket, "weight broadcast", self.wait_s):
             if self.rank == 0 and self.broadcaster is None:
                 raise RuntimeError("broadcast_weights before join_weight_group")
-            return self.learner.weights_out.broadcast_weights(self.broadcaster if self.rank == 0 else None)
+            return self._started().weights_out.broadcast_weights(self.broadcaster if self.rank == 0 else None)
 
     def save_checkpoint(self, ticket: int, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
         with self.order.turn(ticket, "checkpoint", self.wait_s):
-            saved = str(self.learner.save_checkpoint(path, extra, keep))
+            saved = str(self._started().save_checkpoint(path, extra, keep))
             _release_free_memory()
             return saved
 
     def load_checkpoint(self, ticket: int, path: str) -> dict[str, Any]:
         with self.order.turn(ticket, "resume", self.wait_s):
-            return self.learner.load_checkpoint(path)
+            return self._started().load_checkpoint(path)
 
     def param_share(self, ticket: int) -> dict[str, int]:
         """Parameters this rank holds, from the partitioned tensors (ZeRO-3: ds_tensor), against the
@@ -198,8 +209,9 @@ class LearnerRank:
             return held, total
 
         with self.order.turn(ticket, "parameter count", self.wait_s):
-            held, total = count(self.learner.model)
-            ref = self.learner.ref
+            learner = self._started()
+            held, total = count(learner.model)
+            ref = learner.ref
             ref_held, ref_total = count(getattr(ref, "module", ref)) if ref is not None else (0, 0)
             return {"held": held, "total": total, "ref_held": ref_held, "ref_total": ref_total}
 

@@ -17,10 +17,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from learner.batch import Sample
 from learner.loss import is_weight_stats, mismatch_stats
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,14 @@ class StepStats:
         return bool(s.policy_versions) and all(v == self.policy_version for v in s.policy_versions)
 
     def add_micro(
-        self, loss_metrics: dict[str, float], micro: Sequence[Sample], behaviour, learner_old, mask, is_w=None, cut=None
+        self,
+        loss_metrics: dict[str, float],
+        micro: Sequence[Sample],
+        behaviour: Tensor,
+        learner_old: Tensor,
+        mask: Tensor,
+        is_w: Tensor | None = None,
+        cut: Tensor | None = None,
     ) -> None:
         mini = self._minis[-1]
         for key, value in loss_metrics.items():

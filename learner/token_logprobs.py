@@ -125,17 +125,18 @@ def _fn():
                         ge = grad_entropy[a:b, None].float()
                         g = p * (logp_all.add_(entropy[a:b, None]).mul_(-ge) + (coef if coef is not None else 0.0))
                     else:
+                        assert coef is not None  # no entropy gradient: the logprob one is given (see above)
                         g = p.mul_(coef)  # in place: p is not needed again
                     if grad_logp is not None:
                         g.scatter_add_(1, targets[a:b, None], grad_logp[a:b, None].float())
                     g = g.to(h.dtype)
-                    if need_h:
+                    if grad_h is not None:  # need_h
                         grad_h[a:b] = (g @ w).float()
-                    if need_w:
+                    if grad_w is not None:  # need_w
                         _accumulate(grad_w, g, h[a:b])
             return (
-                grad_h.to(ctx.dtypes[0]) if need_h else None,
-                grad_w.to(ctx.dtypes[1]) if need_w else None,
+                grad_h.to(ctx.dtypes[0]) if grad_h is not None else None,
+                grad_w.to(ctx.dtypes[1]) if grad_w is not None else None,
                 None,
                 None,
                 None,

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from replay.auth import ClientKeys, CurveGuard, RunKeys
 from replay.messages import Trajectory
@@ -141,7 +142,7 @@ class ReplayCounters:
     server: ServerStats  # frames, bytes, refusals, backpressure, by peer
 
 
-def _peer_address(msg) -> str:
+def _peer_address(msg: Any) -> str:  # a zmq.Frame
     try:
         return msg.get("Peer-Address")
     except Exception:  # a transport without it (ipc://, inproc://) or an older libzmq

@@ -26,7 +26,7 @@ from env_pool.interface.state import RAW_INTERFACE, InterfaceState
 from replay.control_messages import GroupStats
 from replay.messages import InfraFault, Segment, Trajectory
 from rollout.chat import ChatBuildError, ChatTokenizer
-from rollout.generator import GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
+from rollout.generator import GenerationOutput, GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 
 MIN_NEW_TOKENS = 8  # below this much room left, the episode ends as context overflow
 
@@ -192,7 +192,7 @@ class _Play:
     seed: int | None
     deadline: float | None  # perf_counter() past which an episode ends as an infra fault; None: no budget
 
-    def generate(self, requests: list[GenerationRequest]):
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         """The generator's outputs, or _DeadlinePassed once the episodes' budget is spent
         (the call then goes on in the background; its output is never read)."""
         if self.deadline is None:
@@ -215,7 +215,7 @@ class _Play:
             raise _DeadlinePassed()
         if "exc" in box:
             raise box["exc"]  # type: ignore[misc]
-        return box["out"]
+        return box["out"]  # type: ignore[return-value]  # call() put the generator's outputs there
 
 
 class _DeadlinePassed(Exception):
@@ -290,7 +290,7 @@ def _result(ep: _Episode, task_id: str) -> EpisodeResult:
     )
 
 
-def _apply(ep: _Episode, req: GenerationRequest, out, play: _Play, elapsed: float) -> None:
+def _apply(ep: _Episode, req: GenerationRequest, out: GenerationOutput, play: _Play, elapsed: float) -> None:
     """One generated turn into the episode: its tokens (a segment per policy version), the env's step, the reply."""
     chat, sampling = play.chat, play.sampling
     ep.generate_s += elapsed

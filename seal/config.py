@@ -8,9 +8,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 from learner.config import LearnerConfig
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def config_dir() -> Path:
@@ -20,7 +23,7 @@ def config_dir() -> Path:
     return path
 
 
-def compose(overrides: list[str], config_name: str = "config"):
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -69,13 +72,13 @@ def _misspelt(text: str, overrides: list[str], config_name: str) -> str | None:
     return None
 
 
-def did_you_mean(cfg, key: str) -> str:
+def did_you_mean(cfg: DictConfig, key: str) -> str:
     """'; did you mean A or B?' for the keys of ``cfg`` closest to ``key`` (dotted), or ''."""
     import difflib
 
     from omegaconf import OmegaConf
 
-    def keys(node, prefix: str = "") -> list[str]:
+    def keys(node: Any, prefix: str = "") -> list[str]:
         if not isinstance(node, dict):
             return []
         out = []
@@ -104,7 +107,7 @@ def instantiate(node, **kwargs):
         raise ValueError(f"bad config for {OmegaConf.select(node, '_target_')}: {cause}") from None
 
 
-def instantiate_spec(spec: dict):
+def instantiate_spec(spec: dict) -> Any:
     """Build a component from a resolved plain-dict config (what crosses into a
     Ray actor: OmegaConf nodes are resolved in the driver first)."""
     from omegaconf import OmegaConf
@@ -117,7 +120,7 @@ def _at_least(low: int | float, why: str = "") -> Any:
     return field(metadata={"min": low, "why": why})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # built from a mapping: fields in the YAML's order
 class TrainerConfig:
     """The ``trainer:`` group, typed. Its values are written once, in configs/config.yaml (recipes,
     algos and ablations override some); this class says what each must be, so a bad one is one
@@ -154,11 +157,11 @@ class TrainerConfig:
             raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
 
     @classmethod
-    def of(cls, cfg) -> TrainerConfig:
+    def of(cls, cfg: DictConfig) -> TrainerConfig:
         """From a composed config's ``trainer`` node (resolved)."""
         from omegaconf import OmegaConf
 
-        return cls.from_mapping(OmegaConf.to_container(cfg.trainer, resolve=True))
+        return cls.from_mapping(_mapping(OmegaConf.to_container(cfg.trainer, resolve=True)))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainerConfig:
@@ -188,7 +191,7 @@ class TrainerConfig:
         return 0 if self.sync else self.max_staleness
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # built from a mapping: fields in the YAML's order
 class LearnerGroupConfig:
     """The ``learner:`` group, typed: its ranks, their bounds, and ``cfg``, the learner's own settings
     (learner/config.py LearnerConfig, built here from the same node as each rank builds it, so the
@@ -226,7 +229,7 @@ class LearnerGroupConfig:
         return "nccl" if self.device == "cuda" else "gloo"
 
     @classmethod
-    def of(cls, cfg) -> LearnerGroupConfig:
+    def of(cls, cfg: DictConfig) -> LearnerGroupConfig:
         """From a composed config's ``learner`` node."""
         return cls.from_spec(_container(cfg, "learner"))
 
@@ -238,7 +241,7 @@ class LearnerGroupConfig:
         return cls(**{n: spec[n] for n in names}, cfg=instantiate_spec(dict(spec["cfg"])))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # built from a mapping: fields in the YAML's order
 class GeneratorConfig:
     """The ``generator:`` group, typed: every key of configs/generator/'s options. The keys every
     option writes are required (one missing is an error here, never a default); the others are
@@ -289,7 +292,7 @@ class GeneratorConfig:
         return self.BLOCKING_UPDATE_TIMEOUT_S if self.update_timeout_s is None else self.update_timeout_s
 
     @classmethod
-    def of(cls, cfg) -> GeneratorConfig:
+    def of(cls, cfg: DictConfig) -> GeneratorConfig:
         return cls.from_spec(_container(cfg, "generator"))
 
     @classmethod
@@ -297,7 +300,8 @@ class GeneratorConfig:
         """From the resolved ``generator`` node; keys of a user's engine beyond these are its own."""
         keys = [f.name for f in fields(cls) if f.name not in cls.OPTIONAL]
         values = _required(node, "generator", {k: "_target_" if k == "target" else k for k in keys})
-        return cls(**values, **{k: node.get(k) for k in cls.OPTIONAL})
+        optional: dict[str, Any] = {k: node.get(k) for k in cls.OPTIONAL}  # None: an option leaves it out
+        return cls(**values, **optional)
 
 
 @dataclass(frozen=True)
@@ -318,10 +322,11 @@ class ModelConfig:
         _check_fields(self, {f.name: f"model.{f.name}" for f in fields(self)})
 
     @classmethod
-    def of(cls, cfg) -> ModelConfig:
+    def of(cls, cfg: DictConfig) -> ModelConfig:
         node = _container(cfg, "model")
         values = _required(node, "model", {"path": "path", "max_model_len": "max_model_len"})
-        return cls(**values, **{k: node.get(k) for k in cls.OPTIONAL})
+        optional: dict[str, Any] = {k: node.get(k) for k in cls.OPTIONAL}  # None: an option leaves it out
+        return cls(**values, **optional)
 
 
 @dataclass(frozen=True)
@@ -336,7 +341,7 @@ class Settings:
     recipe: str | None  # recipe.name (None: no recipe)
 
     @classmethod
-    def of(cls, cfg) -> Settings:
+    def of(cls, cfg: DictConfig) -> Settings:
         from omegaconf import OmegaConf
 
         recipe = OmegaConf.select(cfg, "recipe.name")
@@ -345,7 +350,7 @@ class Settings:
         return cls(trainer, LearnerGroupConfig.of(cfg), GeneratorConfig.of(cfg), model, recipe and str(recipe))
 
 
-def _container(cfg, group: str) -> dict[str, Any]:
+def _container(cfg: DictConfig, group: str) -> dict[str, Any]:
     """The resolved ``group`` node; a key left at ``???`` is one line naming it."""
     import re
 
@@ -359,6 +364,13 @@ def _container(cfg, group: str) -> dict[str, Any]:
     except InterpolationToMissingValueError as exc:  # e.g. learner.model_path: ${model.path}
         missing = re.search(r"Missing mandatory value: (\S+)", str(exc))
         raise ValueError(f"{missing[1] if missing else exc.full_key} must be set ({exc.full_key} reads it)") from None
+
+
+def _mapping(node: object) -> dict[str, Any]:
+    """A resolved config node that must be a mapping (OmegaConf.to_container's type admits lists)."""
+    if not isinstance(node, dict):
+        raise ValueError(f"expected a mapping of settings, got {type(node).__name__}")
+    return node
 
 
 def _required(node: Mapping[str, Any], group: str, paths: Mapping[str, str]) -> dict[str, Any]:
@@ -382,18 +394,18 @@ def _check_fields(obj: Any, keys: Mapping[str, str]) -> None:
         object.__setattr__(obj, f.name, _checked(keys[f.name], hints[f.name], getattr(obj, f.name), f.metadata))
 
 
-def recorded_trainer(node) -> dict[str, Any]:
+def recorded_trainer(node: DictConfig) -> dict[str, Any]:
     """A run's recorded trainer settings (RUN_DIR/config.yaml) as TrainerConfig takes them: a
     setting the run predates reads as configs/config.yaml has it now, and one since retired
     (e.g. max_filtered_per_step) is left out; the run's own values win."""
     from omegaconf import OmegaConf
 
-    today = OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").trainer, resolve=True)
-    recorded = OmegaConf.to_container(node, resolve=True)
+    today = _mapping(OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").trainer, resolve=True))
+    recorded = _mapping(OmegaConf.to_container(node, resolve=True))
     return {**today, **{k: v for k, v in recorded.items() if k in today}}
 
 
-def rebase_targets(node) -> int:
+def rebase_targets(node: DictConfig) -> int:
     """A run recorded before a module moved names classes by their old paths (``_target_`` in
     RUN_DIR/config.yaml): each that no longer imports is pointed at the class of the same name in
     today's configs/, found by reading them. Returns how many were re-pointed."""
@@ -417,7 +429,7 @@ def rebase_targets(node) -> int:
 
     moved = 0
 
-    def walk(n) -> None:
+    def walk(n: Any) -> None:
         nonlocal moved
         if isinstance(n, DictConfig):
             target = n.get("_target_") if "_target_" in n else None

@@ -25,7 +25,7 @@ actors/generation/weight_worker.py; the learner's side is learner/weight_broadca
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -329,7 +329,9 @@ class WeightGroup:
         done.record(stream)
         self._wait(done.query, self._nccl_async_error, what, bound, deadline)
 
-    def _wait(self, finished, error, what: str, bound: float, deadline: float) -> None:
+    def _wait(
+        self, finished: Callable[[], bool], error: Callable[[], object], what: str, bound: float, deadline: float
+    ) -> None:
         """Wait for the operation just queued (``finished()``) until ``deadline`` (monotonic; ``bound``
         seconds from its start), watching ``error()`` (NCCL's asynchronous error) and, on a receiver,
         rank 0's word that it gave the round up."""

@@ -19,7 +19,8 @@ from env_pool.tags import SCALE_MAX, SCALE_MIN
 
 
 class HasCounts(Protocol):
-    count: int
+    @property
+    def count(self) -> int: ...
 
     @property
     def reward_mean(self) -> float: ...

@@ -111,10 +111,11 @@ class AsyncVllmGenerator(Generator):
         self.counters = ReplicaCounters()
         self._engine: Any = None
         self._stop_ids: list[int] = []  # the family's end set, read from the engine's tokenizer at start
+        # Made on the actor's event loop with the engine (``_ready``): asyncio's locks bind to it.
         self._start_lock: asyncio.Lock | None = None
-        self._update_lock: asyncio.Lock | None = None
-        self._serving: asyncio.Event | None = None  # clear while an update (or a restart's first weights) is pending
-        self._no_update: asyncio.Event | None = None  # clear while an update runs (the canary waits for it)
+        self._update_lock: asyncio.Lock
+        self._serving: asyncio.Event  # clear while an update (or a restart's first weights) is pending
+        self._no_update: asyncio.Event  # clear while an update runs (the canary waits for it)
         self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
         self._group_ready = False
         self._awaiting_weights = await_weights or restarted_by_ray()
@@ -157,7 +158,9 @@ class AsyncVllmGenerator(Generator):
         return self._engine.get_tokenizer()
 
     # --------------------------------------------------------- generation
-    async def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[GenerationOutput]:
+    async def generate(  # type: ignore[override]  # a coroutine: the class doc says why
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
+    ) -> list[GenerationOutput]:
         """Every request goes to the engine at once and is served as it finishes; the call returns when
         all of them have. A coroutine. Unlike the interface's promise, an update may land during the call
         (modes keep and abort, or a pause drain past its bound): such an output carries one span per
@@ -246,7 +249,7 @@ class AsyncVllmGenerator(Generator):
         )
 
     # ------------------------------------------------------------ weights
-    async def update_weights(
+    async def update_weights(  # type: ignore[override]  # a coroutine, with the update mode
         self, version: int, source: str | Mapping[str, Any] | WeightManifest, mode: str | None = None
     ) -> float:
         """Load new weights under ``mode`` (default: the configured update_mode); seconds taken. ``source``:
@@ -430,6 +433,7 @@ class AsyncVllmGenerator(Generator):
             self, TokensPrompt(prompt_token_ids=list(token_ids)), params, f"canary-{time.monotonic_ns()}", self._version
         ):
             final = out
+        assert final is not None, "the engine's stream ended without an output"
         steps = final.prompt_logprobs or []
         return [float(step[tok].logprob) for tok, step in zip(token_ids[1:], steps[1:])]
 
@@ -468,7 +472,7 @@ class AsyncVllmGenerator(Generator):
         if self._engine is not None and self._engine.errored:
             raise ReplicaEngineDead(f"generator replica (pid {os.getpid()}): its vLLM engine core is dead")
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # type: ignore[override]
         """A coroutine, unlike the interface's: like every call that touches the engine it runs on the
         actor's event loop, so it never lands halfway through another call's use of the engine."""
         engine, self._engine = self._engine, None

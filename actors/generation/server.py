@@ -113,14 +113,14 @@ class GeneratorServer:
         generators with weight_sync=broadcast); blocks until every member has joined (``timeout_s``)."""
         return self._on_engine(
             "call",
-            lambda: self.generator.init_weight_group(
+            lambda: self.generator.init_weight_group(  # type: ignore[attr-defined]  # the vLLM engine's
                 host, port, world_size, rank=rank, backend=backend, timeout_s=timeout_s
             ),
         )
 
     def update_weights_from_group(self, version: int, metadata: list) -> float:
         """Receive one broadcast round from the learner (sent concurrently)."""
-        return self._on_engine("update", lambda: self.generator.update_weights_from_group(version, metadata))
+        return self._on_engine("update", lambda: self.generator.update_weights_from_group(version, metadata))  # type: ignore[attr-defined]
 
     def _on_engine(self, kind: str, fn: Callable[[], Any]) -> Any:
         job = _Job(kind, (fn,))
@@ -132,7 +132,7 @@ class GeneratorServer:
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The weight-sync canary, between batches like every engine call."""
-        return self._on_engine("call", lambda: self.generator.prompt_logprobs(token_ids))
+        return self._on_engine("call", lambda: self.generator.prompt_logprobs(token_ids))  # type: ignore[attr-defined]
 
     def dtype(self) -> str:
         """The generator's resolved dtype (bfloat16 | float32): the learner sends weights in it."""
@@ -168,6 +168,7 @@ class GeneratorServer:
         else ends the batch and is held for the next one (arrival order kept),
         so versions only move between engine calls."""
         first = self._next_job(block=True)
+        assert first is not None  # a blocking take always has one
         if first.kind != "generate":
             return [first]
         batch, size = [first], len(first.args[0])

@@ -128,7 +128,8 @@ class VllmGenerator(Generator):
         for req, res in zip(requests, results):
             out = res.outputs[0]
             ids = list(out.token_ids)
-            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
+            # logprobs=0 asks one per sampled token: vLLM gives each a dict (typed Optional for prompts).
+            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or []) if step is not None]
             if len(logprobs) != len(ids):
                 raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(ids)} tokens")
             outputs.append(
@@ -242,7 +243,8 @@ class VllmGenerator(Generator):
         prompt = [TokensPrompt(prompt_token_ids=list(token_ids))]
         res = self._llm.generate(prompt, params, use_tqdm=False, lora_request=self.adapters.current)[0]
         steps = res.prompt_logprobs or []
-        return [float(step[tok].logprob) for tok, step in zip(list(token_ids)[1:], steps[1:])]
+        # The first prompt token has no logprob (None); every later one has its dict.
+        return [float(step[tok].logprob) for tok, step in zip(list(token_ids)[1:], steps[1:]) if step is not None]
 
     def reset_prefix_cache(self) -> None:
         self._llm.reset_prefix_cache()
@@ -250,5 +252,5 @@ class VllmGenerator(Generator):
     def close(self) -> None:
         llm = getattr(self, "_llm", None)
         if llm is not None:
-            self._llm = None
+            del self._llm  # closed: getattr above finds none the next time
             del llm

@@ -23,6 +23,7 @@ worker through the worker extension (actors/generation/weight_worker.py imports 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -78,6 +79,9 @@ def update_info(metadata) -> dict:
     }
 
 
+if TYPE_CHECKING:
+    from weights.group import WeightGroup
+
 try:  # the engine classes need vLLM; the helpers above do not
     from vllm.distributed.weight_transfer.base import (
         WeightTransferEngine,
@@ -85,7 +89,7 @@ try:  # the engine classes need vLLM; the helpers above do not
         WeightTransferUpdateInfo,
     )
 except ImportError:  # pragma: no cover - vLLM is part of every install of this repo
-    WeightTransferEngine = WeightTransferInitInfo = WeightTransferUpdateInfo = object
+    WeightTransferEngine = WeightTransferInitInfo = WeightTransferUpdateInfo = object  # type: ignore[misc, assignment]
 
 
 @dataclass
@@ -122,7 +126,7 @@ class GlooWeightTransferEngine(WeightTransferEngine):
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
-        self.group = None
+        self.group: WeightGroup | None = None
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         from weights.group import WeightGroup
@@ -163,7 +167,7 @@ class GlooWeightTransferEngine(WeightTransferEngine):
             for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
                 weight = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
                 self.group.broadcast(weight, name)
-                self.model.load_weights([(name, weight)])
+                self.model.load_weights([(name, weight)])  # type: ignore[operator]  # vLLM's model; the base types nn.Module
         except BaseException:
             # vLLM calls finish_weight_update only after a receive that returned: a round that failed
             # would leave the layerwise reload open, and the next round's start_weight_update would

@@ -11,7 +11,7 @@ every reload (``refresh_tied_cpu_weights``, see actors/generation/weight_transfe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +43,17 @@ class WeightSyncExtension:
     vLLM refuses an extension whose attribute names clash with the worker's,
     hence the ``_seal_`` prefix on state.
     """
+
+    # What the mixin reads of vLLM's worker (declared for the type checker; the worker defines them).
+    device: torch.device
+    vllm_config: Any
+    model_runner: Any
+
+    if TYPE_CHECKING:
+
+        def get_model(self) -> Any: ...  # the vLLM model (load_weights, ...)
+
+        def reload_weights(self, *args: Any, **kwargs: Any) -> Any: ...
 
     def refresh_tied_weights(self) -> int:
         return refresh_tied_cpu_weights(self.get_model())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from env_pool import tags as T
 from env_pool.interface.state import InterfaceState
@@ -66,7 +67,17 @@ class TagStat:
         return self.reward_sum / self.count if self.count else 0.0
 
 
-def select_guidelines(profile: Mapping[str, TagStat], policy: GuidelinePolicy = GuidelinePolicy()) -> tuple[str, ...]:
+class TagTally(Protocol):
+    """What a profile's entry gives: TagStat, or the coordinator's TagCounts."""
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def reward_mean(self) -> float: ...
+
+
+def select_guidelines(profile: Mapping[str, TagTally], policy: GuidelinePolicy = GuidelinePolicy()) -> tuple[str, ...]:
     total = sum(s.count for tag, s in profile.items() if tag not in _NOT_FAILURES)
     if total <= 0:
         return ()
@@ -87,8 +98,8 @@ def select_guidelines(profile: Mapping[str, TagStat], policy: GuidelinePolicy = 
 
 def evolve(
     state: InterfaceState,
-    profile: Mapping[str, TagStat],
-    category_profiles: Mapping[str, Mapping[str, TagStat]] | None = None,
+    profile: Mapping[str, TagTally],
+    category_profiles: Mapping[str, Mapping[str, TagTally]] | None = None,
     policy: GuidelinePolicy = GuidelinePolicy(),
 ) -> InterfaceState:
     """Omega_{t+1} = Evolve(Omega_t, C_t): a new version only when guidelines change."""

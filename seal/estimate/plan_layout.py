@@ -74,7 +74,7 @@ def hardware_nodes(hw: Hardware) -> list[Node]:
 
 def nodes_from_ray(ray_nodes: Sequence[Mapping[str, Any]], gpu_gb: float | None = None) -> list[Node]:
     """Alive nodes of ``ray.nodes()``: their resources (memory in GB), GPU size from ``gpu_gb`` (Ray does not report it)."""
-    out = []
+    out: list[Node] = []
     for n in ray_nodes:
         if not n.get("Alive", True):
             continue
@@ -202,7 +202,7 @@ def query_cluster(address: str, timeout_s: float = 20.0) -> list[dict[str, Any]]
             import ray
 
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(address=address, log_to_driver=False, logging_level="error")
+            ray.init(address=address, log_to_driver=False, logging_level="error")  # type: ignore[arg-type]  # a name works too
             result["nodes"] = ray.nodes()
             ray.shutdown()
         except Exception as exc:  # reported as one line

@@ -146,7 +146,7 @@ class Dispatcher:
             )
         return out
 
-    def _done(self, ref) -> None:
+    def _done(self, ref: Any) -> None:  # a finished run_group's ObjectRef
         import ray
 
         from rollout.generator import GeneratorUnavailable

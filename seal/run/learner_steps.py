@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.control_messages import TagSummary
+from replay.messages import Trajectory
 from seal.config import TrainerConfig
 from seal.run.progress import learner_work
 from seal.run.step_metrics import StepOutcome
@@ -61,7 +63,7 @@ class LearnerSteps:
                 return skipped
         return self._maybe_finish()
 
-    def _record_tags(self, trajs) -> None:
+    def _record_tags(self, trajs: Sequence[Trajectory]) -> None:
         self.actors.coordinator.record.remote(
             [
                 TagSummary(

@@ -48,6 +48,10 @@ from seal.runtime.storage import record_storage, resume_checkpoint, run_storage
 class Pipeline:
     # The weight publisher's class (seal/commands/rehearse_probe.py uses one that records the weight groups it forms).
     publisher_type: type[WeightPublisher] = WeightPublisher
+    # Set as __init__ starts each (absent before: close() after a failed start skips them).
+    replay: ReplayServer
+    actors: ActorSet
+    control: ControlServer
 
     def __init__(
         self,
@@ -91,9 +95,6 @@ class Pipeline:
             self.skipped_overlong,
         )
         self.keys: RunKeys | None = None
-        self.replay: ReplayServer | None = None
-        self.actors: ActorSet | None = None
-        self.control: ControlServer | None = None
         try:
             with self.progress.timed("ray", f"starting Ray ({self.cluster.address or 'local'})", "Ray up"):
                 start_ray(
@@ -260,7 +261,7 @@ class Pipeline:
             reissued=counters.reissued,
             given_up=counters.given_up,
             replay=self.replay.counters(),
-            control_unauthorized=self.control.unauthorized if self.control else 0,
+            control_unauthorized=self.control.unauthorized,
             weight_rounds_failed=len(self.actors.learners.survivable_failures),
             publish_s=self.publisher.publish_s,
             generator_restores=self.publisher.restores,
@@ -300,9 +301,9 @@ class Pipeline:
     def close(self) -> None:
         import ray
 
-        for part in (self.control, self.replay, self.actors):
-            if part is not None:
-                part.close()
+        for name in ("control", "replay", "actors"):
+            if hasattr(self, name):
+                getattr(self, name).close()
         if self._owns_ray:
             ray.shutdown()
 

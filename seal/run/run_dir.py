@@ -90,7 +90,7 @@ def recorded_config(run_dir: Path, latest: bool = False):
     run predates it, its trainer settings as TrainerConfig takes them, the PREDATED settings it lacks,
     classes that moved re-pointed.
     ``latest``: as its latest resume ran it (else as it started). FileNotFoundError: not a run."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from seal.config import config_dir, rebase_targets, recorded_trainer
 
@@ -98,6 +98,7 @@ def recorded_config(run_dir: Path, latest: bool = False):
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = OmegaConf.load(path)
+    assert isinstance(cfg, DictConfig), path  # a run's config: a mapping
     OmegaConf.set_struct(cfg, False)
     if "evaluation" not in cfg:
         cfg.evaluation = OmegaConf.load(config_dir() / "evaluation" / "default.yaml")

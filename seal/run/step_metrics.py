@@ -18,14 +18,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actors.generation.replica_counters import ReplicaStats
 from learner.step_result import StepResult, learner_row
 from replay.control_messages import GroupReport, RoundEnd
-from replay.messages import INFRA_FAULT_KINDS
+from replay.messages import INFRA_FAULT_KINDS, Trajectory
+from replay.queue import Group
 from replay.token_ledger import TokenLedger, run_totals
 from replay.transport import ReplayCounters
 
@@ -115,15 +116,17 @@ class StepWindow:
     def filtered_count(self) -> int:
         return len(self.decided["filtered"])
 
-    def add_filtered(self, group) -> None:
+    def add_filtered(self, group: Group) -> None:
         self.decide("filtered", group)
 
-    def decide(self, fate: str, group) -> None:
+    def decide(self, fate: str, group: Group) -> None:
         """A group's fate, in the step that decided it: its tokens to their bucket, its infra faults counted."""
         self.decided[fate].append(group)
         self.tokens.add_group(fate, group)
         for t in group.faulted:
-            kind = t.infra_fault.kind
+            fault = t.infra_fault
+            assert fault is not None  # a faulted member carries its fault (replay/queue.py)
+            kind = fault.kind
             if kind not in self.fault_kinds_seen:
                 self.fault_kinds_seen.add(kind)
                 log.warning(
@@ -132,7 +135,7 @@ class StepWindow:
                     kind,
                     t.task_id,
                     t.group_id,
-                    t.infra_fault.message,
+                    fault.message,
                 )
 
     def awaiting_reports(self) -> list[str]:
@@ -297,7 +300,7 @@ class StepWindow:
         return out
 
 
-def sum_token_books(rows) -> dict[str, Any] | None:
+def sum_token_books(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The run's token books over its invocations (a resumed run starts new ones): each invocation's
     last row carries ``tokens_run``; None when no row does."""
     books = [r["tokens_run"] for r in rows if r.get("tokens_run")]
@@ -310,7 +313,7 @@ def sum_token_books(rows) -> dict[str, Any] | None:
     return run_totals(buckets, None if None in counts else sum(counts))
 
 
-def token_staleness(trajs, learner_version: int) -> dict[str, Any]:
+def token_staleness(trajs: Sequence[Trajectory], learner_version: int) -> dict[str, Any]:
     """Per generated token: how many versions behind the weights it trained against it was made."""
     tokens = [(learner_version - s.policy_version, s.end - s.start) for t in trajs for s in t.segments]
     n = sum(k for _, k in tokens)
@@ -320,7 +323,7 @@ def token_staleness(trajs, learner_version: int) -> dict[str, Any]:
     }
 
 
-def episode_stats(trajs, max_new_tokens: int) -> dict[str, Any]:
+def episode_stats(trajs: Sequence[Trajectory], max_new_tokens: int) -> dict[str, Any]:
     """Response length (generated tokens per episode; a step's output truncated when it hit
     max_new_tokens), tool calls and parse failures per episode."""
     if not trajs:

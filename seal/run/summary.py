@@ -152,7 +152,7 @@ def result_line(
     test = (
         f"; held-in test success {held_in['before']['rate']:.2f} -> {held_in['after']['rate']:.2f} "
         f"({final['before']} -> {final['after']}, raw interface)"
-        if held_in
+        if held_in and final
         else ""
     )
     return (

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import OmegaConf
 
@@ -23,7 +24,7 @@ from replay.auth import ClientKeys
 from seal.cluster_config import ClusterConfig
 from seal.config import Settings, instantiate, instantiate_spec
 from seal.estimate.plan import run_io_bounds
-from seal.runtime.handles import CoordinatorHandle, EnvActorHandle, ReplicaHandle
+from seal.runtime.handles import CoordinatorHandle, EnvActorHandle, ReplicaHandle, kill
 from seal.runtime.layout_guard import (
     check_learner_nodes,
     check_object_stores,
@@ -55,8 +56,10 @@ def make_coordinator(
     )
 
 
-def _spec(node) -> dict:
-    return OmegaConf.to_container(node, resolve=True)
+def _spec(node) -> dict[str, Any]:
+    spec = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(spec, dict), node  # a config group: a mapping
+    return {str(k): v for k, v in spec.items()}
 
 
 class ActorSet:
@@ -163,7 +166,7 @@ class ActorSet:
         """Every node with a learner rank or a generator replica must see the run's storage (seal/runtime/storage.py)."""
         from seal.runtime.storage import check_nodes_see
 
-        check_nodes_see(storage, self.node_roles(), timeout_s=self.settings.learner.timeout_s)
+        check_nodes_see(Path(storage), self.node_roles(), timeout_s=self.settings.learner.timeout_s)
 
     def check_layout(self, nodes: list) -> None:
         """The ranks landed where the plan puts them, and every node with a rank or a replica has an
@@ -231,8 +234,9 @@ class ActorSet:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=False
             )
-        self.coordinator = (
-            ray.remote(CoordinatorService).options(**options).remote(self.cluster.coordinator.pinned(factory), state)
+        self.coordinator = cast(
+            CoordinatorHandle,
+            ray.remote(CoordinatorService).options(**options).remote(self.cluster.coordinator.pinned(factory), state),
         )
         self._wait_ready([self.coordinator.interface.remote()], "coordinator")
 
@@ -262,7 +266,8 @@ class ActorSet:
         while len(self.env) < n:
             name = f"env-{self._created}"
             self._created += 1
-            handle = (
+            handle = cast(
+                EnvActorHandle,
                 ray.remote(EnvActor)
                 .options(**options)
                 .remote(
@@ -281,7 +286,7 @@ class ActorSet:
                     self.replay_keys,
                     not self.generators.is_async,
                     chat_options(self.cfg),
-                )
+                ),
             )
             self.env[name] = handle
             self.coordinator.register_env_actor.remote(name, handle)
@@ -344,7 +349,7 @@ class ActorSet:
             del self.closing[name]
             handle = self.retiring.pop(name)
             self.coordinator.unregister_env_actor.remote(name)
-            ray.kill(handle, no_restart=True)
+            kill(handle, no_restart=True)
             log.info("env actor %s retired", name)
 
     def close(self) -> None:
@@ -357,6 +362,6 @@ class ActorSet:
         coordinator = [self.coordinator] if hasattr(self, "coordinator") else []
         for handle in [*self.env.values(), *self.retiring.values(), *coordinator]:
             try:
-                ray.kill(handle, no_restart=True)
+                kill(handle, no_restart=True)
             except Exception:  # already gone
                 pass

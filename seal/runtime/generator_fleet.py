@@ -28,12 +28,12 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from actors.generation.replica_counters import ReplicaStats
 from replay.token_ledger import GeneratorCount
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
-from seal.runtime.handles import ReplicaHandle
+from seal.runtime.handles import ReplicaHandle, kill
 from seal.runtime.layout_guard import spread_choice
 from seal.runtime.router import ReplicaRouter
 
@@ -137,16 +137,18 @@ class GeneratorFleet:
             # The class _target_ names: the async engine or a subclass of it (generator_spec.is_async_engine).
             engine = get_class(self.spec["_target_"])
             kwargs = {k: v for k, v in self.spec.items() if k != "_target_"}
-            handle = (
+            handle = cast(
+                ReplicaHandle,
                 ray.remote(engine)
                 .options(**options)
-                .remote(**kwargs, await_weights=await_weights, setup=res.pinned(dict))
+                .remote(**kwargs, await_weights=await_weights, setup=res.pinned(dict)),
             )
         else:
-            handle = (
+            handle = cast(
+                ReplicaHandle,
                 ray.remote(GeneratorServer)
                 .options(**options)
-                .remote(res.pinned(functools.partial(instantiate_spec, self.spec)), await_weights=await_weights)
+                .remote(res.pinned(functools.partial(instantiate_spec, self.spec)), await_weights=await_weights),
             )
         self.handles[name] = handle
         self.versions[name] = -1 if await_weights else 0
@@ -268,7 +270,7 @@ class GeneratorFleet:
                     self.canary_max_diff,
                 )
                 self._take_out(name)
-                ray.kill(self.handles[name], no_restart=False)
+                kill(self.handles[name], no_restart=False)
 
     def overdue(self) -> None:
         """Updates not confirmed within the timeout: name the replica, take it out, restart it."""
@@ -293,7 +295,7 @@ class GeneratorFleet:
             )
             self._take_out(name)
             if name in self.handles:
-                ray.kill(self.handles[name], no_restart=False)  # Ray restarts it; the probe re-syncs it
+                kill(self.handles[name], no_restart=False)  # Ray restarts it; the probe re-syncs it
 
     def _take_out(self, name: str) -> None:
         self.router.remove(name)
@@ -362,7 +364,7 @@ class GeneratorFleet:
                         self.update_timeout_s,
                     )
                     if name in self.handles:
-                        ray.kill(self.handles[name], no_restart=False)
+                        kill(self.handles[name], no_restart=False)
                 continue
             del self.restores[name]
             try:
@@ -403,7 +405,7 @@ class GeneratorFleet:
         self.counters.engine_restarts += 1
         self.counters.failed_replicas.append(name)
         log.error("generator replica %s: its vLLM engine core is dead; restarted", name)
-        ray.kill(self.handles[name], no_restart=False)
+        kill(self.handles[name], no_restart=False)
         return True
 
     def weight_group_size(self) -> int:
@@ -460,7 +462,7 @@ class GeneratorFleet:
                 self.token_count.read({name: (final.instance, final.generated_tokens)})
             except (ray.exceptions.RayError, TimeoutError):
                 self._count_short = True  # its last tokens are nowhere: the run's count stays unknown
-            ray.kill(handle, no_restart=True)
+            kill(handle, no_restart=True)
             self.versions.pop(name, None)
             self.counters.retired += 1
             log.info("generator replica %s retired", name)
@@ -493,6 +495,6 @@ class GeneratorFleet:
 
         for handle in [*self.handles.values(), *self.retiring.values()]:
             try:
-                ray.kill(handle, no_restart=True)
+                kill(handle, no_restart=True)
             except Exception:  # already gone
                 pass

@@ -72,8 +72,9 @@ def local_generator_spec(node, **overrides) -> dict[str, Any]:
     replica count does not apply."""
     from omegaconf import OmegaConf
 
-    spec = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
-    spec, _ = split_generator_spec(spec)
+    merged = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
+    assert isinstance(merged, dict), node  # the generator group: a mapping
+    spec, _ = split_generator_spec(merged)
     if is_async_engine(spec.get("_target_")):
         spec = {k: v for k, v in spec.items() if k not in ASYNC_ONLY_KEYS}
         spec["_target_"] = "actors.generation.vllm_engine.VllmGenerator"

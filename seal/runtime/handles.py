@@ -3,12 +3,20 @@
 A Ray handle is dynamic (``handle.method.remote(...)`` returns an ObjectRef), so mypy sees ``Any``
 through it: a misspelt method name surfaces only when the call runs. These protocols name each
 method the driver calls on an actor; tests/unit/seal/runtime/test_handles.py holds them to the
-actor classes, so a method renamed on one side fails there, not mid-run.
+actor classes, so a method renamed on one side fails there, not mid-run. A new actor's handle is
+cast to its protocol where it is made (Ray's stubs type it ActorHandle[cls]).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
+
+
+def kill(handle: object, no_restart: bool) -> None:
+    """``ray.kill`` for a typed handle."""
+    import ray
+
+    ray.kill(cast(Any, handle), no_restart=no_restart)
 
 
 class RemoteMethod(Protocol):

@@ -128,10 +128,10 @@ def spread_choice(
     from seal.runtime.placement import actor_nodes, least_used_node
 
     used: dict[str, int] = {}
-    for name, node in actor_nodes(handles, key="NodeID").items():
-        node = node if node != "?" else chosen.get(name)
-        if node is not None:
-            used[node] = used.get(node, 0) + 1
+    for name, seen in actor_nodes(handles, key="NodeID").items():
+        where = seen if seen != "?" else chosen.get(name)
+        if where is not None:
+            used[where] = used.get(where, 0) + 1
     node = least_used_node(free_nodes(ray.nodes(), reserved), ask, used, prefer=ray.get_runtime_context().get_node_id())
     return (node, NodeAffinitySchedulingStrategy(node, soft=True)) if node is not None else (None, None)
 

@@ -199,15 +199,16 @@ class LearnerGroup:
                 try:
                     call.results[rank] = ray.get(ref)
                 except ray.exceptions.RayError as exc:
-                    if call.survivable and isinstance(getattr(exc, "cause", None), call.survivable):
-                        call.results[rank] = exc.cause
+                    raised = getattr(exc, "cause", None)  # the rank's own exception (RayTaskError)
+                    if call.survivable and isinstance(raised, call.survivable):
+                        call.results[rank] = raised
                         continue
-                    rank, exc = self._first_death(call, rank, exc)
-                    cause = (getattr(exc, "error_msg", None) or str(exc)).strip().splitlines()
-                    died = isinstance(exc, ray.exceptions.RayActorError)
+                    rank, death = self._first_death(call, rank, exc)
+                    cause = (getattr(death, "error_msg", None) or str(death)).strip().splitlines()
+                    died = isinstance(death, ray.exceptions.RayActorError)
                     self._fail(
                         f"{self._name(rank)} {'died' if died else 'failed'} during {call.what} at step {call.step}: "
-                        f"{cause[-1] if cause else exc.__class__.__name__}"
+                        f"{cause[-1] if cause else death.__class__.__name__}"
                     )
         return True
 
