@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from _report import write_report
 
 if TYPE_CHECKING:
-    from learner.step_result import StepResult
+    from learner.step_result import LearnerStepResult
 
 
 def synthetic_batch(groups: int, n: int, tokens: int, seed: int):
@@ -168,7 +168,7 @@ def main() -> None:
             group_size=args.n,
         )
         learners[name].init_s = time.perf_counter() - t
-    times: dict[str, list[StepResult]] = {k: [] for k in backends}
+    times: dict[str, list[LearnerStepResult]] = {k: [] for k in backends}
     for r in range(args.rounds):
         batch = synthetic_batch(args.groups, args.n, args.tokens, seed=r)
         for name, lrn in learners.items():

@@ -27,7 +27,7 @@ from learner.objective import MicroForwards, MiniBatchShare, micro_objective
 from learner.optimizer import StepBox, make_optimizer
 from learner.process_group import init_distributed
 from learner.reference import build_reference
-from learner.step_result import StepResult
+from learner.step_result import LearnerStepResult
 from learner.weights_out import WeightsOut
 from replay.messages import Trajectory
 
@@ -203,7 +203,7 @@ class Learner:
     def _logprobs(self, model, micro: Sequence[Sample], batch: MicroBatch, recompute: bool | None = None):
         """(log p, entropy, tokens forwarded) of one micro-batch: [B, T] each (0 where not scored;
         entropy None for the reference). Packed when its samples share a group (learner/packing.py).
-        ``recompute``: the group's choice of gradient checkpointing for it (learner/group.py recompute_plan);
+        ``recompute``: the group's choice of gradient checkpointing for it (learner/group.py recompute_choices);
         None, on one learner, chooses from this micro-batch's own length.
 
         Only the scored tokens meet the output head: the forward keeps the hidden states of the
@@ -273,7 +273,7 @@ class Learner:
         """The micro-batch's tensors and, once for the policy's and the reference's forwards, its packing."""
         return collate(samples, self.device)._replace(packed=self._pack(samples))
 
-    def _plan(self, samples: Sequence[Sample], allow_partial: bool) -> list[list[list[Sample]]]:
+    def _mini_batch_plan(self, samples: Sequence[Sample], allow_partial: bool) -> list[list[list[Sample]]]:
         return plan_mini_batches(
             samples, self.cfg.mini_batch_groups, self.group_size, self.cfg.micro_batch_size, allow_partial
         )
@@ -359,7 +359,7 @@ class Learner:
         policy_version: int | None = None,
         allow_partial: bool = False,
         mini_groups: Sequence[Sequence[str]] | None = None,
-    ) -> StepResult:
+    ) -> LearnerStepResult:
         """One batch of complete groups: one optimizer step per ``mini_batch_groups`` groups.
         ``group_weights`` scales stale groups' advantages (replay queue); ``policy_version``
         is the version the learner's weights are now (the logprob-mismatch metrics compare
@@ -373,19 +373,19 @@ class Learner:
         samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch, group_weights)
         if any(len(s.token_ids) < 2 for s in samples):
             raise ValueError("every trajectory needs at least 2 tokens")
-        from learner.group import agree_on_plan, assigned_plan, is_padding, recompute_plan
+        from learner.group import agree_on_mini_batches, assigned_mini_batches, is_padding, recompute_choices
 
         if mini_groups is None:
             if self.world_size > 1:
                 raise ValueError(
                     "a learner group rank trains on its shard: pass mini_groups (learner/group.py shard_batch)"
                 )
-            plan = self._plan(samples, allow_partial)
+            plan = self._mini_batch_plan(samples, allow_partial)
         else:
-            plan = assigned_plan(samples, mini_groups, self.cfg.micro_batch_size)
+            plan = assigned_mini_batches(samples, mini_groups, self.cfg.micro_batch_size)
         # Global scored-token and sequence counts per mini-batch; padding so every rank makes the same calls.
-        plan, mini_token_counts, mini_seq_counts = agree_on_plan(plan, self.world_size)
-        recompute = recompute_plan(plan, self.cfg, self.world_size)  # the same choice on every rank
+        plan, mini_token_counts, mini_seq_counts = agree_on_mini_batches(plan, self.world_size)
+        recompute = recompute_choices(plan, self.cfg, self.world_size)  # the same choice on every rank
         proximal = self._proximal_logprobs(plan, recompute)
         step_stats = StepStats(policy_version)
         tokens = forward_tokens = 0
@@ -417,7 +417,7 @@ class Learner:
             self.step += 1
             tokens += sum(s.num_tokens for micro in mini for s in micro if not is_padding(micro))
         seconds = time.perf_counter() - t0
-        return StepResult(
+        return LearnerStepResult(
             step=self.step,
             seconds=seconds,
             learner_world_size=self.world_size,

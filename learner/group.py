@@ -93,7 +93,7 @@ def shard_batch(trajectories: Sequence[Trajectory], world_size: int, mini_batch_
     return shards
 
 
-def assigned_plan(
+def assigned_mini_batches(
     samples: Sequence[Sample], mini_groups: Sequence[Sequence[str]], micro_batch_size: int
 ) -> list[list[list[Sample]]]:
     """Mini-batches of micro-batches from the driver's assignment (a mini-batch may be empty here)."""
@@ -131,7 +131,7 @@ def is_padding(micro: Sequence[Sample]) -> bool:
     return len(micro) == 1 and micro[0] is PAD_SAMPLE
 
 
-def agree_on_plan(
+def agree_on_mini_batches(
     plan: list[list[list[Sample]]], world_size: int
 ) -> tuple[list[list[list[Sample]]], list[int], list[int]]:
     """(padded plan, scored tokens per mini-batch, sequences per mini-batch), summed over the group.
@@ -170,7 +170,7 @@ def agree_on_recompute(forwarded: list[list[int]], min_tokens: int, world_size: 
     return out
 
 
-def recompute_plan(plan: list[list[list[Sample]]], cfg: Any, world_size: int) -> list[list[bool]] | None:
+def recompute_choices(plan: list[list[list[Sample]]], cfg: Any, world_size: int) -> list[list[bool]] | None:
     """Gradient checkpointing per micro-batch of a learner with settings ``cfg`` (a LearnerConfig),
     the same choice on every rank; None when the learner never recomputes."""
     from learner.micro_batches import forwarded_tokens

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from learner.call_order import CallOrder
 from learner.engine import Learner
 from learner.group import RankShard, Rendezvous, join_group
-from learner.step_result import StepResult
+from learner.step_result import LearnerStepResult
 
 if TYPE_CHECKING:
     from learner.weight_broadcast import WeightBroadcaster
@@ -129,7 +129,7 @@ class LearnerRank:
         tag_weights: Mapping[str, float],
         group_weights: Mapping[str, float] | None,
         policy_version: int | None,
-    ) -> StepResult:
+    ) -> LearnerStepResult:
         with self.order.turn(ticket, "train step", self.wait_s):
             out = self._started().train_batch(
                 shard.trajectories,

@@ -11,7 +11,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class StepResult:
+class LearnerStepResult:
     """One learner step (learner.engine.Learner.train_batch). Loss terms are averaged over the
     step's mini-batches and normalised by the global mini-batch, so the ranks' add up to the
     step's; the statistics are learner/step_stats.py's."""
@@ -69,7 +69,7 @@ _SUMMED = (
 _COUNTS = ("sequence_tokens", "forward_tokens", "scored_tokens", "groups", "zero_variance_groups", "mismatch_tokens")
 
 
-def merge_results(results: Sequence[StepResult]) -> StepResult:
+def merge_results(results: Sequence[LearnerStepResult]) -> LearnerStepResult:
     """One step from every rank's: loss terms and counts summed; the rest (grad norm, the same on
     every rank; off-policy statistics) from rank 0; throughput over the slowest rank."""
     first = results[0]
@@ -121,7 +121,7 @@ ROW_FIELDS = (
 ROW_RENAMED = {"learner_samples_per_s": "samples_per_s", "learner_tokens_per_s": "tokens_per_s"}
 
 
-def learner_row(result: StepResult | None) -> dict[str, Any]:
+def learner_row(result: LearnerStepResult | None) -> dict[str, Any]:
     """The learner's part of a step's metrics row; None for each key of a skipped step."""
     if result is None:
         return dict.fromkeys([*ROW_FIELDS, *ROW_RENAMED])

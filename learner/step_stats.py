@@ -1,4 +1,4 @@
-"""What one learner step reports: loss terms, off-policy and mismatch statistics.
+"""Gathering a learner step's loss terms, off-policy and mismatch statistics over its micro-batches.
 
 Loss terms come from ``policy_loss`` per micro-batch, already normalised by the
 mini-batch, so they are summed within a mini-batch and averaged over
@@ -78,7 +78,7 @@ class StepStats:
             _merge(self._is, is_weight_stats(is_w, cut, mask))
 
     def result(self) -> dict[str, Any]:
-        """The step's loss terms and statistics, as ``StepResult`` (learner/step_result.py) names them."""
+        """The step's loss terms and statistics, as ``LearnerStepResult`` (learner/step_result.py) names them."""
         # A rank that ran only padding micro-batches (fewer groups than ranks) adds nothing to the
         # step's summed loss terms: zeros, not missing fields (learner/group.py pads, step_result.py sums).
         out: dict[str, Any] = dict.fromkeys(LOSS_TERMS, 0.0)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actors.generation.replica_counters import ReplicaStats
-from learner.step_result import StepResult, learner_row
+from learner.step_result import LearnerStepResult, learner_row
 from replay.control_messages import GroupReport, RoundEnd
 from replay.messages import INFRA_FAULT_KINDS, Trajectory
 from replay.queue import Group
@@ -44,7 +44,7 @@ class StepOutcome:
     """A learner step as the learner side ends it."""
 
     groups: list  # the batch trained on (replay.queue.Group); empty for a step skipped for want of reward variance
-    result: StepResult | None  # the learner's (its ranks' merged); None for a skipped step
+    result: LearnerStepResult | None  # the learner's (its ranks' merged); None for a skipped step
     interface: RoundEnd  # the coordinator's end-of-round answer
     t_learn: float  # seconds the learner took
 

@@ -116,8 +116,10 @@ class ActorSet:
         # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:
         # replicas started first could leave no node that holds every rank (seal/runtime/layout_guard.py).
         nodes = ray.nodes()
-        self.learner_plan = planned_learner_nodes(cluster.generator, cluster.learner, replicas, group.world_size, nodes)
-        pg = reserve_learner(cluster.learner, group.world_size, self.learner_plan, group.timeout_s)
+        self.planned_rank_nodes = planned_learner_nodes(
+            cluster.generator, cluster.learner, replicas, group.world_size, nodes
+        )
+        pg = reserve_learner(cluster.learner, group.world_size, self.planned_rank_nodes, group.timeout_s)
         try:
             reserved = reserved_per_node(pg)
             check_replicas_fit(cluster.generator, replicas, nodes, reserved)
@@ -172,7 +174,7 @@ class ActorSet:
         """The ranks landed where the plan puts them, and every node with a rank or a replica has an
         object store that holds the generator's weights (a replica's restore puts them there whole)."""
         check_learner_nodes(
-            self.learner_plan,
+            self.planned_rank_nodes,
             [n.get("node_id", "?") for n in self.learners.nodes],
             {n["NodeID"]: node_name(n) for n in nodes},
         )

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.group import Rendezvous, shard_batch
-from learner.step_result import StepResult, merge_results
+from learner.step_result import LearnerStepResult, merge_results
 from seal.cluster_config import ActorResources
 from seal.config import LearnerGroupConfig
 from seal.estimate.io_bounds import IoBounds
@@ -297,13 +297,13 @@ class LearnerGroup:
     def done(self, call: GroupCall) -> bool:
         return self._collect(call, block=False)
 
-    def result(self, call: GroupCall) -> StepResult:
+    def result(self, call: GroupCall) -> LearnerStepResult:
         self._collect(call, block=True)
         return merge_results([call.results[r] for r in range(len(self.actors))])
 
     def train_now(
         self, trajectories: Sequence, tag_weights, group_weights=None, policy_version=None, partial=False
-    ) -> StepResult:
+    ) -> LearnerStepResult:
         return self.result(self.train(trajectories, tag_weights, group_weights, policy_version, partial))
 
     # -------------------------------------------------------------- weights

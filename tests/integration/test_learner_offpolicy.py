@@ -45,7 +45,7 @@ def test_recomputed_old_logprobs_are_the_weights_before_the_first_step(tiny_path
 
     lrn = make_learner(tiny_path, groups_per_mini=1, old_logprobs="recompute")
     samples, _ = build_samples(make_batch(0, tiny_path), RELEASED_BASE_WEIGHTS)
-    plan = lrn._plan(samples, allow_partial=False)
+    plan = lrn._mini_batch_plan(samples, allow_partial=False)
     assert len(plan) == 2
     proximal = lrn._proximal_logprobs(plan)
     second = [s for micro in plan[1] for s in micro]

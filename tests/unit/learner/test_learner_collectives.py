@@ -49,7 +49,7 @@ def test_an_unknown_backend_is_refused_before_any_tensor_is_made():
 
 
 def test_no_collective_in_learner_or_seal_bypasses_the_device_choice():
-    """The fault this guards against: ``agree_on_plan`` all-reduced CPU tensors over an NCCL group
+    """The fault this guards against: ``agree_on_mini_batches`` all-reduced CPU tensors over an NCCL group
     (every multi-rank GPU step failed at its first collective)."""
     call = re.compile(r"\b(?:dist|torch\.distributed)\.(" + "|".join(COLLECTIVES) + r")\(")
     found = []

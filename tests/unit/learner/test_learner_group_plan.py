@@ -12,9 +12,9 @@ from learner.ds_config import deepspeed_config
 from learner.engine import LearnerConfig
 from learner.group import (
     PAD_SAMPLE,
-    agree_on_plan,
+    agree_on_mini_batches,
     assign_groups,
-    assigned_plan,
+    assigned_mini_batches,
     is_padding,
     pad_plan,
     shard_batch,
@@ -83,15 +83,15 @@ def test_each_mini_batch_is_split_on_its_own_and_every_rank_sees_every_mini_batc
 
 def test_plan_pads_short_ranks_with_zero_weight_micro_batches():
     samples = [sample("a", 3), sample("a", 4), sample("b", 2), sample("b", 5)]
-    plan = assigned_plan(samples, [["a", "b"], []], micro_batch_size=1)
+    plan = assigned_mini_batches(samples, [["a", "b"], []], micro_batch_size=1)
     assert [len(m) for m in plan] == [4, 0]
-    padded, tokens, seqs = agree_on_plan(plan, world_size=1)
+    padded, tokens, seqs = agree_on_mini_batches(plan, world_size=1)
     assert [len(m) for m in padded] == [4, 1] and is_padding(padded[1][0]) and tokens == [14, 0] and seqs == [4, 0]
     assert [len(m) for m in pad_plan(plan, [6, 2])] == [6, 2]
     with pytest.raises(ValueError):
         pad_plan(plan, [3, 1])
     with pytest.raises(ValueError, match="disagree"):
-        assigned_plan(samples, [["a"]], 1)
+        assigned_mini_batches(samples, [["a"]], 1)
     assert PAD_SAMPLE.num_tokens == 0 and sum(PAD_SAMPLE.loss_mask[1:]) == 1  # one scored position: a real forward
 
 
@@ -101,7 +101,7 @@ def test_a_micro_batch_that_scores_nothing_is_run_as_padding():
     stand_in = replace(sample("a", 3), loss_mask=[0, 0, 0, 0], num_tokens=0)
     mixed = [sample("a", 2), stand_in]
     plan = [[[sample("a", 2)], [stand_in]], [mixed, [stand_in, stand_in]]]
-    padded, tokens, seqs = agree_on_plan(plan, world_size=1)
+    padded, tokens, seqs = agree_on_mini_batches(plan, world_size=1)
     assert [[is_padding(m) for m in mini] for mini in padded] == [[False, True], [False, True]]
     assert padded[1][0] == mixed  # a stand-in beside a scored sample rides along in its forward
     assert tokens == [2, 2] and seqs == [2, 4]  # the loss normalisers count what they counted before
@@ -245,8 +245,8 @@ def test_ranks_agree_on_recomputation_from_the_longest_micro_batch_at_each_place
 
 def test_a_rank_of_padding_alone_reports_zero_loss_terms():
     """One group over two ranks: rank 1 runs padding micro-batches only, which add no loss metrics;
-    its step result must still build (StepResult's loss terms were missing: the run died at step 1)."""
-    from learner.step_result import StepResult
+    its step result must still build (LearnerStepResult's loss terms were missing: the run died at step 1)."""
+    from learner.step_result import LearnerStepResult
     from learner.step_stats import StepStats
 
     stats = StepStats(policy_version=0)
@@ -254,7 +254,7 @@ def test_a_rank_of_padding_alone_reports_zero_loss_terms():
     stats.grad_norm(0.5)
     got = stats.result()
     assert {got[k] for k in ("loss", "pg_loss", "clip_frac", "ratio_mean")} == {0.0} and "kl" not in got
-    StepResult(
+    LearnerStepResult(
         step=1,
         seconds=1.0,
         learner_world_size=2,

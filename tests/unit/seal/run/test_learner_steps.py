@@ -15,7 +15,7 @@ import pytest
 from actors.coordinator.coordinator import Coordinator
 from actors.coordinator.tag_weights import TagWeights
 from env_pool.interface.state import InterfaceState
-from learner.step_result import StepResult
+from learner.step_result import LearnerStepResult
 from replay.messages import Segment, Trajectory
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
@@ -65,7 +65,7 @@ class FakeLearnerGroup:
     def done(self, call) -> bool:
         return True
 
-    def result(self, call) -> StepResult:
+    def result(self, call) -> LearnerStepResult:
         return step_result(sequence_tokens=sum(len(t.token_ids) for t in self.calls[-1][0]), loss=0.1)
 
 
