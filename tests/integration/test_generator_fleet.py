@@ -241,8 +241,8 @@ def test_a_replica_whose_engine_core_died_is_restarted_not_restored_for_ever(tin
     import psutil
     import ray
 
-    from seal.runtime.generator_fleet import GeneratorFleet
     from seal.cluster_config import ActorResources
+    from seal.runtime.generator_fleet import GeneratorFleet
     from weights.model_assets import prepare_tiny_model
 
     spec = {

@@ -18,9 +18,9 @@ import torch
 from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.loss import LossConfig
+from seal.cluster_config import ActorResources
 from seal.config import LearnerGroupConfig
 from seal.runtime.learner_group import LearnerGroup, LearnerGroupError
-from seal.cluster_config import ActorResources
 from tests.conftest import local_ray
 from tests.integration.test_learner_engine import assert_same_update, make_batch, update_gap
 

@@ -53,9 +53,9 @@ def ray_two_gpus():
 
 def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
     from learner.engine import Learner, LearnerConfig
+    from seal.cluster_config import ActorResources
     from seal.config import LearnerGroupConfig
     from seal.runtime.learner_group import LearnerGroup
-    from seal.cluster_config import ActorResources
 
     cfg = LearnerConfig(
         backend="deepspeed",
