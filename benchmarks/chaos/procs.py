@@ -20,7 +20,7 @@ ACTOR_KINDS = {
 @dataclass(frozen=True)
 class Proc:
     pid: int
-    kind: str  # driver, env, generator, generator_engine, learner, coordinator, ray
+    kind: str  # driver, env, generator, generator_engine, generator_worker, learner, coordinator, ray
     started: int  # clock ticks after boot (/proc/PID/stat field 22): a pid reused later is another process
 
 
@@ -63,7 +63,8 @@ def descendants(root: int) -> dict[int, int]:
 
 
 def classify(root: int) -> list[Proc]:
-    """Every process of the run, by kind; the generator's engine core is its replica's child."""
+    """Every process of the run, by kind; the generator's engine core is its replica's child (vLLM
+    titles it VLLM::EngineCore), the engine's workers are the core's children (VLLM::Worker)."""
     tree = descendants(root)
     found: list[Proc] = []
     generators: set[int] = set()
@@ -77,13 +78,23 @@ def classify(root: int) -> list[Proc]:
             generators.add(pid)
         found.append(Proc(pid, kind, started))
     out = []
-    for p in found:
+    engines: set[int] = set()
+    for p in found:  # the replica's engine core: its child, titled VLLM::EngineCore once it runs
         st = _stat(p.pid)
-        if p.kind == "ray" and st is not None and st[0] in generators:
-            cmd = _read(f"/proc/{p.pid}/cmdline") or ""
-            p = Proc(p.pid, "generator_engine" if "spawn_main" in cmd else "ray", p.started)
+        cmd = _read(f"/proc/{p.pid}/cmdline") or ""
+        if p.kind == "ray" and st is not None and st[0] in generators and cmd.startswith("VLLM::"):
+            p = Proc(p.pid, "generator_engine", p.started)
+            engines.add(p.pid)
         out.append(p)
-    return out
+    # The engine core's own workers (VLLM::Worker: the model and the KV cache live there).
+    return [
+        Proc(p.pid, "generator_worker", p.started)
+        if p.kind == "ray"
+        and (_stat(p.pid) or (0, 0))[0] in engines
+        and (_read(f"/proc/{p.pid}/cmdline") or "").startswith("VLLM::")
+        else p
+        for p in out
+    ]
 
 
 def sample(pid: int) -> dict[str, int] | None:

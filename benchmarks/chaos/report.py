@@ -14,6 +14,7 @@ from typing import Any
 from benchmarks.chaos.ledger import account, given_up_slots
 
 MEASURES = ("rss_kb", "fds", "threads")
+OOM = "were killed due to the node running low on memory"
 
 
 def _slope(points: list[tuple[float, float]]) -> float | None:
@@ -207,6 +208,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         "completed": bool(invocations) and invocations[-1]["rc"] == 0,
         "unexpected_exits": [i["index"] for i in invocations[:-1] if not i["ended_by"]],
         "torn_metrics_lines": raw["torn_rows"],
+        # Not the soak's: Ray's memory monitor killing workers when the whole (shared) machine nears 95%.
+        "ray_oom_kills": sum(OOM in line for line in logs),
         "injected": injected,
     }
 
@@ -217,6 +220,7 @@ def render(report: dict[str, Any]) -> str:
         f"soak {report['seconds'] / 60:.1f} min, seed {report.get('seed')}: {report['faults_total']} faults, "
         f"{report['steps']} steps, {len(report['invocations'])} invocations, completed: {report['completed']}, "
         f"unexpected exits: {report['unexpected_exits'] or 'none'}",
+        f"outside the schedule: Ray's OOM killer struck {report.get('ray_oom_kills', 0)} time(s) (the machine's memory)",
         "faults: "
         + ", ".join(f"{k} {v}" for k, v in sorted(report["faults"].items()))
         + (f" (disk_full not hit: {report['disk_full_not_hit']})" if report["disk_full_not_hit"] else ""),
