@@ -355,8 +355,6 @@ class ActorSet:
             log.info("env actor %s retired", name)
 
     def close(self) -> None:
-        import ray
-
         if hasattr(self, "learners"):
             self.learners.close()
         if hasattr(self, "generators"):

@@ -395,8 +395,6 @@ class GeneratorFleet:
         """A replica whose engine core died inside its live actor answers every call with
         ``ReplicaEngineDead`` and would be restored for ever: restart it (Ray starts a new process,
         the probe then restores it). True when that was the error."""
-        import ray
-
         from actors.generation.server import ReplicaEngineDead
 
         if not isinstance(exc, ReplicaEngineDead) or name not in self.handles:
@@ -491,7 +489,6 @@ class GeneratorFleet:
         return self.token_count.total if self._count_read_all and not self._count_short else None
 
     def close(self) -> None:
-        import ray
 
         for handle in [*self.handles.values(), *self.retiring.values()]:
             try:
