@@ -24,40 +24,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from actors.generation.replica_counters import ReplicaStats
 from replay.token_ledger import GeneratorCount
+from seal.runtime.fleet_counters import FleetCounters, canary_gap
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 from seal.runtime.handles import ReplicaHandle, kill
 from seal.runtime.layout_guard import spread_choice
 from seal.runtime.router import ReplicaRouter
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FleetCounters:
-    update_timeouts: int = 0  # updates not confirmed in time (the replica was restarted)
-    restores: int = 0  # restarted replicas given the latest weights
-    retired: int = 0
-    failed_replicas: list[str] = field(default_factory=list)  # named in the metrics of the step they failed in
-    canary_failures: int = 0  # replicas whose logprobs after an update did not match the learner's
-    canary_max_diff: float | None = None  # max |logprob difference| over the canaries since the last metrics row
-    engine_restarts: int = 0  # replicas restarted because their engine core had died in the live actor
-
-
-def canary_gap(got: list[float], want: list[float]) -> float:
-    """The largest |replica - learner| over the canary's logprobs; inf where they differ in length or
-    either side holds a value that is not finite (a NaN skipped by ``max``, or first and compared
-    False against the bound, would pass a broken replica)."""
-    if len(got) != len(want) or not all(math.isfinite(x) for x in (*got, *want)):
-        return math.inf
-    return max((abs(a - b) for a, b in zip(got, want)), default=0.0)
 
 
 class GeneratorFleet:

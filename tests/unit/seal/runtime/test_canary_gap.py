@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from seal.runtime.generator_fleet import canary_gap
+from seal.runtime.fleet_counters import canary_gap
 
 LEARNER = [-1.25, -0.5, -3.0, -0.75]
 BOUND = 0.05  # trainer.canary_max_diff's order
