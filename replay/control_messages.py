@@ -32,7 +32,7 @@ class RoundEnd:
 
 
 # seal/run/learner_steps.py (the trained and filtered trajectories) -> actors/coordinator (record)
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # eight fields, four of one type: named at every call
 class TagSummary:
     """Driver -> coordinator: the tags of one finished trajectory, for the failure profile."""
 

@@ -67,7 +67,14 @@ class LearnerSteps:
         self.actors.coordinator.record.remote(
             [
                 TagSummary(
-                    t.task_id, t.category, t.tags, t.labels, t.reward, t.success, t.progress, t.interface_version
+                    task_id=t.task_id,
+                    category=t.category,
+                    tags=t.tags,
+                    labels=t.labels,
+                    reward=t.reward,
+                    success=t.success,
+                    progress=t.progress,
+                    interface_version=t.interface_version,
                 )
                 for t in trajs
             ]

@@ -12,7 +12,14 @@ from replay.messages import Segment, Trajectory
 
 def summary(tags, reward=0.0, labels=None):
     return TagSummary(
-        "multi_turn_base_1", "base", tags, labels or [T.MISSING_TOOL_CALL] * len(tags), reward, bool(reward), 0.0, 0
+        task_id="multi_turn_base_1",
+        category="base",
+        tags=tags,
+        labels=labels or [T.MISSING_TOOL_CALL] * len(tags),
+        reward=reward,
+        success=bool(reward),
+        progress=0.0,
+        interface_version=0,
     )
 
 

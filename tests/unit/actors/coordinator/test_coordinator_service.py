@@ -15,7 +15,16 @@ def make() -> Coordinator:
 
 def summaries(k: int) -> list[TagSummary]:
     return [
-        TagSummary(f"t{i}", "base", ["empty_turn_model_response"], ["missing_tool_call"], 0.0, False, 0.0, 0)
+        TagSummary(
+            task_id=f"t{i}",
+            category="base",
+            tags=["empty_turn_model_response"],
+            labels=["missing_tool_call"],
+            reward=0.0,
+            success=False,
+            progress=0.0,
+            interface_version=0,
+        )
         for i in range(k)
     ]
 

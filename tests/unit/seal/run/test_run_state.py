@@ -35,7 +35,16 @@ def coordinator():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with local_ray(num_cpus=2, object_store_bytes=80 * 2**20):
         service = ray.remote(CoordinatorService).remote(make_coordinator)
-        summary = TagSummary("t0", "base", ["empty_turn_model_response"], ["missing_tool_call"], 0.0, False, 0.0, 0)
+        summary = TagSummary(
+            task_id="t0",
+            category="base",
+            tags=["empty_turn_model_response"],
+            labels=["missing_tool_call"],
+            reward=0.0,
+            success=False,
+            progress=0.0,
+            interface_version=0,
+        )
         ray.get(service.record.remote([summary] * 8), timeout=60)
         ray.get(service.end_round.remote(), timeout=60)  # interface v1: a state worth carrying
         yield service
