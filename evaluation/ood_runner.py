@@ -75,13 +75,14 @@ class OodRunner:
     def __init__(self, generator: Any, sampling: Any, *, snapshot: str, seed: int, details: Path | None = None) -> None:
         self.generator, self.sampling, self.snapshot, self.seed = generator, sampling, snapshot, seed
         self.details = details
-        self._counters: tuple[TokenCounter, TokenCounter] | None = None  # the agent's and the user's
+        self._agent: TokenCounter | None = None
+        self._user: TokenCounter | None = None
         self._server: ChatServer | None = None
         self._memory: dict[str, Any] = {}  # backend -> MemoryRun of this snapshot
         self._played: dict[str, set[str]] = {}  # backend -> scenarios whose chain this snapshot played
 
     def _chat(self) -> tuple[TokenCounter, TokenCounter]:
-        if self._counters is None:
+        if self._agent is None or self._user is None:
             from evaluation.ood_backend import GeneratorChat
             from rollout.generator import SamplingConfig
 
@@ -91,8 +92,8 @@ class OodRunner:
                 SamplingConfig(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
                 seed=self.seed,
             )
-            self._counters = TokenCounter(chat), TokenCounter(chat)
-        return self._counters
+            self._agent, self._user = TokenCounter(chat), TokenCounter(chat)
+        return self._agent, self._user
 
     def run(self, env: Mapping[str, Any], view: str, task_id: str) -> TaskResult:
         t0 = time.perf_counter()
