@@ -13,6 +13,7 @@ previous adapter served) misses by the adapter's effect, asserted to be over 100
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import torch
@@ -128,13 +129,14 @@ def test_a_request_in_flight_finishes_on_the_adapter_it_started_with(replica, le
     """update_mode pause under adapters: no drain, the old adapter stays while a request uses it."""
     gen, loop = replica
     old = gen.policy_version()
+    new = old + 1
+    tensors = trained(learner, tiny_path, new)  # before the request: the update must land while it runs
     long = loop.submit(
-        gen.generate([GenerationRequest("long", list(TOKENS), 96, 1)], SamplingConfig(temperature=1.0, seed=1))
+        gen.generate([GenerationRequest("long", list(TOKENS), 240, 1)], SamplingConfig(temperature=1.0, seed=1))
     )
     while not gen.adapters.served.users(old):  # the request holds its adapter once it is in the engine
         loop.run(_noop())
-    new = old + 1
-    loop.run(gen.update_weights(new, trained(learner, tiny_path, new)))
+    loop.run(gen.update_weights(new, tensors))
     assert gen.adapters.served.loaded() == [old, new]  # both held: the old one in use
     short = loop.run(gen.generate([GenerationRequest("short", list(TOKENS), 4, 2)], SamplingConfig(seed=2)))[0]
     assert short.policy_version == new and not short.spans
@@ -149,3 +151,25 @@ async def _noop() -> None:
     import asyncio
 
     await asyncio.sleep(0.01)
+
+
+def test_an_abort_update_continues_a_request_on_the_new_adapter(replica, learner, tiny_path):
+    """update_mode abort (and keep) under adapters: the request in flight is aborted and continued on
+    the new adapter, its tokens so far kept, each span with the adapter version that sampled it."""
+    gen, loop = replica
+    old, continued = gen.policy_version(), gen.stats()["continued"]
+    new = old + 1
+    tensors = trained(learner, tiny_path, new)  # before the request: the update must land while it runs
+    long = loop.submit(
+        gen.generate([GenerationRequest("cut", list(TOKENS), 240, 3)], SamplingConfig(temperature=1.0, seed=3))
+    )
+    while not gen.adapters.served.users(old):
+        loop.run(_noop())
+    time.sleep(0.5)  # a few tokens on the old adapter first (240 take a few seconds here)
+    loop.run(gen.update_weights(new, tensors, mode="abort"))
+    out = long.result(300)[0]
+    spans = out.version_spans()
+    assert [s.policy_version for s in spans] in ([old, new], [new]), spans  # [new]: aborted before a token
+    assert spans[-1].end == len(out.token_ids) == len(out.logprobs) > 0
+    assert gen.stats()["continued"] > continued  # aborted by the update and continued, not finished on the old one
+    assert gen.adapters.served.loaded() == [new]
