@@ -26,7 +26,7 @@ from benchmarks.chaos.schedule import RUN_ENDING, Fault
 
 REPO = Path(__file__).resolve().parents[2]
 PR_SET_CHILD_SUBREAPER = 36
-FILL_LEAVE_BYTES = 4 << 20  # a checkpoint of the tiny model is ~13 MB: 4 MB free fails it
+FILL_LEAVE_BYTES = 4 << 20  # a checkpoint of the tiny model is ~36 MB: 4 MB free fails it
 FILL_GIVE_UP_S = 180.0  # a disk_full no write met by then is released (reported "not hit")
 LEFTOVER_GRACE_S = 30.0  # after a driver's exit: what is still alive then is left over (and ended)
 

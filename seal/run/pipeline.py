@@ -142,6 +142,7 @@ class Pipeline:
         if resumed:
             self.ledger.restore(resumed.slots, self.state.version)
             self.replay.set_policy_version(self.state.version)
+            actors.learners.step = resumed.step  # its errors name the run's step, not this invocation's count
         self.publisher = self.publisher_type(
             fleet=actors.generators,
             learners=actors.learners,
