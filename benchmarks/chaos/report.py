@@ -121,7 +121,9 @@ def check_storage(storage: Path, run_dir: Path) -> dict[str, Any]:
         if rec["name"] == "A_0":
             continue
         path = Path(rec["weights"]) if Path(rec["weights"]).is_absolute() else run_dir / rec["weights"]
-        indexed.add(path.parent.name if path.name == "weights" else path.name)
+        # The snapshot's folder under snapshots/ (its weights sit one level down, e.g. A_1/v000028).
+        parts = path.parts
+        indexed.add(parts[parts.index("snapshots") + 1] if "snapshots" in parts else path.name)
         try:
             tensors = sum(len(load_file(f)) for f in sorted(path.glob("*.safetensors")))
             assert tensors > 0, f"no safetensors in {path}"
