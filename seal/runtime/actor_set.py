@@ -104,12 +104,6 @@ class ActorSet:
         # A LoRA learner publishing adapters: the replicas serve them (actors/generation/adapters.py).
         lora = (spec.get("cfg") or {}).get("lora")
         gen_spec = adapter_serving_spec(gen_spec, lora, is_async_engine(gen_spec.get("_target_")))
-        from actors.generation.adapters import adapter_serving_spec
-        from seal.runtime.generator_spec import is_async_engine
-
-        # A LoRA learner publishing adapters: the replicas serve them (actors/generation/adapters.py).
-        lora = (spec.get("cfg") or {}).get("lora")
-        gen_spec = adapter_serving_spec(gen_spec, lora, is_async_engine(gen_spec.get("_target_")))
         group, fleet = settings.learner, settings.generator
         io = run_io_bounds(cfg, settings)  # checkpoint, resume and snapshot bounded by their bytes
         replicas = fleet.replicas
