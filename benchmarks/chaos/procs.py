@@ -120,5 +120,7 @@ def zombie(pid: int) -> bool:
 
 
 def alive(p: Proc) -> bool:
+    """The same process (pid and start time), not yet dead: a zombie is dead, since a killed
+    child whose parent died too waits for a reaper that a container's pid 1 may never be."""
     st = _stat(p.pid)
-    return st is not None and st[1] == p.started
+    return st is not None and st[1] == p.started and not zombie(p.pid)
