@@ -34,6 +34,7 @@ from seal.runtime.fleet_counters import FleetCounters, canary_gap
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 from seal.runtime.handles import ReplicaHandle, kill
 from seal.runtime.layout_guard import spread_choice
+from seal.runtime.replica_deaths import ReplicaDeaths
 from seal.runtime.router import ReplicaRouter
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class GeneratorFleet:
         self.probes: dict[str, tuple[Any, float]] = {}  # replica -> (awaiting_weights ref, sent)
         self.restoring: set[str] = set()  # out of the router until they have the latest weights
         self._probed: dict[str, float] = {}
+        self.deaths = ReplicaDeaths(max_restarts)  # a replica Ray gave up on ends the run, not a wait
         self.restores: dict[str, tuple[Any, int, float]] = {}  # replica -> (update ref, version, started)
         self.published_version = 0
         self.counters = FleetCounters()
@@ -77,9 +79,8 @@ class GeneratorFleet:
         self.canary_ids: list[int] = []
         self.canary_max_diff = 1.0
         self._expected: tuple[int, list[float]] | None = None
-        self.canaries: dict[
-            Any, tuple[str, int, list[float]]
-        ] = {}  # prompt_logprobs ref -> (replica, version, expected)
+        # prompt_logprobs ref -> (replica, version, expected)
+        self.canaries: dict[Any, tuple[str, int, list[float]]] = {}
         self._made = 0
         self.chosen_nodes: dict[str, str] = {}  # replica -> the node asked for at its start
         names = [self._start(await_weights=False) for _ in range(count)]
@@ -312,11 +313,13 @@ class GeneratorFleet:
                 # memory monitor): out of the router until it answers; the driver goes on.
                 if self._engine_dead(name, exc):
                     continue
+                self.deaths.failed(name, isinstance(exc, ray.exceptions.ActorDiedError), self.chosen_nodes.get(name))
                 if not isinstance(exc, ray.exceptions.RayActorError):
                     log.warning("generator replica %s did not answer its probe (%s)", name, exc.__class__.__name__)
                 if name in self.handles:
                     self._take_out(name)
                 continue
+            self.deaths.answered(name)
             if name not in self.handles or not (awaiting or name in self.restoring):
                 continue
             self._take_out(name)
