@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=47, help="the fault schedule's seed (recorded)")
     p.add_argument("--mean-gap-s", type=float, default=60.0, help="mean seconds between faults (random schedule)")
+    p.add_argument(
+        "--steady-tail-min",
+        type=float,
+        default=0.0,
+        help="last minutes with no run-ending fault and kills of the youngest process of a kind, so the "
+        "oldest of each kind lives through them and its memory growth is measured (random schedule)",
+    )
     p.add_argument("--one-each", action="store_true", help="every fault kind once, in a seeded order, --gap-s apart")
     p.add_argument("--gap-s", type=float, default=15.0, help="seconds between faults with --one-each")
     p.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated")
@@ -63,8 +70,12 @@ def main(argv: list[str]) -> int:
     schedule = (
         one_each(args.seed, args.gap_s, kinds)
         if args.one_each
-        else random_schedule(args.seed, duration_s, args.mean_gap_s, kinds)
+        else random_schedule(args.seed, duration_s, args.mean_gap_s, kinds, args.steady_tail_min * 60)
     )
+    if args.one_each and args.steady_tail_min:
+        raise ValueError("--steady-tail-min shapes the random schedule; --one-each has none")
+    if not 0 <= args.steady_tail_min < args.minutes:
+        raise ValueError(f"--steady-tail-min {args.steady_tail_min} must lie in [0, --minutes {args.minutes})")
     out = args.out or Path(tempfile.mkdtemp(prefix="seal-chaos-"))
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} is not empty: a soak starts a run of its own")
@@ -77,6 +88,7 @@ def main(argv: list[str]) -> int:
         checkpoint_every=args.checkpoint_every,
         extra_overrides=list(args.overrides),
         until_done=args.one_each,
+        steady_from_s=duration_s - args.steady_tail_min * 60 if args.steady_tail_min else None,
     )
     with soak:
         soak.run()
@@ -88,6 +100,7 @@ def main(argv: list[str]) -> int:
         started=started,
         command="seal chaos " + " ".join(argv),
         schedule=[f.to_dict() for f in schedule],
+        steady_tail_min=args.steady_tail_min,
         processor=_processor(),
     )
     (out / "chaos.json").write_text(json.dumps(report, indent=1, default=str))

@@ -27,15 +27,17 @@ def _slope(points: list[tuple[float, float]]) -> float | None:
     return None if var == 0 else sum((x - mx) * (y - my) for x, y in points) / var
 
 
-def processes(samples: list[dict[str, Any]], end_t: float) -> dict[str, dict[str, Any]]:
+def processes(
+    samples: list[dict[str, Any]], end_t: float, tail_from_t: float | None = None
+) -> dict[str, dict[str, Any]]:
     """Per kind: the first and last reading, the per-step slope of each measure (median over the
-    kind's processes that lived 20 steps or more), and RSS growth over the soak's last half in the
-    process of that kind that covered most of it."""
+    kind's processes that lived 20 steps or more), and RSS growth over the soak's tail (from
+    ``tail_from_t``; by default its last half) in the process of that kind that covered most of it."""
     by_pid: dict[tuple[str, int], list[dict]] = {}
     for s in samples:
         by_pid.setdefault((s["kind"], s["pid"]), []).append(s)
     out: dict[str, dict[str, Any]] = {}
-    half = end_t / 2
+    tail_from = end_t / 2 if tail_from_t is None else tail_from_t
     for kind in sorted({k for k, _ in by_pid}):
         lives = [v for (k, _), v in by_pid.items() if k == kind]
         first = min(lives, key=lambda v: v[0]["t"])[0]
@@ -48,15 +50,17 @@ def processes(samples: list[dict[str, Any]], end_t: float) -> dict[str, dict[str
                 if v[-1]["step"] - v[0]["step"] >= 20 and (s := _slope([(x["step"], x[m]) for x in v])) is not None
             ]
             row[m] = {"start": first[m], "end": last[m], "per_step": statistics.median(slopes) if slopes else None}
-        late = [[x for x in v if x["t"] >= half] for v in lives]
+        late = [[x for x in v if x["t"] >= tail_from] for v in lives]
         late = [v for v in late if len(v) >= 2]
         if late:
             v = max(late, key=lambda v: v[-1]["t"] - v[0]["t"])
-            row["rss_last_half"] = {
+            row["rss_tail"] = {
                 "pid": v[0]["pid"],
+                "from_s": round(tail_from, 1),
                 "minutes": round((v[-1]["t"] - v[0]["t"]) / 60, 1),
                 "from_kb": v[0]["rss_kb"],
                 "to_kb": v[-1]["rss_kb"],
+                "max_kb": max(x["rss_kb"] for x in v),
                 "growth": v[-1]["rss_kb"] / v[0]["rss_kb"] - 1 if v[0]["rss_kb"] else None,
             }
         out[kind] = row
@@ -165,6 +169,7 @@ def raw(soak) -> dict[str, Any]:
         "samples": soak.samples,
         "not_injected": getattr(soak, "not_injected", []),
         "torn_rows": soak.torn_rows,
+        "steady_from_s": soak.steady_from_s,
     }
 
 
@@ -204,7 +209,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         "given_up_counter": sum(r.get("given_up", 0) for r in last_rows.values()),
         "tokens": token_books(rows),
         "fault_to_trained_step": fault_recovery(injected, rows),
-        "processes": processes(raw["samples"], raw["seconds"]),
+        "processes": processes(raw["samples"], raw["seconds"], raw.get("steady_from_s")),
         "storage": raw["storage"],
         "invocations": invocations,
         "completed": bool(invocations) and invocations[-1]["rc"] == 0,
@@ -238,15 +243,15 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{kind:<16}{report['faults'].get(kind, 0):>6}{_f(rec['median_s']):>28}{_f(rec['max_s']):>8}")
     lines += [
         "",
-        f"{'process':<18}{'n':>3}{'RSS MB start/end':>18}{'KB/step':>9}{'fds':>10}{'/step':>7}{'threads':>9}{'/step':>7}{'RSS last half':>22}",
+        f"{'process':<18}{'n':>3}{'RSS MB start/end':>18}{'KB/step':>9}{'fds':>10}{'/step':>7}{'threads':>9}{'/step':>7}{'RSS over the tail':>22}",
     ]
     for kind, p in report["processes"].items():
         r, f, th = p["rss_kb"], p["fds"], p["threads"]
-        half = p.get("rss_last_half")
-        half_s = f"{half['growth']:+.1%} over {half['minutes']} min" if half and half["growth"] is not None else "-"
+        tail = p.get("rss_tail")
+        tail_s = f"{tail['growth']:+.1%} over {tail['minutes']} min" if tail and tail["growth"] is not None else "-"
         lines.append(
             f"{kind:<18}{p['processes']:>3}{r['start'] / 1024:>9.0f}/{r['end'] / 1024:<8.0f}{_f(r['per_step']):>9}"
-            f"{f['start']:>5}/{f['end']:<4}{_f(f['per_step'], 3):>7}{th['start']:>5}/{th['end']:<3}{_f(th['per_step'], 3):>7}{half_s:>22}"
+            f"{f['start']:>5}/{f['end']:<4}{_f(f['per_step'], 3):>7}{th['start']:>5}/{th['end']:<3}{_f(th['per_step'], 3):>7}{tail_s:>22}"
         )
     st = report["storage"]
     lines += [

@@ -40,14 +40,25 @@ class Fault:
 
 
 def random_schedule(
-    seed: int, duration_s: float, mean_gap_s: float, kinds: tuple[str, ...] = tuple(KINDS)
+    seed: int,
+    duration_s: float,
+    mean_gap_s: float,
+    kinds: tuple[str, ...] = tuple(KINDS),
+    steady_tail_s: float = 0.0,
 ) -> list[Fault]:
-    """Faults at exponential gaps of mean ``mean_gap_s`` over ``duration_s``, kinds drawn by ``WEIGHTS``."""
+    """Faults at exponential gaps of mean ``mean_gap_s`` over ``duration_s``, kinds drawn by ``WEIGHTS``.
+
+    In the last ``steady_tail_s`` only kinds the run survives in place are drawn: no restart then, so
+    the processes that live through the tail show whether memory grows (a restart resets it)."""
     rng = random.Random(seed)
-    weights = [WEIGHTS[k] for k in kinds]
+    survivable = tuple(k for k in kinds if k not in RUN_ENDING)
+    if steady_tail_s > 0 and not survivable:
+        raise ValueError(f"a steady tail needs a kind the run survives in place; --kinds has only {', '.join(kinds)}")
     out, t = [], rng.expovariate(1 / mean_gap_s)
     while t < duration_s:
-        out.append(Fault(round(t, 1), rng.choices(kinds, weights)[0], rng.random(), round(rng.uniform(5, 20), 1)))
+        pool = survivable if t >= duration_s - steady_tail_s else kinds
+        kind = rng.choices(pool, [WEIGHTS[k] for k in pool])[0]
+        out.append(Fault(round(t, 1), kind, rng.random(), round(rng.uniform(5, 20), 1)))
         t += rng.expovariate(1 / mean_gap_s)
     return out
 

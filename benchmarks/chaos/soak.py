@@ -99,6 +99,10 @@ class Soak:
     # (the fixed one-of-each soak); False: run the whole duration.
     until_done: bool = False
     settle_steps: int = 3
+    # Soak seconds from which faults that end the run are held back (None: never), and a kill strikes
+    # the youngest process of its kind: the oldest of each kind lives through this tail, so its memory
+    # growth over the tail is measured on one process (a restart would reset it).
+    steady_from_s: float | None = None
     # what happened
     injected: list[dict[str, Any]] = field(default_factory=list)
     invocations: list[Invocation] = field(default_factory=list)
@@ -275,7 +279,7 @@ class Soak:
             # start: a replica killed while the fleet starts fails the start (one line, see
             # docs/reliability.md), and the soak measured restarts, not recoveries.
             return False
-        if fault.kind in RUN_ENDING and inv.ended_by is not None:
+        if fault.kind in RUN_ENDING and (inv.ended_by is not None or self.in_steady_tail()):
             return False
         detail: dict[str, Any] = {}
         if fault.kind.endswith(("_kill", "_stop")) and fault.kind != "driver_kill":
@@ -283,6 +287,8 @@ class Soak:
             if not targets:
                 return False
             target = targets[min(int(fault.pick * len(targets)), len(targets) - 1)]
+            if fault.kind.endswith("_kill") and self.in_steady_tail():
+                target = targets[-1]  # the youngest (pids rise): the oldest outlives the tail
             if fault.kind.endswith("_kill"):
                 os.kill(target.pid, signal.SIGKILL)
             else:
@@ -314,6 +320,9 @@ class Soak:
             }
         )
         return True
+
+    def in_steady_tail(self) -> bool:
+        return self.steady_from_s is not None and self.now() >= self.steady_from_s
 
     def _fill(self) -> int:
         stat = os.statvfs(self.mount)

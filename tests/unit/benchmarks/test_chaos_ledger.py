@@ -50,3 +50,18 @@ def test_the_schedule_is_the_seeds():
     assert sorted(f.kind for f in each) == sorted(KINDS) and [f.at_s for f in each] == [
         15.0 * (i + 1) for i in range(len(KINDS))
     ]
+
+
+def test_a_steady_tail_draws_no_run_ending_fault_and_keeps_the_rest():
+    plain, steady = random_schedule(47, 3600, 45), random_schedule(47, 3600, 45, steady_tail_s=1800)
+    assert [f.at_s for f in plain] == [f.at_s for f in steady]  # the same times: only the tail's kinds differ
+    tail = [f for f in steady if f.at_s >= 1800]
+    assert tail and not any(f.kind in RUN_ENDING for f in tail)
+    assert {f.kind for f in tail} == set(KINDS) - set(RUN_ENDING)
+    assert [f for f in plain if f.at_s < 1800] == [f for f in steady if f.at_s < 1800]
+    try:
+        random_schedule(1, 600, 30, kinds=RUN_ENDING, steady_tail_s=60)
+    except ValueError as exc:
+        assert "survives in place" in str(exc)
+    else:
+        raise AssertionError("a tail with only run-ending kinds must be refused")

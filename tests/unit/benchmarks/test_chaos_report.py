@@ -14,10 +14,10 @@ def test_growth_is_a_slope_per_step_and_the_last_half_of_the_longest_life():
     got = processes(samples, end_t=400.0)
     learner = got["learner"]
     assert abs(learner["rss_kb"]["per_step"] - 10.0) < 1e-9 and learner["fds"]["per_step"] == 0
-    assert learner["rss_last_half"]["from_kb"] == 1200 and learner["rss_last_half"]["to_kb"] == 1400
-    assert abs(learner["rss_last_half"]["growth"] - 1 / 6) < 1e-9
+    assert learner["rss_tail"]["from_kb"] == 1200 and learner["rss_tail"]["to_kb"] == 1400
+    assert abs(learner["rss_tail"]["growth"] - 1 / 6) < 1e-9
     assert got["env"]["rss_kb"]["per_step"] is None  # lived 4 steps: no slope claimed
-    assert "rss_last_half" not in got["env"]  # gone before the last half
+    assert "rss_tail" not in got["env"]  # gone before the last half
 
 
 def test_recovery_is_the_time_to_the_next_trained_step_and_books_add_closed_invocations():
@@ -36,3 +36,26 @@ def test_recovery_is_the_time_to_the_next_trained_step_and_books_add_closed_invo
         "unattributed": 0,
         "generated_in_invocations_a_fault_ended": 100,
     }
+
+
+def test_the_tail_window_starts_where_the_soak_said_and_takes_the_longest_life_in_it():
+    # Two learner processes: the first lives to t=250, the second from t=200 on; the tail starts at 240.
+    first = [
+        {"t": 10.0 * i, "step": i, "pid": 3, "kind": "learner", "rss_kb": 900, "fds": 1, "threads": 1}
+        for i in range(26)
+    ]
+    second = [
+        {
+            "t": 200.0 + 10 * i,
+            "step": 20 + i,
+            "pid": 8,
+            "kind": "learner",
+            "rss_kb": 1000 + (50 if i == 5 else 0),
+            "fds": 1,
+            "threads": 1,
+        }
+        for i in range(21)
+    ]
+    tail = processes(first + second, end_t=400.0, tail_from_t=240.0)["learner"]["rss_tail"]
+    assert tail["pid"] == 8 and tail["from_s"] == 240.0 and tail["minutes"] == round(160 / 60, 1)
+    assert tail["growth"] == 0.0 and tail["max_kb"] == 1050  # a passing peak shows in max, not in growth
