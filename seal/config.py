@@ -8,9 +8,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from learner.config import LearnerConfig
+from seal.config_checks import at_least, check_fields
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -116,10 +117,6 @@ def instantiate_spec(spec: dict) -> Any:
 
 
 # ------------------------------------------------------------------ the trainer group
-def _at_least(low: int | float, why: str = "") -> Any:
-    return field(metadata={"min": low, "why": why})
-
-
 @dataclass(frozen=True, kw_only=True)  # built from a mapping: fields in the YAML's order
 class TrainerConfig:
     """The ``trainer:`` group, typed. Its values are written once, in configs/config.yaml (recipes,
@@ -127,32 +124,32 @@ class TrainerConfig:
     line before anything starts. ``TrainerConfig.of(cfg)`` builds it from a composed config."""
 
     mode: Literal["sync", "async"]
-    steps: int = _at_least(1)
-    groups_per_step: int = _at_least(1)
-    max_staleness: int = _at_least(0)
+    steps: int = at_least(1)
+    groups_per_step: int = at_least(1)
+    max_staleness: int = at_least(0)
     stale_policy: Literal["drop", "downweight"]
     reissue_after_s: float = field(metadata={"above": 0})
-    checkpoint_every: int = _at_least(0, "0: never")
+    checkpoint_every: int = at_least(0, "0: never")
     storage: str | None
-    checkpoint_keep: int = _at_least(0, "0: keep all")
+    checkpoint_keep: int = at_least(0, "0: keep all")
     # The slowest storage (MB/s) a checkpoint, its resume and a snapshot may meet: each may take
     # learner.timeout_s plus its bytes at this rate (seal/estimate/io_bounds.py).
     storage_min_mb_s: float = field(metadata={"above": 0})
-    snapshot_every: int = _at_least(0, "0: A_0 and the end of each run only")
+    snapshot_every: int = at_least(0, "0: A_0 and the end of each run only")
     closed_loop: bool
     per_category_guidelines: bool
     skip_overlong: bool
     filter_groups: Literal["none", "zero_variance"]
-    oversample: int = _at_least(0)  # async mode only (admission_oversample)
-    min_group_size: int | None = _at_least(1, "null: the whole group")
+    oversample: int = at_least(0)  # async mode only (admission_oversample)
+    min_group_size: int | None = at_least(1, "null: the whole group")
     episode_deadline_s: float | None = field(metadata={"above": 0, "why": "null: no deadline"})
-    fill_patience: int = _at_least(1, "batches of filtered groups")
+    fill_patience: int = at_least(1, "batches of filtered groups")
     unfilled: Literal["skip", "partial"]
     weight_canary: bool
     canary_max_logprob_diff: float = field(metadata={"above": 0})
 
     def __post_init__(self) -> None:
-        _check_fields(self, {f.name: f"trainer.{f.name}" for f in fields(self)})
+        check_fields(self, {f.name: f"trainer.{f.name}" for f in fields(self)})
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError("trainer.mode=async needs trainer.max_staleness >= 1 (0 is sync mode)")
 
@@ -200,7 +197,7 @@ class LearnerGroupConfig:
 
     model_path: str
     group_size: int
-    world_size: int = _at_least(1, "learner ranks")
+    world_size: int = at_least(1, "learner ranks")
     timeout_s: float = field(metadata={"above": 0})  # every collective of the ranks' group and control call
     step_timeout_s: float = field(metadata={"above": 0})  # one training step on every rank
     cfg: LearnerConfig
@@ -209,7 +206,7 @@ class LearnerGroupConfig:
     DRIVER_KEYS: ClassVar[tuple[str, ...]] = ("backend", "device", "mini_batch_groups")
 
     def __post_init__(self) -> None:
-        _check_fields(self, {f.name: f"learner.{f.name}" for f in fields(self)})
+        check_fields(self, {f.name: f"learner.{f.name}" for f in fields(self)})
 
     @property
     def backend(self) -> str:
@@ -253,12 +250,12 @@ class GeneratorConfig:
     max_model_len: int
     device: str
     dtype: str
-    tensor_parallel_size: int = _at_least(1)
+    tensor_parallel_size: int = at_least(1)
     enable_prefix_caching: bool
     enforce_eager: bool
     seed: int
     weight_sync: Literal["reload", "broadcast"]
-    replicas: int = _at_least(1, "engines behind the router")
+    replicas: int = at_least(1, "engines behind the router")
     gpu_memory_utilization: float | None  # the CUDA options'
     cpu_kv_cache_gb: float | None  # the CPU options': GiB per worker
     cpu_threads_bind: str | int | None  # the blocking CPU engine's
@@ -278,7 +275,7 @@ class GeneratorConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_fields(self, {f.name: f"generator.{'_target_' if f.name == 'target' else f.name}" for f in fields(self)})
+        check_fields(self, {f.name: f"generator.{'_target_' if f.name == 'target' else f.name}" for f in fields(self)})
         memory = "gpu_memory_utilization" if self.device == "cuda" else "cpu_kv_cache_gb"
         if getattr(self, memory) is None:  # what `seal plan` sizes the KV cache by
             raise ValueError(f"generator.{memory} is not set (each {self.device} option of configs/generator/ sets it)")
@@ -319,7 +316,7 @@ class ModelConfig:
     OPTIONAL: ClassVar[tuple[str, ...]] = ("spec", "family", "chat_template_kwargs")
 
     def __post_init__(self) -> None:
-        _check_fields(self, {f.name: f"model.{f.name}" for f in fields(self)})
+        check_fields(self, {f.name: f"model.{f.name}" for f in fields(self)})
 
     @classmethod
     def of(cls, cfg: DictConfig) -> ModelConfig:
@@ -386,14 +383,6 @@ def _required(node: Mapping[str, Any], group: str, paths: Mapping[str, str]) -> 
     return out
 
 
-def _check_fields(obj: Any, keys: Mapping[str, str]) -> None:
-    """Each field of the frozen dataclass ``obj`` as its type has it, or ValueError naming its key."""
-    hints = get_type_hints(type(obj))
-    for f in fields(obj):
-        # object.__setattr__: the one place a frozen instance takes a value (an int given for a float)
-        object.__setattr__(obj, f.name, _checked(keys[f.name], hints[f.name], getattr(obj, f.name), f.metadata))
-
-
 def recorded_trainer(node: DictConfig) -> dict[str, Any]:
     """A run's recorded trainer settings (RUN_DIR/config.yaml) as TrainerConfig takes them: a
     setting the run predates reads as configs/config.yaml has it now, and one since retired
@@ -444,37 +433,3 @@ def rebase_targets(node: DictConfig) -> int:
 
     walk(node)
     return moved
-
-
-def _checked(key: str, hint: Any, value: Any, meta: Mapping[str, Any]) -> Any:
-    """``value`` as the field's type has it, or ValueError naming the key."""
-    if get_origin(hint) is Literal:
-        choices = get_args(hint)
-        if value not in choices:
-            raise ValueError(f"{key} must be {' or '.join(choices)}, got {value!r}")
-        return value
-    if hint is bool and not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, got {value!r}")
-    if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ValueError(f"{key} must be an integer, got {value!r}")
-    if hint is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        value = float(value)
-    if hint == (str | None) and value is not None and not isinstance(value, str):
-        raise ValueError(f"{key} must be a path or null, got {value!r}")
-    if hint == (int | None) and value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ValueError(f"{key} must be an integer or null, got {value!r}")
-    if hint == (float | None) and value is not None:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            what = "a number of seconds" if key.endswith("_s") else "a number"
-            raise ValueError(f"{key} must be {what} or null, got {value!r}")
-        value = float(value)
-    if value is None:
-        return value
-    why = f" ({meta['why']})" if meta.get("why") else ""
-    if "min" in meta and value < meta["min"]:
-        raise ValueError(f"{key} must be >= {meta['min']}{why}, got {value!r}")
-    if "above" in meta and value <= meta["above"]:
-        raise ValueError(f"{key} must be > {meta['above']}, got {value!r}")
-    return value
