@@ -259,6 +259,7 @@ def test_generator_compares_blocking_and_continuous_batching(tmp_path):
     assert r["targets"][0]["measured"] is None  # no point at >= 8 episodes in this run
 
 
+@pytest.mark.slow  # two learner benches: 28 s on 2 cores (CI, 2026-12-06)
 def test_learner_reports_phases_flops_and_the_peak_against_a_baseline_checkout(tmp_path):
     """One tiny learner step per system; the baseline is this checkout again (any commit's worktree works)."""
     repo = Path(__file__).resolve().parents[2]

@@ -97,6 +97,7 @@ def test_the_minimal_env_trains_by_the_pages_command_from_a_folder_of_its_own(tm
     assert f"- {tmp_path / 'examples' / 'minimal'}" in config  # python_path: seal evaluate finds the module again
 
 
+@pytest.mark.slow  # a whole run: 38 s on 2 cores (CI, 2026-12-06); the thermostat's run stays default
 def test_a_verdict_out_of_bounds_mid_run_stops_the_run_in_one_line(tmp_path):
     project = user_project(tmp_path)
     (project / "broken_units.py").write_text(BROKEN)

@@ -44,6 +44,7 @@ def bare_run(run_dir):
     return run_dir
 
 
+@pytest.mark.slow  # two harnesses on vLLM: 41 s on 2 cores (CI, 2026-12-06)
 def test_ood_harness_views_through_seal_evaluate(tmp_path):
     from seal.run.snapshots import INDEX, snapshot_root
 

@@ -292,6 +292,7 @@ def _join_then_exit(host: str, port: int, world_size: int) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow  # about a minute on 2 cores (CI, 2026-12-06); its silent-receiver sibling is slow too
 def test_a_weight_round_a_replica_leaves_fails_alone_and_the_group_trains_on(tiny_path, batch, zero3_group):
     """A replica dying mid-round fails the broadcast on rank 0 (WeightGroupError) while rank 1 finishes
     its gathers: the learner group is whole, so the run goes on (the fleet restores the replica and

@@ -5,7 +5,8 @@ records, snapshots), its closing frozen evaluation, then a resume that publishes
 broadcast weight group. Every publish's canary (vLLM's logprobs against the learner's on the same
 weights, seal/runtime/generator_fleet.py) must pass for the architecture.
 
-The default suite runs qwen3-twin (Qwen3: q/k norms, a reasoning template); the others are slow."""
+All are slow (minutes each); the default suite keeps qwen3-twin's model check
+(tests/integration/test_model_check_cli.py) without the whole loop."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def rows_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("twin", ["qwen3-twin", *[pytest.param(t, marks=pytest.mark.slow) for t in SLOW]])
+@pytest.mark.slow  # 156 s for qwen3-twin on 2 cores (CI, 2026-12-06); the model check stays default
+@pytest.mark.parametrize("twin", ["qwen3-twin", *SLOW])
 def test_a_twin_trains_is_evaluated_and_resumes_on_the_other_weight_path(tmp_path, twin):
     run_dir = tmp_path / "run"
     common = [

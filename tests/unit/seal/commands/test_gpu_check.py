@@ -49,6 +49,7 @@ def test_table_and_pytest_counts():
     assert summary_counts("no tests ran") == {}
 
 
+@pytest.mark.slow  # a learner step per row: about a minute on 2 cores (CI, 2026-12-06)
 @pytest.mark.integration
 def test_the_learner_rows_run_on_cpu():
     """The bf16 learner step, the reference's precision hook and the plan comparison, on the CPU (the
