@@ -50,6 +50,10 @@ def base_overrides(run_dir: Path, storage: Path, chaos_dir: Path, replicas: int,
         f"trainer.storage={storage}",
         "evaluation.final=false",
         "cluster.env_actors=2",
+        # A soak kills the same actor many times (in its tail always the youngest); the default budget
+        # of 3 restarts per actor would end the run with ReplicaGone, tested on its own
+        # (tests/unit/seal/runtime/test_replica_deaths.py): here every kill must be survived.
+        "cluster.max_restarts=1000",
         f"generator.replicas={replicas}",
         "generator._target_=benchmarks.chaos.engine_faults.ChaosAsyncGenerator",
         f"+generator.chaos_dir={chaos_dir}",
