@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from families.registry import Family, detect_family, end_token_ids, family_named
+from rollout.harmony_chat import HarmonyRenderer
 
 Message = dict[str, Any]
 
@@ -70,8 +71,6 @@ class ChatTokenizer:
         self.kwargs = {**family.template_kwargs, **self.template_kwargs}
         self.harmony = None
         if family.renderer == "harmony":
-            from rollout.harmony_chat import HarmonyRenderer
-
             try:
                 self.harmony = HarmonyRenderer(self.tokenizer, self.kwargs)
             except ValueError as exc:

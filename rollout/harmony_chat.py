@@ -21,6 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from weights.cache import cache_root
+
 # SHA-256 of https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken, the file
 # openai-harmony checks a download against.
 O200K_BASE_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -76,8 +78,6 @@ def _encoding(vocab_dir: str) -> Any:
 
 
 def harmony_encoding(tokenizer: Any) -> Any:
-    from weights.cache import cache_root
-
     vocab_dir = cache_root() / "harmony"
     o200k_base_file(tokenizer.get_vocab(), vocab_dir)
     return _encoding(str(vocab_dir))

@@ -19,10 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from env_pool.base import Environment, EpisodeResult, Outcome
 from env_pool.interface.state import RAW_INTERFACE, InterfaceState
+from env_pool.registry import category_of
 from replay.control_messages import GroupStats
 from replay.messages import InfraFault, Segment, Trajectory
 from rollout.chat import ChatBuildError, ChatTokenizer
@@ -263,7 +265,6 @@ def _result(ep: _Episode, task_id: str) -> EpisodeResult:
     except Exception:
         if ep.fault is None:
             raise
-    from env_pool.registry import category_of
 
     try:
         category = category_of(task_id)
@@ -339,8 +340,6 @@ def _play_lockstep(episodes: list[_Episode], play: _Play) -> None:
 
 
 def _play_independently(episodes: list[_Episode], play: _Play) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     def run(ep: _Episode) -> None:
         step = 0
         while ep.active:
