@@ -136,39 +136,49 @@ def write_adapter(model: Any, directory: str | Path) -> tuple[Path, int]:
     return out, sum(f.stat().st_size for f in out.iterdir() if f.is_file())
 
 
-def merged_weights(peft_model: Any) -> dict[str, Any]:
+def merged_weights(peft_model: Any, device: Any = None) -> dict[str, Any]:
     """The base model's weights with the adapter merged in (W + scaling x B A), under the base
-    model's own names: what a generator loading whole weights (not adapters) serves for this policy."""
+    model's own names: what a generator loading whole weights (not adapters) serves for this policy.
+    ``device``: where the merged tensors go, each as it is made (None: beside the policy's), so a
+    CUDA learner merging onto the host holds one merged weight on the GPU at a time."""
     from peft.tuners.lora import LoraLayer
 
     inner = peft_model.get_base_model()
-    deltas: dict[str, Any] = {}
-    for name, module in inner.named_modules():
-        layer: Any = module  # each LoRA layer kind (Linear, Embedding, ...) defines get_delta_weight
-        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
-            deltas[f"{name}.base_layer.weight"] = layer.get_delta_weight(ADAPTER)
+    layers: dict[str, Any] = {  # each LoRA layer kind (Linear, Embedding, ...) defines get_delta_weight
+        f"{name}.base_layer.weight": module
+        for name, module in inner.named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    }
     out = {}
     for name, tensor in inner.state_dict().items():
         if ".lora_" in name:
             continue
-        merged = tensor.detach() + deltas[name].to(tensor.dtype) if name in deltas else tensor.detach()
-        out[name.replace(".base_layer.", ".")] = merged
+        # One delta at a time: made, added, dropped (all at once they are the linear layers' size again).
+        merged = (
+            tensor.detach() + layers[name].get_delta_weight(ADAPTER).to(tensor.dtype)
+            if name in layers
+            else tensor.detach()
+        )
+        out[name.replace(".base_layer.", ".")] = merged if device is None else merged.to(device)
     return out
 
 
-def merged_model(peft_model: Any, model_path: str) -> Any:
+def merged_model(peft_model: Any, model_path: str, on_host: bool = False) -> Any:
     """A plain model of ``model_path``'s class holding ``merged_weights``: weights out of a LoRA
     learner (whole-model publishes, snapshots the evaluators load) read it, then drop it. Built per
-    call, so the learner holds no second copy of the weights between calls."""
+    call, so the learner holds no second copy of the weights between calls. ``on_host``: built in
+    host memory (what copies the weights to the host anyway: snapshots, the object store's buckets),
+    not beside the policy, whose GPU then holds no second model (seal/estimate/memory.py)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    weights = merged_weights(peft_model)
+    device: Any = "cpu" if on_host else next(peft_model.parameters()).device
+    weights = merged_weights(peft_model, device="cpu" if on_host else None)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"merged LoRA weights do not fit {model_path}: missing {missing}, unexpected {unexpected}")
-    return model.to(next(peft_model.parameters()).device).eval()
+    return model.to(device).eval()
 
 
 def adapter_tensors(peft_model: Any, dtype: Any = None) -> dict[str, Any]:

@@ -76,12 +76,13 @@ class WeightsOut:
         return {k: v.detach().cpu().clone() for k, v in named_tensors()}
 
     @contextlib.contextmanager
-    def _out_model(self):
+    def _out_model(self, on_host: bool = False):
         """The model weights leave from: the policy, or under LoRA the base with the adapter merged,
-        under the base's names, built for this call and dropped after (learner/lora.py)."""
+        under the base's names, built for this call and dropped after (learner/lora.py); ``on_host``:
+        the call copies every weight to the host anyway, so the merged model is built there."""
         from learner.lora import lora_on, merged_model
 
-        yield merged_model(self.model, self.model_path) if lora_on(self.cfg) else self.model
+        yield merged_model(self.model, self.model_path, on_host) if lora_on(self.cfg) else self.model
 
     @property
     def bucket_bytes(self) -> int:
@@ -104,7 +105,7 @@ class WeightsOut:
         # Cut buckets to the larger of the trained and the sent element: neither the gathered
         # bucket on the device nor the object in the store exceeds the bucket size.
         element_size = torch.empty((), dtype=target).element_size() if target is not None else 0
-        with self._out_model() as model:
+        with self._out_model(on_host=True) as model:
             buckets = model_weight_buckets(model, self.zero3, self.bucket_bytes, element_size)
             stats = _Tally(self.zero3)
             if self.rank != 0:
@@ -137,7 +138,7 @@ class WeightsOut:
 
         from learner.weight_broadcast import checkpoint_tensors
 
-        with self._out_model() as model:
+        with self._out_model(on_host=True) as model:
             weights = self._full_cpu(  # under the checkpoint's names, as vLLM loads them (checkpoint_tensors)
                 lambda: (
                     pair for name, p in model.named_parameters() for pair in checkpoint_tensors(model, name, p.data)
@@ -157,7 +158,7 @@ class WeightsOut:
         holds the whole model beyond its shard, on the device or the host; ``last_stats`` says
         what this rank took."""
         t0 = time.perf_counter()
-        with self._out_model() as model:
+        with self._out_model(on_host=True) as model:
             return self._write_snapshot(model, Path(out_dir) / f"v{version:06d}", version, step, t0)
 
     def _write_snapshot(self, model, out: Path, version: int, step: int, t0: float) -> tuple[Path, float]:

@@ -25,6 +25,8 @@ TERMS = {
     "weights_out": "weights out (rank 0)",
     "adapter": "LoRA adapter (fp32)",
     "merged_weights": "merged model (LoRA snapshot)",
+    "merge_weight": "LoRA merge (1 weight, delta)",
+    "merged_model": "merged model (LoRA snapshot)",
 }
 PHASES = {
     "policy_forward": "the policy's forward",
@@ -64,6 +66,8 @@ def plan_table(plan) -> str:
     total = plan.learner_est.device_bytes / GB
     of = f"  of {plan.learner_capacity_gb:g} GB" if plan.learner_capacity_gb else ""
     lines.append(f"  {'total':<34}{total:>8.2f}{of}")
+    if plan.learner_capacity_note:
+        lines.append(f"  ({plan.learner_capacity_note})")
     for term, value in plan.learner_est.host.items():
         lines.append(f"  {'host: ' + _label(term):<34}{value / GB:>8.2f}")
     lines.append("")
@@ -95,9 +99,18 @@ def plan_table(plan) -> str:
     if plan.layout is not None:
         lines.append("placement (actors per node):")
         lines += [f"  {describe_node(n)}" for n in plan.layout.nodes]
+        lines += [f"  {shared_line(g, plan)}" for g in plan.shared_gpus]
     lines += [f"note: {n}" for n in plan.notes]
     lines.append("fits: yes" if plan.fits else "fits: no")
     return "\n".join(lines)
+
+
+def shared_line(g, plan) -> str:
+    """A GPU that fractional asks share and its tenants' memory (seal/estimate/shared_gpus.py)."""
+    from seal.estimate.shared_gpus import describe
+
+    gpu_gb = next(n.gpu_gb for n in plan.layout.nodes if n.name == g.node)
+    return describe(g, gpu_gb)
 
 
 def _adapter_lines(gs, ge, where: str) -> list[str]:
@@ -125,6 +138,7 @@ def plan_json(plan) -> dict[str, Any]:
             "world_size": ls.world_size,
             "device": ls.device,
             "capacity_gb": plan.learner_capacity_gb,
+            "capacity_note": plan.learner_capacity_note,
             "host_gb_per_rank": round(plan.learner_est.host_bytes / GB, 3),
             "micro_batch_tokens": tokens,
             "scored_tokens": scored,
@@ -156,6 +170,15 @@ def plan_json(plan) -> dict[str, Any]:
             "snapshot_s": round(plan.io.snapshot_s, 1),
             "storage_min_mb_s": plan.io.min_mb_s,
         },
+        "shared_gpus": [
+            {
+                "node": g.node,
+                "gpu": g.index,
+                "gb": round(g.memory_gb(), 3),
+                "tenants": [{"actor": t.name, "share": t.share, "gb": t.gb, "how": t.how} for t in g.tenants],
+            }
+            for g in plan.shared_gpus
+        ],
         "nodes": None
         if plan.layout is None
         else [

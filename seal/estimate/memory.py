@@ -27,7 +27,9 @@ is refused): gradients, master partition and optimizer state count the adapter's
 (``ModelSpec.lora_params``: R x (in + out) of every linear layer but the head), there is no reference
 copy (the reference is the base with the adapter off), the policy forward's autocast caches casts of
 the adapter alone (the base's one weight at a time, as the reference's), and a snapshot for the
-evaluators builds the merged model for the call: a phase of its own holding another 4P.
+evaluators builds the merged model for the call: another 4P, in host memory (a phase holding one
+weight, its delta and their sum on the device), or on the device when publishes broadcast merged
+weights (``lora_merge_on_device``: lora.publish merged with weight_sync broadcast).
 
 Phases of a step (T tokens forwarded in a micro-batch: micro_batch_size x seq_len, or, packed
 with shared_prefix and micro_batch_size >= 2, prompt + micro_batch_size x response; K =
@@ -175,6 +177,7 @@ class LearnerSetup:
     weight_bucket_mb: float = 256.0  # ZeRO-3 gathers weights out (publish, the generator's copy) this many MB at a time
     logprob_head: str = "chunked"  # chunked (learner/token_logprobs.py) | full (whole-vocabulary logits kept)
     lora_rank: int | None = None  # learner.cfg.lora.rank: an adapter trains, the base is frozen
+    lora_merge_on_device: bool = False  # the merged model is built beside the policy (a merged broadcast)
 
     @property
     def stage(self) -> int:
@@ -333,7 +336,11 @@ def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
     put("buffers", 2 * bucket if stage in (1, 2) else bucket if stage == 3 else 0, False)
     phases = learner_phases(m, s)
     if s.lora_rank:  # a snapshot's merged model (learner/lora.py merged_model), built for the call
-        phases["snapshot_merge"] = {"merged_weights": 4.0 * p}
+        on_host = s.device == "cuda" and not s.lora_merge_on_device
+        largest = max(m.embedding_params(), m.hidden * m.intermediate)
+        # On the host: the device holds one weight's delta and their sum at a time (learner/lora.py merged_weights).
+        phases["snapshot_merge"] = {"merge_weight": 8.0 * largest} if on_host else {"merged_weights": 4.0 * p}
+        put("merged_model", 4.0 * p if on_host else 0, True)
     peak = max(phases, key=lambda name: sum(phases[name].values()))
     for term, value in phases[peak].items():
         put(term, value, False)

@@ -42,6 +42,7 @@ from seal.estimate.plan_layout import (
     nodes_from_ray,
     place,
 )
+from seal.estimate.shared_gpus import SharedGpu, learner_room_gb, overcommitted, shared_gpus
 
 SPECS_DIR = "model_specs"  # configs/model_specs/<name>/config.json: architecture numbers only
 BUNDLED_SPECS = {"embedded": "smollm2-135m-instruct", "tiny": "tiny-llama-smollm2-tok"}
@@ -66,6 +67,8 @@ class Plan:
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     io: IoBounds | None = None  # how long checkpoint, resume and snapshot may take (seal/estimate/io_bounds.py)
+    shared_gpus: list[SharedGpu] = field(default_factory=list)  # GPUs fractional asks share
+    learner_capacity_note: str = ""  # why a learner rank's capacity is what it is (a shared GPU)
 
     @property
     def fits(self) -> bool:
@@ -132,6 +135,9 @@ def learner_setup(cfg, s: Settings) -> LearnerSetup:
         weight_bucket_mb=float(lc.weight_bucket_mb),
         logprob_head=lc.logprob_head,
         lora_rank=lc.lora.rank if lc.lora is not None else None,
+        lora_merge_on_device=lc.lora is not None
+        and lc.lora.publish == "merged"
+        and s.generator.weight_sync == "broadcast",
     )
 
 
@@ -256,9 +262,6 @@ def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Pla
     barrier = closing_barrier_problem(m, ls, s.learner.timeout_s, s.trainer.storage_min_mb_s)
     if barrier and s.trainer.checkpoint_every:
         plan.problems.append(barrier)
-    _check_learner(plan, cluster)
-    _check_generator(plan, cluster, cfg, gpu_gb)
-    plan.problems += group_problems(s, cluster)  # the collective groups' members on their backend's devices
     if nodes is not None:
         plan.layout = place(
             demands(cluster, replicas, ls.world_size, lest, ls.device == "cuda", gen_est, gs.device == "cuda"),
@@ -266,6 +269,12 @@ def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Pla
             cluster.spread_env_actors,
             check_custom=where.startswith("the running cluster"),
         )
+        if gpu_gb:
+            _share_gpus(plan, gpu_gb)
+    _check_learner(plan, cluster)
+    _check_generator(plan, cluster, cfg, gpu_gb)
+    plan.problems += group_problems(s, cluster)  # the collective groups' members on their backend's devices
+    if plan.layout is not None:
         plan.problems += layout_problems(plan.layout)
         idle = sum(n.free.get("GPU", 0.0) for n in plan.layout.nodes)
         if idle >= 1 and not plan.layout.unplaced:
@@ -274,6 +283,34 @@ def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Pla
                 + (" (generator.replicas, issue 14, would take them)" if gs.device == "cuda" else "")
             )
     return plan
+
+
+def _share_gpus(plan: Plan, gpu_gb: float) -> None:
+    """GPUs that fractional asks share (seal/estimate/shared_gpus.py): a learner rank's capacity is the
+    GPU less its co-tenants' memory; a shared GPU without a learner rank is checked here."""
+    assert plan.layout is not None
+    gs = plan.generator
+    memory = {
+        "learner": (plan.learner_est.device_bytes / GB, "estimated") if plan.learner.device == "cuda" else (None, ""),
+        "generator": (
+            plan.generator_est.reserved_per_gpu / GB,
+            f"gpu_memory_utilization {gs.gpu_memory_utilization:g} x {gpu_gb:g} GB",
+        )
+        if gs.device == "cuda"
+        else (None, ""),
+    }
+    placed = [
+        (n.name, n.capacity.get("GPU", 0.0), [(d.role, d.index, d.resources) for d in n.placed])
+        for n in plan.layout.nodes
+    ]
+    plan.shared_gpus = shared_gpus(placed, memory)
+    room = learner_room_gb(plan.shared_gpus, gpu_gb)
+    if room is not None:
+        plan.learner_capacity_gb = round(room[0], 2)
+        plan.learner_capacity_note = f"{gpu_gb:g} GB less what shares its GPU: " + ", ".join(
+            t.describe() for t in room[1]
+        )
+    plan.problems += overcommitted(plan.shared_gpus, gpu_gb)
 
 
 def _check_learner(plan: Plan, cluster: ClusterConfig) -> None:
@@ -350,7 +387,8 @@ def _check_generator(plan: Plan, cluster: ClusterConfig, cfg, gpu_gb: float | No
         plan.problems.append(
             f"generator.tensor_parallel_size={tp} does not split {m.heads} attention / {m.kv_heads} KV heads"
         )
-    if cluster.generator.num_gpus < tp:
+    # A fraction of one GPU is a replica of TP 1 sharing it (its memory: seal/estimate/shared_gpus.py).
+    if cluster.generator.num_gpus < tp and not (tp == 1 and 0 < cluster.generator.num_gpus < 1):
         plan.problems.append(
             f"generator.tensor_parallel_size={tp} but cluster.generator.num_gpus={cluster.generator.num_gpus:g}"
         )

@@ -189,7 +189,7 @@ def test_every_generator_configs_engine_keywords_pass_the_engine_settings_checks
     assert settings.device == ("cuda" if generator.endswith("gpu") else "cpu")
 
 
-@pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8"])
+@pytest.mark.parametrize("recipe", ["qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8", "qwen7b_lora_1x1"])
 def test_gpu_recipes_recompute_every_micro_batch_as_their_plan_assumes(recipe):
     """seal/estimate/memory.py sizes a recipe's learner with recomputation on every micro-batch; the CPU
     default's 2048-token threshold (configs/learner/sizes/cpu.yaml: short shopping groups) must not reach them."""
@@ -228,6 +228,8 @@ def test_the_learner_options_are_one_base_and_their_backend():
 
 
 RECIPES = ("qwen3b_1x4", "qwen7b_1x8", "qwen7b_2x8")
+# Recipes that train a LoRA adapter: their lr is LoRA's (~10x full training's), written in the recipe.
+LORA_RECIPES = {"qwen7b_lora_1x1": 1.0e-5}
 
 
 def test_lr_is_written_once_where_it_belongs_and_each_composition_ends_with_its_own():
@@ -240,15 +242,19 @@ def test_lr_is_written_once_where_it_belongs_and_each_composition_ends_with_its_
         for p in config_dir().rglob("*.yaml")
         if any(leaf == "lr" or leaf.endswith(".lr") for leaf in _leaves(yaml.safe_load(p.read_text()) or {}))
     }
-    assert writers == {"learner/base/learner.yaml", "learner/sizes/cpu.yaml"}
+    assert writers == {"learner/base/learner.yaml", "learner/sizes/cpu.yaml"} | {
+        f"recipe/{r}.yaml" for r in LORA_RECIPES
+    }
     assert compose([]).learner.cfg.lr == 1.0e-5  # the CPU default
     for extra in ([], ["algo=seal_paper"], ["algo=seal_release"], ["ablation=vanilla_rl"]):
         assert compose(extra).learner.cfg.lr == 1.0e-5, extra
         for recipe in RECIPES:
             assert compose([f"recipe={recipe}", *extra]).learner.cfg.lr == 1.0e-6, (recipe, extra)
+        for recipe, lr in LORA_RECIPES.items():
+            assert compose([f"recipe={recipe}", *extra]).learner.cfg.lr == lr, (recipe, extra)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", [*RECIPES, *LORA_RECIPES])
 def test_a_recipe_keeps_none_of_the_cpu_defaults_learner_sizes(recipe):
     """A recipe states only where it differs from the learner base: what it leaves unsaid is the
     base's (the paper's), never the CPU default's."""
@@ -259,4 +265,4 @@ def test_a_recipe_keeps_none_of_the_cpu_defaults_learner_sizes(recipe):
     assert all(own[k] != base.get(k) for k in own), {k: own[k] for k in own if own[k] == base.get(k)}
     lc = compose([f"recipe={recipe}"]).learner.cfg
     for key in ("lr", "shared_prefix", "mini_batch_groups", "gradient_checkpointing_min_tokens"):
-        assert lc[key] == base[key], key
+        assert lc[key] == (LORA_RECIPES[recipe] if key == "lr" and recipe in LORA_RECIPES else base[key]), key
