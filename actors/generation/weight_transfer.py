@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
+import torch  # noqa: TID253 - this module is itself in banned-module-level-imports: imported lazily
 
 # Named where the engine settings pick a device's backend (importing no torch or vLLM there).
 from actors.generation.engine_settings import GLOO_TRANSFER_BACKEND as BACKEND
