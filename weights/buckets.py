@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from weights.precision import from_wire_arrays, to_wire_arrays
+
 FETCH_TIMEOUT_S = 600.0  # one bucket out of the store; a publish is bounded by the generator's update timeout too
 
 
@@ -87,8 +89,6 @@ def put_buckets(buckets: Iterator[Sequence[tuple[str, Any]]], dtype: str, bucket
     caller's iterator may reuse or free a bucket's tensors once the next is asked for."""
     import ray
 
-    from weights.precision import to_wire_arrays
-
     refs, sizes, params, elements = [], [], 0, 0
     for bucket in buckets:
         wire = to_wire_arrays(bucket)
@@ -104,8 +104,6 @@ def put_buckets(buckets: Iterator[Sequence[tuple[str, Any]]], dtype: str, bucket
 def _tensors(arrays: Mapping[str, Any]) -> dict[str, Any]:
     """A fetched bucket as name -> tensor over the store's read-only memory: the engine copies
     them into its own parameters, so wrapping without a copy is safe."""
-    from weights.precision import from_wire_arrays
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*non-writable.*")
         return from_wire_arrays(arrays)

@@ -24,13 +24,18 @@ actors/generation/weight_worker.py; the learner's side is learner/weight_broadca
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-import torch
+import torch  # noqa: TID253 - this module is itself in banned-module-level-imports: imported lazily
+
+from weights.netif import use_node_interface
 
 _STORE_PREFIX = "seal-weight-sync"
 BACKENDS = ("gloo", "nccl")
@@ -137,8 +142,8 @@ class WeightGroup:
         rank: int,
         world_size: int,
         backend: str,
-        device: str | torch.device = "cpu",
-        timeout_s: float = 600.0,
+        device: str | torch.device,
+        timeout_s: float,  # learner.timeout_s: every join and round (configs/learner/base/learner.yaml)
         op_timeout_s: float = OP_TIMEOUT_S,
         label: str | None = None,
     ) -> None:
@@ -182,8 +187,6 @@ class WeightGroup:
             from torch.distributed import PrefixStore, TCPStore
             from torch.distributed.distributed_c10d import ProcessGroupGloo
 
-            from weights.netif import use_node_interface
-
             use_node_interface()  # reachable from the other nodes, not the hostname's 127.0.0.1 (weights/netif.py)
             timeout = timedelta(seconds=timeout_s)
             store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
@@ -205,9 +208,6 @@ class WeightGroup:
 
     # ------------------------------------------------------------ members
     def _announce(self, label: str | None) -> None:
-        import os
-        import socket
-
         if self.rank == 0 or self._store is None:
             return
         who = label or f"pid {os.getpid()} on {socket.gethostname()}"
@@ -397,7 +397,6 @@ class WeightGroup:
             # Dropping a gloo group waits for an operation still pending (a receive rank 0 will never
             # feed, when its word in the store ended the round) until that operation's own bound: the
             # abort, and the last reference, go to a thread of their own.
-            import threading
 
             holder = [pg]
             del pg

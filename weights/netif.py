@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 
+import psutil  # Ray's own dependency
+
 
 def interface_with(ip: str) -> str | None:
     """The name of the interface that holds ``ip`` (None: no interface here holds it)."""
-    import psutil  # Ray's own dependency
-
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address == ip for a in addrs):
             return name

@@ -22,8 +22,12 @@ import os
 import shutil
 import tarfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from weights.cache import cache_root
 
 NPM_VERSION = "3.7.2"
 # A mirror may stand in for the public registry: the integrity check makes the source irrelevant.
@@ -117,8 +121,6 @@ def _source(key: str) -> TokenizerSource:
 
 
 def tokenizer_dir(key: str) -> Path:
-    from weights.cache import cache_root
-
     src = _source(key)
     return cache_root() / "tokenizers" / f"{src.key}-{src.version}"
 
@@ -149,9 +151,6 @@ def verify_integrity(data: bytes, integrity: str, what: str = "tarball") -> None
 
 def download(url: str, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> bytes:
     """The bytes at ``url``, or a RuntimeError of one line naming the URL and the reason."""
-    import urllib.error
-    import urllib.request
-
     request = urllib.request.Request(url, headers={"User-Agent": "seal-rl (tokenizer fetch)"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

