@@ -20,8 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.before_after import Rate, before_after_rows, row_record
+from env_pool.interface.state import RAW_INTERFACE
+from evaluation.before_after import HELD_IN_ALL, Rate, before_after_rows, row_record
 from evaluation.catalog import task_category
+from evaluation.curves import held_in, in_category, rate_record
+from rollout.play import run_episodes
 
 FINAL_FILE, FINAL_TASKS_FILE = "final.json", "final_tasks.jsonl"
 
@@ -53,8 +56,6 @@ def final_tasks(
 
 def opening_prompt(make_env: Callable[[], Any], chat: Any, task_id: str) -> list[int]:
     """The token ids a snapshot sees first on ``task_id`` under the raw interface."""
-    from env_pool.interface.state import RAW_INTERFACE
-
     return list(chat.prompt_ids(make_env().reset(task_id, RAW_INTERFACE)))
 
 
@@ -83,9 +84,6 @@ def play_snapshot(
     details: Path | None = None,
 ) -> SnapshotRun:
     """Every task once on the generator's current weights, raw interface, played together."""
-    from env_pool.interface.state import RAW_INTERFACE
-    from rollout.play import run_episodes
-
     if sampling.temperature != 0.0:
         raise ValueError(f"the closing evaluation is greedy; got temperature {sampling.temperature}")
     digest = prompt_digest(opening_prompt(make_env, chat, tasks.task_ids[0]))
@@ -127,9 +125,6 @@ def play_snapshot(
 
 def curve_point(run: SnapshotRun, step: int, held_out: Sequence[str]) -> dict[str, Any]:
     """One snapshot's success per category and over the held-in pool (counts and 95% intervals)."""
-    from evaluation.before_after import HELD_IN_ALL
-    from evaluation.curves import held_in, in_category, rate_record
-
     categories = sorted({c for c, _ in run.results.values()}, key=lambda c: (c in held_out, c))
     rows = {c: in_category(run.results, c) for c in categories}
     if len([c for c in categories if c not in held_out]) > 1:

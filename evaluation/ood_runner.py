@@ -26,13 +26,15 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from env_pool.ood import bfcl_memory as M
+from env_pool.ood import tau2
+from env_pool.ood.openai_server import ChatServer
+from evaluation.ood_backend import GeneratorChat, tool_agent
 from evaluation.ood_views import HARNESS_KEY, split_tau2_id
 from evaluation.records import TaskResult
-
-if TYPE_CHECKING:
-    from env_pool.ood.openai_server import ChatServer
+from rollout.generator import GeneratorUnavailable, SamplingConfig
 
 AGENT_NAME, USER_NAME = "seal-policy", "seal-user-simulator"  # model names on the local endpoint
 TAU2_OUTCOMES = {
@@ -83,9 +85,6 @@ class OodRunner:
 
     def _chat(self) -> tuple[TokenCounter, TokenCounter]:
         if self._agent is None or self._user is None:
-            from evaluation.ood_backend import GeneratorChat
-            from rollout.generator import SamplingConfig
-
             s = self.sampling
             chat = GeneratorChat(
                 self.generator,
@@ -106,8 +105,6 @@ class OodRunner:
             else:
                 raise ValueError(f"unknown OOD harness {harness!r}")
         except Exception as exc:  # the harness itself failed: a process error, never a policy verdict
-            from rollout.generator import GeneratorUnavailable
-
             if isinstance(exc, GeneratorUnavailable):
                 raise
             category = env.get("domain") or env.get("backend") or "unknown"
@@ -130,9 +127,6 @@ class OodRunner:
         return result
 
     def _tau2(self, env: Mapping[str, Any], view: str, task_id: str) -> tuple[TaskResult, dict]:
-        from env_pool.ood import tau2
-        from env_pool.ood.openai_server import ChatServer
-
         domain, tid = split_tau2_id(task_id)
         if domain != env["domain"]:
             raise ValueError(f"task {task_id} is not in the {env['domain']} domain")
@@ -172,9 +166,6 @@ class OodRunner:
         return result, detail
 
     def _memory_question(self, env: Mapping[str, Any], view: str, task_id: str) -> tuple[TaskResult, dict]:
-        from env_pool.ood import bfcl_memory as M
-        from evaluation.ood_backend import tool_agent
-
         backend = env["backend"]
         agent_chat, _ = self._chat()
         agent = tool_agent(agent_chat)

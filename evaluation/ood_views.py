@@ -20,7 +20,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
-from env_pool.ood import AVAILABLE_VIEWS, MEMORY_LABEL, TAU2_SIMULATOR_NOTE, UNAVAILABLE_VIEWS, VIEW_TARGETS
+from env_pool.ood import (
+    AVAILABLE_VIEWS,
+    MEMORY_LABEL,
+    TAU2_SIMULATOR_NOTE,
+    UNAVAILABLE_VIEWS,
+    VIEW_TARGETS,
+    bfcl_memory,
+    tau2,
+)
 from evaluation.records import OOD_TEST
 from evaluation.view_base import View, ViewBuilder, ViewContext, register_in
 
@@ -89,10 +97,7 @@ def view_task_ids(view: str) -> list[str]:
     """Every task of a harness view, in the harness's own order."""
     harness, target = VIEW_TARGETS[view]
     if harness == "tau2":
-        from env_pool.ood import tau2
-
         return [tau2_task_id(target, t) for t in tau2.task_ids(target)]
-    from env_pool.ood import bfcl_memory
 
     return [q.id for q in bfcl_memory.load(target).questions]
 

@@ -20,8 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from env_pool.interface.state import RAW_INTERFACE
 from evaluation.catalog import task_category
 from evaluation.records import TaskResult
+from rollout.generator import GeneratorUnavailable
+from rollout.play import run_episodes, run_group
 
 
 def settings_key(**parts: Any) -> str:
@@ -80,10 +83,6 @@ def run_task(
     here as a crash. Either way the verifier's verdict (or a failure, when
     there is none) stays the success value and the error is a diagnostic.
     """
-    from env_pool.interface.state import RAW_INTERFACE
-    from rollout.generator import GeneratorUnavailable
-    from rollout.play import run_group
-
     t0 = time.perf_counter()
     try:
         (traj,) = run_group(
@@ -132,10 +131,6 @@ def play_tasks(
     evaluation plays them (rollout/play.py run_episodes: one engine batch per generation step).
     An exception out of the batch as a whole (not the engine going away) plays the tasks again one
     at a time, so a task that crashes costs only its own result."""
-    from env_pool.interface.state import RAW_INTERFACE
-    from rollout.generator import GeneratorUnavailable
-    from rollout.play import run_episodes
-
     t0 = time.perf_counter()
     try:
         trajectories = run_episodes(
