@@ -14,12 +14,14 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks._report import to_json
+from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,8 +98,6 @@ class LoadProbe:
             self._sample()
 
     def __enter__(self) -> LoadProbe:
-        import threading
-
         self._first: dict[int, int] = {}
         self._last: dict[int, int] = {}
         self._started = False
@@ -171,7 +171,6 @@ def machine() -> dict[str, Any]:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 
     # The flags that decide dtype auto (and the speed of bf16) go beside every figure.
     flags = read_cpu_flags()

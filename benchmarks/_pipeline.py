@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import log
+from seal.config import compose, instantiate
+from seal.run.pipeline import Pipeline
+from seal.run.run_dir import create_run_dir
+from seal.runtime.placement import start_ray
 
 # Applied before the user's overrides (which win): the toy env keeps steps
 # short enough to repeat; checkpoints and snapshots are not part of a step.
@@ -30,17 +34,12 @@ BASE_OVERRIDES = [
 
 
 def compose_cfg(overrides: Sequence[str], defaults: Sequence[str] = ()):
-    from seal.config import compose
-
     return compose([*BASE_OVERRIDES, *defaults, *overrides])
 
 
 @contextlib.contextmanager
 def ray_session(cfg) -> Iterator[None]:
     import ray
-
-    from seal.config import instantiate
-    from seal.runtime.placement import start_ray
 
     owns = not ray.is_initialized()
     start_ray(instantiate(cfg.cluster))
@@ -60,9 +59,6 @@ class PipelineRun:
     def __init__(
         self, cfg, overrides: Sequence[str], steps: int, warmup: int, before: Callable[[Any], Any] | None = None
     ) -> None:
-        from seal.run.pipeline import Pipeline
-        from seal.run.run_dir import create_run_dir
-
         self.before_result = None
         self.staleness: list[int] = []
         with tempfile.TemporaryDirectory(prefix="seal-bench-") as tmp:

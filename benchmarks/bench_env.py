@@ -17,7 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, figure, log, save_figure, summary, table
+from benchmarks._common import REPO, error_bars, figure, log, save_figure, summary, table
+from env_pool.base import play_scripted
+from env_pool.bfcl.env import BfclEnv
+from env_pool.bfcl.replay import ground_truth_turns
+from env_pool.bfcl.tasks import get_task, split_ids
 
 NAME = "env"
 
@@ -33,10 +37,6 @@ class ReplayEnvActor:
     """One env worker: a BfclEnv and the recorded step texts of its tasks."""
 
     def __init__(self, index: int, task_ids: list[str], tool_format: str) -> None:
-        from env_pool.bfcl.env import BfclEnv
-        from env_pool.bfcl.replay import ground_truth_turns
-        from env_pool.bfcl.tasks import get_task
-
         self.env = BfclEnv(tool_format=tool_format)
         # Each actor starts at a different task so the pool plays a mix at any moment.
         shift = (index * 97) % len(task_ids)
@@ -45,8 +45,6 @@ class ReplayEnvActor:
         self.cursor = 0
 
     def play(self, episodes: int) -> dict[str, Any]:
-        from env_pool.base import play_scripted
-
         steps = calls = failed = 0
         t0 = time.perf_counter()
         for _ in range(episodes):
@@ -86,8 +84,6 @@ def _measure(actors: list, episodes: int) -> dict[str, float]:
 
 def run(args) -> dict[str, Any]:
     import ray
-
-    from env_pool.bfcl.tasks import split_ids
 
     counts = sorted({int(x) for x in args.actors.split(",") if x.strip()})
     if not counts or counts[0] < 1:
@@ -171,8 +167,6 @@ def render(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> Path:
-    from benchmarks._common import error_bars
-
     fig, (ax,) = figure(1)
     counts = report["actors"]
     med, err = error_bars(report["episodes_per_s_spread"])

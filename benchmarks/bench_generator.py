@@ -25,6 +25,7 @@ with the canary (one fixed prompt's logprobs) after it.
 from __future__ import annotations
 
 import asyncio
+import glob
 import math
 import random
 import threading
@@ -33,7 +34,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from actors.generation.async_vllm_engine import AsyncVllmGenerator
+from actors.generation.server import GeneratorServer
+from actors.generation.vllm_engine import VllmGenerator
 from benchmarks._common import figure, log, save_figure, summary, table, target
+from rollout.generator import GenerationRequest, SamplingConfig
+from weights.model_assets import resolve_model
 
 NAME = "generator"
 MODES = ("pause", "keep", "abort")
@@ -77,8 +83,6 @@ def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str
 
     One sampling config for every call, as in a run (the blocking server merges only calls
     with equal sampling); each turn's budget is the request's max_new_tokens."""
-    from rollout.generator import GenerationRequest, SamplingConfig
-
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=max(b for _, budgets in plan for b in budgets))
 
     waits: list[float] = []
@@ -112,9 +116,6 @@ def _play(generate, plan, concurrency: int, env_s: float, seed: int) -> dict[str
 
 
 def _blocking(args, levels: list[int]) -> dict[int, list[dict]]:
-    from actors.generation.server import GeneratorServer
-    from actors.generation.vllm_engine import VllmGenerator
-
     server = GeneratorServer(lambda: VllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1))
     try:
         return _sweep(args, levels, server.generate, "blocking")
@@ -138,8 +139,6 @@ def _sweep(args, levels, generate, label: str) -> dict[int, list[dict]]:
 
 
 def _continuous(args, levels: list[int]) -> tuple[dict[int, list[dict]], dict[str, Any], dict[str, Any]]:
-    from actors.generation.async_vllm_engine import AsyncVllmGenerator
-
     loops = [_Loop(), _Loop()]
     gens = [AsyncVllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1)]
     loops[0].run(gens[0].max_model_len())
@@ -170,8 +169,6 @@ def _continuous(args, levels: list[int]) -> tuple[dict[int, list[dict]], dict[st
 
 def _updates(args, gen, loop) -> dict[str, Any]:
     """Each mode with 8 episodes' requests in flight: update seconds, bytes, canary seconds."""
-    from weights.model_assets import resolve_model
-
     weights = _load_weights(str(resolve_model(args.model)))
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())
     version = loop.run(_value(gen.policy_version))
@@ -210,8 +207,6 @@ async def _value(fn):
 
 
 def _load_weights(path: str) -> dict:
-    import glob
-
     from safetensors.torch import load_file
 
     sd: dict = {}

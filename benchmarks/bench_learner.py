@@ -31,7 +31,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from benchmarks._common import REPO, figure, log, save_figure, summary, table, target
+from env_pool import tags as T
+from learner.packing import common_prefix_length
+from rollout.chat import ChatTokenizer
+from seal.config import compose, instantiate
+from weights.model_assets import load_tokenizer, resolve_model
 
 NAME = "learner"
 SHAPES = {
@@ -65,13 +72,6 @@ def add_arguments(parser) -> None:
 
 def _shape_batch(shape: str, overrides: list[str], seed: int) -> tuple[list[dict], Any]:
     """One group of the shape's config: the env's first training prompt, n synthetic rollouts."""
-    from omegaconf import OmegaConf
-
-    from env_pool import tags as T
-    from rollout.chat import ChatTokenizer
-    from seal.config import compose, instantiate
-    from weights.model_assets import load_tokenizer
-
     cfg = compose([*SHAPES[shape], *overrides])
     env, interface = instantiate(cfg.env), instantiate(cfg.interface)
     chat = ChatTokenizer(load_tokenizer(str(cfg.model.path)))
@@ -124,9 +124,6 @@ def _shape_batch(shape: str, overrides: list[str], seed: int) -> tuple[list[dict
 def step_flops(model_path: str, batch: list[dict], kl: bool, packed: bool, lora: bool = False) -> float:
     """Useful FLOPs of one learner step on ``batch`` (one group): see the module docstring."""
     from transformers import AutoConfig
-
-    from learner.packing import common_prefix_length
-    from weights.model_assets import resolve_model
 
     c = AutoConfig.from_pretrained(str(resolve_model(model_path)))
     d, layers, heads = c.hidden_size, c.num_hidden_layers, c.num_attention_heads

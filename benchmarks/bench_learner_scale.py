@@ -21,7 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from benchmarks._common import figure, log, save_figure, summary, table
+from benchmarks._pipeline import compose_cfg, ray_session
+from env_pool import tags as T
+from env_pool.tags import RELEASED_BASE_WEIGHTS
+from replay.messages import Segment, Trajectory
+from seal.config import LearnerGroupConfig, instantiate, instantiate_spec
+from seal.runtime.learner_group import LearnerGroup
 
 NAME = "learner-scale"
 
@@ -36,9 +44,6 @@ def add_arguments(parser) -> None:
 
 
 def synthetic_batch(groups: int, n: int, tokens: int, prompt_share: float, seed: int):
-    from env_pool import tags as T
-    from replay.messages import Segment, Trajectory
-
     rng = random.Random(seed)
     out = []
     for g in range(groups):
@@ -75,12 +80,6 @@ def synthetic_batch(groups: int, n: int, tokens: int, prompt_share: float, seed:
 
 
 def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from env_pool.tags import RELEASED_BASE_WEIGHTS
-    from seal.config import LearnerGroupConfig, instantiate, instantiate_spec
-    from seal.runtime.learner_group import LearnerGroup
-
     spec = OmegaConf.to_container(cfg.learner, resolve=True)
     spec["world_size"] = world_size
     cluster = instantiate(cfg.cluster)
@@ -118,8 +117,6 @@ def _measure(cfg, world_size: int, batches: dict[str, list], repeats: int) -> di
 
 
 def run(args) -> dict[str, Any]:
-    from benchmarks._pipeline import compose_cfg, ray_session
-
     sizes = [int(x) for x in args.world_sizes.split(",") if x.strip()]
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or not shapes or set(shapes) - {"toy", "bfcl"}:

@@ -26,7 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actors.generation.vllm_engine import VllmGenerator
 from benchmarks._common import figure, log, save_figure, summary, table
+from env_pool import tags as T
+from env_pool.tags import RELEASED_BASE_WEIGHTS
+from learner.engine import Learner, LearnerConfig
+from learner.loss import LossConfig
+from replay.messages import Segment, Trajectory
+from rollout.generator import GenerationRequest, SamplingConfig
+from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
 
 NAME = "precision"
 DTYPES = ("float32", "bfloat16")
@@ -49,9 +57,6 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 
 def _trajectories(outputs, prompts, group: str) -> list:
-    from env_pool import tags as T
-    from replay.messages import Segment, Trajectory
-
     out = []
     for i, (o, p) in enumerate(zip(outputs, prompts)):
         ids = list(p) + list(o.token_ids)
@@ -84,9 +89,6 @@ def _trajectories(outputs, prompts, group: str) -> list:
 
 
 def _learner(model: str, dtype: str, n: int):
-    from learner.engine import Learner, LearnerConfig
-    from learner.loss import LossConfig
-
     cfg = LearnerConfig(
         backend="torch", dtype=dtype, mini_batch_groups=1, micro_batch_size=1, loss=LossConfig(kl_coef=0.0), lr=1e-6
     )  # no reference model: the policy's cost alone
@@ -94,8 +96,6 @@ def _learner(model: str, dtype: str, n: int):
 
 
 def _generate(gen, prompts, new_tokens: int, seed: int):
-    from rollout.generator import GenerationRequest, SamplingConfig
-
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, seed=seed)
     reqs = [GenerationRequest(f"r{seed}-{i}", p, new_tokens, seed=seed + i) for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
@@ -104,9 +104,6 @@ def _generate(gen, prompts, new_tokens: int, seed: int):
 
 
 def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
-    from actors.generation.vllm_engine import VllmGenerator
-    from env_pool.tags import RELEASED_BASE_WEIGHTS
-
     n = args.sequences
     gen = VllmGenerator(args.model, dtype=dtype, max_model_len=4096, cpu_kv_cache_gb=1)
     try:
@@ -168,8 +165,6 @@ def _measure_dtype(args, dtype: str, learner, seed0: int) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
-    from weights.precision import BF16_CPU_FLAGS, read_cpu_flags, resolve_dtype
-
     args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
     bad = [s for s in args.shape_list if s not in SHAPES]
     if bad or args.sequences < 2:

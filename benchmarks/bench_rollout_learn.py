@@ -16,13 +16,24 @@ the learner twice before the pipeline starts, which changes no throughput.
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import error_bars, figure, log, save_figure, summary, table, target
+from omegaconf import OmegaConf
+
+from actors.generation.server import RemoteGenerator
+from benchmarks._common import error_bars, figure, log, median, save_figure, summary, table, target
 from benchmarks._pipeline import PipelineRun, compose_cfg, env_fraction, ray_session, trajectories_per_s
+from env_pool.base import play_scripted
+from env_pool.interface.state import InterfaceState
+from env_pool.tags import RELEASED_BASE_WEIGHTS
+from rollout.chat import ChatTokenizer
+from rollout.play import GroupStats, run_group
+from seal.config import TrainerConfig, instantiate, instantiate_spec
+from weights.model_assets import load_tokenizer
 
 NAME = "rollout-learn"
 METRICS = (
@@ -43,19 +54,7 @@ def add_arguments(parser) -> None:
 
 
 def _alone(pipeline) -> dict[str, float]:
-    import functools
-
     import ray
-    from omegaconf import OmegaConf
-
-    from actors.generation.server import RemoteGenerator
-    from env_pool.base import play_scripted
-    from env_pool.interface.state import InterfaceState
-    from env_pool.tags import RELEASED_BASE_WEIGHTS
-    from rollout.chat import ChatTokenizer
-    from rollout.play import GroupStats, run_group
-    from seal.config import instantiate, instantiate_spec
-    from weights.model_assets import load_tokenizer
 
     cfg = pipeline.cfg
     groups, n = pipeline.trainer.groups_per_step, int(cfg.n)
@@ -138,8 +137,6 @@ def _alone(pipeline) -> dict[str, float]:
 
 
 def _in_pipeline(rows: list[dict[str, Any]], n: int) -> dict[str, float]:
-    from benchmarks._common import median
-
     return {
         "gen_tokens_per_s": median([r["gen_tokens_per_s"] for r in rows]),
         # The generator's own speed: tokens per second it was busy (alone it is busy the whole batch).
@@ -164,8 +161,6 @@ def _in_pipeline(rows: list[dict[str, Any]], n: int) -> dict[str, float]:
 
 
 def run(args) -> dict[str, Any]:
-    from seal.config import TrainerConfig
-
     cfg = compose_cfg(args.overrides)
     trainer = TrainerConfig.of(cfg)
     n = int(cfg.n)

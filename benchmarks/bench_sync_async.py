@@ -16,8 +16,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import figure, log, median, save_figure, summary, table, target
+from benchmarks._common import error_bars, figure, log, median, save_figure, summary, table, target
 from benchmarks._pipeline import PipelineRun, compose_cfg, env_fraction, ray_session, stage_times
+from seal.config import TrainerConfig
 
 NAME = "sync-async"
 STAGES = ("env_actors", "generator", "learner")
@@ -53,8 +54,6 @@ def _run_mode(overrides, mode: str, args) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
-    from seal.config import TrainerConfig
-
     cfg = compose_cfg(args.overrides)
     trainer = TrainerConfig.of(cfg)
     if trainer.max_staleness < 1:  # both modes run whatever trainer.mode says
@@ -153,8 +152,6 @@ def render(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> Path:
-    from benchmarks._common import error_bars
-
     fig, (ax, ax2) = figure(2)
     sp = report["spread"]
     med, err = error_bars([sp["t_step_sync"], sp["t_step_async"]])

@@ -16,13 +16,19 @@ same payload. Paths alternate within each repeat.
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
+import random
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import figure, log, save_figure, summary, table
+from replay.messages import Segment, Trajectory
+from replay.queue import ReplayQueue
+from replay.transport import ReplayServer, TrajectorySender, TransportConfig
+from replay.wire import decode, encode
 
 NAME = "transport"
 PATHS = ("zmq", "mp_queue", "queue")
@@ -40,10 +46,6 @@ def add_arguments(parser) -> None:
 def make_trajectories(tokens: int, count: int, seed: int = 0) -> list:
     """Realistic trajectories: random token ids, a prompt, then generated spans
     alternating with tool-result spans, behaviour logprobs on generated tokens."""
-    import random
-
-    from replay.messages import Segment, Trajectory
-
     rng = random.Random(seed)
     prompt = tokens // 2
     ids = [rng.randrange(0, 49152) for _ in range(tokens)]
@@ -87,8 +89,6 @@ def make_trajectories(tokens: int, count: int, seed: int = 0) -> list:
 
 
 def _zmq_producer(address: str, keys, tokens: int, count: int, seed: int, ready, start) -> None:
-    from replay.transport import TrajectorySender
-
     trajs = make_trajectories(tokens, count, seed)
     sender = TrajectorySender(address, hwm=64, send_timeout_s=120, keys=keys)
     ready.set()
@@ -114,9 +114,6 @@ def _wait_ready(proc, ready) -> None:
 
 
 def _zmq(tokens: int, count: int, seed: int) -> float:
-    from replay.queue import ReplayQueue
-    from replay.transport import ReplayServer, TransportConfig
-
     ctx = mp.get_context("spawn")
     server = ReplayServer(ReplayQueue(GROUP, 1, max_staleness=10**6), TransportConfig(hwm=64, max_ready_groups=64))
     ready, start = ctx.Event(), ctx.Event()
@@ -179,10 +176,6 @@ def _thread_queue(tokens: int, count: int, seed: int) -> float:
 def _codec_ms(tokens: int, rounds: int = 20) -> dict[str, float]:
     """Where the per-message time goes, one thread, no transport: our msgpack
     encode and decode (with validation) against pickle of the same object."""
-    import pickle
-
-    from replay.wire import decode, encode
-
     traj = make_trajectories(tokens, 1)[0]
     frame = encode(traj)
     out = {}
@@ -201,8 +194,6 @@ def _codec_ms(tokens: int, rounds: int = 20) -> dict[str, float]:
 
 
 def run(args) -> dict[str, Any]:
-    from replay.wire import encode
-
     sizes = [int(x) for x in args.tokens.split(",") if x.strip()]
     measure = {"zmq": _zmq, "mp_queue": _mp_queue, "queue": _thread_queue}
     results: dict[str, dict[int, list[dict[str, float]]]] = {p: {s: [] for s in sizes} for p in PATHS}

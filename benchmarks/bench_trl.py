@@ -23,13 +23,26 @@ import importlib.util
 import json
 import multiprocessing as mp
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from benchmarks._common import REPO, error_bars, figure, log, median, save_figure, summary, table, target
+from benchmarks._pipeline import PipelineRun, compose_cfg, ray_session
+from env_pool.base import Outcome
+from env_pool.interface.state import InterfaceState
+from env_pool.toy.env import ToyToolEnv
+from rollout.chat import ChatTokenizer
+from seal.config import TrainerConfig, instantiate
+from weights.model_assets import load_tokenizer, resolve_model
 from weights.precision import resolve_dtype
 
 NAME = "trl"
@@ -96,7 +109,6 @@ def ensure_trl(install: bool) -> str:
             )
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(req)], check=True)
         importlib.invalidate_caches()
-    from importlib.metadata import version
 
     return version("trl")
 
@@ -113,9 +125,6 @@ def _cpu_set(spec: str | None) -> set[int] | None:
 
 def _trl_child(spec: dict[str, Any], conn) -> None:
     """One TRL GRPOTrainer run: warm-up + measured steps; sends timings back."""
-    import resource
-    import time
-
     os.environ.update(OMP_NUM_THREADS=str(spec["threads"]), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])
@@ -124,10 +133,6 @@ def _trl_child(spec: dict[str, Any], conn) -> None:
         from datasets import Dataset
         from transformers import AutoTokenizer, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
-
-        from env_pool.base import Outcome
-        from env_pool.interface.state import InterfaceState
-        from env_pool.toy.env import ToyToolEnv
 
         torch.set_num_threads(spec["threads"])
         interface = InterfaceState.from_dict(spec["interface"])
@@ -204,8 +209,6 @@ def _trl_child(spec: dict[str, Any], conn) -> None:
             }
         )
     except Exception as exc:  # the parent reports it; a traceback in the child's stderr has the rest
-        import traceback
-
         traceback.print_exc()
         conn.send({"error": f"{exc.__class__.__name__}: {exc}"})
 
@@ -226,16 +229,9 @@ def _run_trl(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _trl_spec(cfg, args, out: str) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from rollout.chat import ChatTokenizer
-    from seal.config import instantiate
-    from weights.model_assets import load_tokenizer, resolve_model
-
     env_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items() if k != "_target_"}
     if not str(cfg.env._target_).endswith("ToyToolEnv"):
         raise ValueError("the TRL comparison runs on the toy env (env=toy): its verifier is the reward function")
-    from env_pool.toy.env import ToyToolEnv
 
     env, interface = ToyToolEnv(**env_kwargs), instantiate(cfg.interface)
     chat = ChatTokenizer(load_tokenizer(str(cfg.model.path)))
@@ -271,8 +267,6 @@ def _run_trl_best(spec: dict[str, Any], fallbacks: list[str]) -> dict[str, Any]:
 
 
 def _run_ours(cfg, overrides, args) -> dict[str, Any]:
-    from benchmarks._pipeline import PipelineRun
-
     pr = PipelineRun(cfg, overrides, args.steps, args.warmup)
     batch = int(cfg.n) * pr.trainer.groups_per_step
     return {
@@ -284,9 +278,6 @@ def _run_ours(cfg, overrides, args) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
-    from benchmarks._pipeline import compose_cfg, ray_session
-    from seal.config import TrainerConfig
-
     trl_version = ensure_trl(args.install)
     cpus = _cpu_set(args.cpus)
     overrides = list(args.overrides) + ([f"generator.cpu_threads_bind={args.cpus}"] if cpus else [])

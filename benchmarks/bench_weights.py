@@ -14,10 +14,17 @@ comes first; the repeats alternate with nothing else running.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks._common import error_bars, figure, log, save_figure, summary, table, target
+from benchmarks._pipeline import compose_cfg, ray_session
+from rollout.generator import GenerationRequest, SamplingConfig
+from seal.config import Settings, instantiate
+from seal.runtime.actor_set import ActorSet
 
 NAME = "weights"
 PROBE_TOKENS = 32
@@ -34,9 +41,6 @@ def _model_overrides(model: str) -> list[str]:
 
 
 def _memcpy_s(manifest, repeats: int) -> list[float]:
-    import time
-
-    import numpy as np
     import ray
     import torch
 
@@ -56,13 +60,7 @@ def _memcpy_s(manifest, repeats: int) -> list[float]:
 
 
 def _measure_model(cfg, repeats: int) -> dict[str, Any]:
-    import time
-
     import ray
-
-    from rollout.generator import GenerationRequest, SamplingConfig
-    from seal.config import Settings, instantiate
-    from seal.runtime.actor_set import ActorSet
 
     # No env actors are started, so nothing ever connects to the replay address.
     actors = ActorSet(cfg, Settings.of(cfg), instantiate(cfg.cluster), "tcp://127.0.0.1:9")
@@ -113,8 +111,6 @@ def _measure_model(cfg, repeats: int) -> dict[str, Any]:
 
 
 def run(args) -> dict[str, Any]:
-    from benchmarks._pipeline import compose_cfg, ray_session
-
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:
         raise ValueError("--models names no model")

@@ -18,6 +18,10 @@ import time
 
 from _report import write_report
 
+from env_pool.bfcl.env import BfclEnv
+from env_pool.bfcl.replay import ground_truth_turns
+from env_pool.bfcl.tasks import get_task, split_ids
+
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as fh:
@@ -52,10 +56,6 @@ def main() -> None:
     parser.add_argument("--format", default="json", choices=["json", "python"])
     parser.add_argument("--out", default="benchmarks/results/env_throughput.json")
     args = parser.parse_args()
-
-    from env_pool.bfcl.env import BfclEnv
-    from env_pool.bfcl.replay import ground_truth_turns
-    from env_pool.bfcl.tasks import get_task, split_ids
 
     ids = split_ids("all")
     plans = [

@@ -18,6 +18,14 @@ import time
 
 from _report import write_report
 
+from actors.generation.vllm_engine import VllmGenerator
+from env_pool.bfcl.env import BfclEnv
+from env_pool.interface.state import InterfaceState
+from rollout.chat import ChatTokenizer
+from rollout.generator import GenerationRequest, SamplingConfig
+from rollout.play import GroupStats, run_group
+from weights.model_assets import resolve_model
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,14 +36,6 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/generator_throughput.json")
     args = parser.parse_args()
-
-    from actors.generation.vllm_engine import VllmGenerator
-    from env_pool.bfcl.env import BfclEnv
-    from env_pool.interface.state import InterfaceState
-    from rollout.chat import ChatTokenizer
-    from rollout.generator import GenerationRequest, SamplingConfig
-    from rollout.play import GroupStats, run_group
-    from weights.model_assets import resolve_model
 
     load_before = os.getloadavg()[0]
     path = str(resolve_model(args.model))
@@ -104,8 +104,6 @@ def main() -> None:
 def _weight_updates(gen, path: str, prompt: list[int], rounds: int) -> dict[str, list[float]]:
     """Seconds from each update call to the first token at the new version, per weight source."""
     from safetensors.torch import load_file
-
-    from rollout.generator import GenerationRequest, SamplingConfig
 
     tensors = load_file(os.path.join(path, "model.safetensors"))
     probe = [GenerationRequest("u", prompt[:64], 1)]

@@ -27,14 +27,19 @@ from typing import TYPE_CHECKING
 
 from _report import write_report
 
+from actors.generation.vllm_engine import VllmGenerator
+from env_pool import tags as T
+from env_pool.tags import RELEASED_BASE_WEIGHTS
+from learner.engine import Learner, LearnerConfig
+from replay.messages import Segment, Trajectory
+from rollout.generator import GenerationRequest, SamplingConfig
+from weights.model_assets import resolve_model
+
 if TYPE_CHECKING:
     from learner.step_result import LearnerStepResult
 
 
 def synthetic_batch(groups: int, n: int, tokens: int, seed: int):
-    from env_pool import tags as T
-    from replay.messages import Segment, Trajectory
-
     rng = random.Random(seed)
     out = []
     for g in range(groups):
@@ -82,8 +87,6 @@ HOST = "127.0.0.1"
 
 
 def first_token_s(gen, prompt: list[int]) -> float:
-    from rollout.generator import GenerationRequest, SamplingConfig
-
     t = time.perf_counter()
     gen.generate([GenerationRequest("ft", prompt, 1)], SamplingConfig(temperature=0.0, max_new_tokens=1))
     return time.perf_counter() - t
@@ -91,8 +94,6 @@ def first_token_s(gen, prompt: list[int]) -> float:
 
 def vllm_side(model: str, port: int, prompt_tokens: int, conn) -> None:
     """Rank 1 of the weight group: vLLM CPU on the same model, loading each round the parent announces."""
-    from actors.generation.vllm_engine import VllmGenerator
-
     gen = VllmGenerator(model, max_model_len=max(2048, prompt_tokens + 16), cpu_kv_cache_gb=1, weight_sync="broadcast")
     prompt = [random.Random(0).randrange(100, 40000) for _ in range(prompt_tokens)]
     first_token_s(gen, prompt)  # warm-up
@@ -149,10 +150,6 @@ def main() -> None:
     parser.add_argument("--no-broadcast", action="store_true", help="skip the vLLM weight-path measurements")
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
     args = parser.parse_args()
-
-    from env_pool.tags import RELEASED_BASE_WEIGHTS
-    from learner.engine import Learner, LearnerConfig
-    from weights.model_assets import resolve_model
 
     path = str(resolve_model(args.model))
     load_before = os.getloadavg()[0]

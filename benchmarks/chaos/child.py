@@ -15,12 +15,13 @@ import os
 import signal
 import sys
 
+from seal.commands.cli import main as seal_main
+from seal.run.learner_steps import LearnerSteps
+
 
 def install_recorder(path: str, invocation: int) -> None:
     """Each learner step's groups, under the run's step number (the step being trained: one past the
     driver's count when the batch is handed over, seal/run/learner_steps.py)."""
-    from seal.run.learner_steps import LearnerSteps
-
     init = LearnerSteps.__init__
     out = open(path, "a", buffering=1)  # line-buffered: a line is whole or absent after a SIGKILL
 
@@ -46,7 +47,6 @@ def main(argv: list[str]) -> int:
     path = os.environ.get("SEAL_CHAOS_TRAINED")
     if path:
         install_recorder(path, int(os.environ.get("SEAL_CHAOS_INVOCATION", "0")))
-    from seal.commands.cli import main as seal_main
 
     return seal_main(argv)
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.chaos.report import raw, render, summarise
 from benchmarks.chaos.schedule import KINDS, one_each, random_schedule
+from benchmarks.chaos.soak import Soak
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,9 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from benchmarks.chaos.report import raw, render, summarise
-    from benchmarks.chaos.soak import Soak
-
     args = build_parser().parse_args(argv)
     if args.report:  # the report again from a soak's raw.json
         print(render(summarise(json.loads(args.report.read_text()))))
@@ -112,8 +112,6 @@ def main(argv: list[str]) -> int:
 
 
 def _processor() -> str:
-    import os
-
     model = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
     )

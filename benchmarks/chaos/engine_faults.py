@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from actors.generation.async_vllm_engine import AsyncVllmGenerator
+from weights.buckets import WeightManifest, fetch_bucket_async
 
 ENGINE_ERROR_CALLS = 2
 
@@ -63,7 +64,6 @@ class ChaosAsyncGenerator(AsyncVllmGenerator):
             """The round's first bucket into the workers' open reload, then a failure: the reload
             is aborted (each module keeps its old weights unless finished) and the error raised."""
             from actors.generation.weight_worker import weight_records
-            from weights.buckets import WeightManifest, fetch_bucket_async
 
             await engine.collective_rpc("begin_weight_records")
             try:
