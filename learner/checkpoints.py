@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from learner.ds_config import effective_zero_stage
 from learner.lora import load_trainable_state, lora_on, trainable_state
 
@@ -165,7 +167,6 @@ def write_whole(files: Mapping[Path, Any], what: str) -> None:
 
 def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int) -> Path:
     """``keep`` > 0: only the newest ``keep`` DeepSpeed tags stay."""
-    import numpy as np
     import torch
 
     path.mkdir(parents=True, exist_ok=True)
@@ -208,7 +209,6 @@ def save_learner(learner, path: Path, extra: Mapping[str, Any] | None, keep: int
 
 
 def load_learner(learner, path: Path) -> dict[str, Any]:
-    import numpy as np
     import torch
 
     meta_file = path / "learner.json"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from learner.batch import APatchConfig
 from learner.lora import LoraConfig, check_lora_backend
 from learner.loss import LOSS_AGGS, LossConfig
+from weights.precision import check_dtype
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,5 @@ class LearnerConfig:
             raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
 
         check_lora_backend(self)
-        from weights.precision import check_dtype
 
         check_dtype(self.dtype)

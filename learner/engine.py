@@ -12,6 +12,7 @@ micro-batch is learner/objective.py's; the weights leave through ``weights_out``
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -20,16 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from learner.batch import Sample, build_samples
+from learner.checkpoints import load_learner, save_learner
 from learner.config import LearnerConfig
+from learner.ds_config import deepspeed_config
+from learner.group import agree_on_mini_batches, assigned_mini_batches, is_padding, recompute_choices
 from learner.lora import add_adapter, lora_on, trainable_parameters
 from learner.micro_batches import MicroBatch, collate, packs, plan_mini_batches
 from learner.objective import MicroForwards, MiniBatchShare, micro_objective
 from learner.optimizer import StepBox, make_optimizer
-from learner.process_group import init_distributed
+from learner.packing import pack_shared_prefix, use_shared_prefix_attention
+from learner.process_group import init_distributed, release_distributed
 from learner.reference import build_reference
+from learner.scoring_head import check_plain_head, scoring_head
 from learner.step_result import LearnerStepResult
+from learner.step_stats import StepStats
 from learner.weights_out import WeightsOut
 from replay.messages import Trajectory
+from weights.model_assets import resolve_model
+from weights.precision import choose_dtype
 
 
 class Learner:
@@ -47,9 +56,6 @@ class Learner:
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
-
-        from weights.model_assets import resolve_model
-        from weights.precision import choose_dtype
 
         model_path = str(resolve_model(model_path))
         self._hf_ds_config: Any = None  # transformers' HfDeepSpeedConfig under ZeRO-3 (_init_deepspeed)
@@ -119,8 +125,6 @@ class Learner:
         import torch.distributed as dist
         from transformers import AutoModelForCausalLM
 
-        from learner.ds_config import deepspeed_config
-
         self._owns_group = init_distributed(self.cfg.device)
         if dist.get_world_size() != self.world_size:
             raise ValueError(
@@ -147,12 +151,8 @@ class Learner:
     def _prepare_policy_model(self, model) -> Any:
         """``model`` made the policy: checked, packed attention, checkpointing; wrapped in a LoRA adapter
         when ``cfg.lora`` sets a rank (learner/lora.py), which is what it returns then."""
-        from learner.scoring_head import check_plain_head
-
         check_plain_head(model)
         if self.cfg.shared_prefix:  # the reference model gets the same in __init__
-            from learner.packing import use_shared_prefix_attention
-
             use_shared_prefix_attention(model)
         self._checkpointing = False
         if self.cfg.gradient_checkpointing:
@@ -175,8 +175,6 @@ class Learner:
     def _autocast(self):
         """bf16 autocast for a forward when the learner runs in bf16: matmuls in bf16, the
         fp32 weights cast per op (their gradients arrive fp32), reductions kept fp32 by autocast."""
-        import contextlib
-
         import torch
 
         if self.dtype != "bfloat16":
@@ -211,8 +209,6 @@ class Learner:
         and entropy of exactly the scored (sample, position, target) triples (learner/scoring_head.py),
         never holding the whole vocabulary's logits for the backward."""
         import torch
-
-        from learner.scoring_head import scoring_head
 
         policy = model is self.model
         with self.phases.phase("collate"):
@@ -263,8 +259,6 @@ class Learner:
 
     def _pack(self, samples: Sequence[Sample]):
         """Packed rows for a micro-batch, or None when no two of its samples share a group."""
-        from learner.packing import pack_shared_prefix
-
         if not packs(samples, self.cfg.shared_prefix):
             return None
         return pack_shared_prefix([s.token_ids for s in samples], [s.group_id for s in samples], self.device)
@@ -367,13 +361,10 @@ class Learner:
         In a group (world_size > 1) ``mini_groups`` is this rank's share of each mini-batch (learner/group.py)."""
         import torch
 
-        from learner.step_stats import StepStats
-
         t0 = time.perf_counter()
         samples, stats = build_samples(trajectories, tag_weights, self.cfg.apatch, group_weights)
         if any(len(s.token_ids) < 2 for s in samples):
             raise ValueError("every trajectory needs at least 2 tokens")
-        from learner.group import agree_on_mini_batches, assigned_mini_batches, is_padding, recompute_choices
 
         if mini_groups is None:
             if self.world_size > 1:
@@ -437,8 +428,6 @@ class Learner:
     def close(self) -> None:
         """Free DeepSpeed's engines and release the process group (the last learner on a group it
         formed destroys it: learner/process_group.py). The learner is not used after; again: nothing."""
-        from learner.process_group import release_distributed
-
         for engine in (self.engine, self.ref):
             if engine is not None and hasattr(engine, "destroy"):  # DeepSpeed's (the reference's too under ZeRO-3)
                 engine.destroy()
@@ -450,12 +439,8 @@ class Learner:
     # ----------------------------------------------------------- checkpoints
     def save_checkpoint(self, ckpt_dir: str | Path, extra: Mapping[str, Any] | None = None, keep: int = 0) -> Path:
         """Model, optimizer, step, RNG and the caller's ``extra`` (learner/checkpoints.py); every rank calls it."""
-        from learner.checkpoints import save_learner
-
         return save_learner(self, Path(ckpt_dir), extra, keep)
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> dict[str, Any]:
         """Restore model, optimizer, step and RNG; returns the caller's extra state."""
-        from learner.checkpoints import load_learner
-
         return load_learner(self, Path(ckpt_dir))

@@ -19,10 +19,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from learner.batch import Sample
+from learner.collectives import all_reduce_values
+from learner.micro_batches import forwarded_tokens
 from replay.messages import Trajectory
+from weights.netif import use_node_interface
 
 PAD_SAMPLE = Sample(
     token_ids=[0, 0],
@@ -142,7 +146,6 @@ def agree_on_mini_batches(
     counts = [max(1, len(mini)) for mini in plan]
     if world_size == 1:
         return pad_plan(plan, counts), tokens, sequences
-    from learner.collectives import all_reduce_values
 
     sums = all_reduce_values(tokens + sequences, "sum")  # float64: token counts are exact far past 2**31
     most = all_reduce_values(counts, "max")
@@ -160,8 +163,6 @@ def agree_on_recompute(forwarded: list[list[int]], min_tokens: int, world_size: 
         return [[True] * len(mini) for mini in forwarded]
     flat = [n for mini in forwarded for n in mini]
     if world_size > 1 and flat:
-        from learner.collectives import all_reduce_values
-
         flat = [int(v) for v in all_reduce_values(flat, "max")]
     out, k = [], 0
     for mini in forwarded:
@@ -173,8 +174,6 @@ def agree_on_recompute(forwarded: list[list[int]], min_tokens: int, world_size: 
 def recompute_choices(plan: list[list[list[Sample]]], cfg: Any, world_size: int) -> list[list[bool]] | None:
     """Gradient checkpointing per micro-batch of a learner with settings ``cfg`` (a LearnerConfig),
     the same choice on every rank; None when the learner never recomputes."""
-    from learner.micro_batches import forwarded_tokens
-
     if not cfg.gradient_checkpointing:
         return None
     forwarded = [[forwarded_tokens(micro, cfg.shared_prefix) for micro in mini] for mini in plan]
@@ -183,11 +182,7 @@ def recompute_choices(plan: list[list[list[Sample]]], cfg: Any, world_size: int)
 
 def join_group(rv: Rendezvous) -> None:
     """Form the training group (every rank calls this at once); DeepSpeed then finds it formed."""
-    from datetime import timedelta
-
     import torch.distributed as dist
-
-    from weights.netif import use_node_interface
 
     use_node_interface()  # gloo would advertise 127.0.0.1 where the hostname resolves to it (weights/netif.py)
     # DeepSpeed reads these; each actor sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES), so local rank 0.

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weights.buckets import put_buckets
+
 ADAPTER = "default"  # peft's name for the one adapter
 PUBLISH_MODES = ("adapter", "merged")
 
@@ -217,7 +219,6 @@ def adapter_manifest(peft_model: Any, dtype: str | None, bucket_mb: float) -> An
     import torch
 
     from learner.weight_broadcast import weight_buckets
-    from weights.buckets import put_buckets
 
     tensors = adapter_tensors(peft_model, getattr(torch, dtype) if dtype else None)
     buckets = weight_buckets(list(tensors.items()), int(bucket_mb * 2**20))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from learner.batch import Sample
+from learner.packing import packed_length
 
 
 class MicroBatch(NamedTuple):
@@ -31,8 +32,6 @@ def packs(samples: Sequence[Sample], shared_prefix: bool) -> bool:
 
 def forwarded_tokens(samples: Sequence[Sample], shared_prefix: bool) -> int:
     """The tokens this micro-batch's forward runs over: packed (learner/packing.py) or each sample whole."""
-    from learner.packing import packed_length
-
     if packs(samples, shared_prefix):
         return packed_length([s.token_ids for s in samples], [s.group_id for s in samples])
     return sum(len(s.token_ids) for s in samples)

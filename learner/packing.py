@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from learner.split_attention import split_continuation_attention
+
 if TYPE_CHECKING:
     from torch import Tensor
     from torch.nn import Module
@@ -264,8 +266,6 @@ def _continuations(
 def _split_continuations(q: Tensor, k: Tensor, v: Tensor, row: RowLayout, scaling: float | None) -> Any:
     """``_continuations`` on CPU: two unmasked flash blocks merged (learner/split_attention.py)."""
     import torch
-
-    from learner.split_attention import split_continuation_attention
 
     # SDPA runs in the autocast dtype under autocast (its kernels need one dtype); so does this.
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else q.dtype

@@ -4,6 +4,7 @@ start (learner/group.py forms multi-rank groups)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 
@@ -85,8 +86,6 @@ def release_distributed() -> None:
         return
     _users -= 1
     if _users == 0 and dist.is_initialized():
-        import importlib
-
         # The module, not the package: the package's ``cdb`` is a copy taken at import (None).
         ds_comm = importlib.import_module("deepspeed.comm.comm")
         if ds_comm.cdb is not None:

@@ -15,6 +15,7 @@ or over the weight group by broadcast (learner/weight_broadcast.py).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import socket
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim from the symbols already loaded in this process (None off glibc), looked
     up once: ctypes.util.find_library would run ldconfig on every call."""
-    import ctypes
-
     return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from learner.ds_config import reference_config
+from learner.lora import AdapterOffReference, lora_on
+from learner.packing import use_shared_prefix_attention
+
 
 def build_reference(model_path: str, cfg: Any, dtype: str, device: Any, hf_ds_config: Any, policy: Any = None) -> Any:
     """The reference model for a learner with settings ``cfg`` (a LearnerConfig) computing in ``dtype``.
@@ -18,16 +22,12 @@ def build_reference(model_path: str, cfg: Any, dtype: str, device: Any, hf_ds_co
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.lora import AdapterOffReference, lora_on
-
     if lora_on(cfg):
         return AdapterOffReference(policy)
     ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     for p in ref.parameters():
         p.requires_grad_(False)
     if cfg.shared_prefix:
-        from learner.packing import use_shared_prefix_attention
-
         use_shared_prefix_attention(ref)
     if hf_ds_config is None:
         ref = ref.to(device).eval()
@@ -35,8 +35,6 @@ def build_reference(model_path: str, cfg: Any, dtype: str, device: Any, hf_ds_co
             bf16_matmul_weights(ref)
         return ref
     import deepspeed
-
-    from learner.ds_config import reference_config
 
     engine, *_ = deepspeed.initialize(model=ref, config=reference_config(cfg, dtype))
     engine.module.eval()

@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from learner.token_logprobs import chunked_token_logprobs, full_token_logprobs
+
 HEAD_MODES = ("chunked", "full")  # chunked: learner/token_logprobs.py; full: whole-vocabulary logits (reference)
 _TRANSFORMED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -54,8 +56,6 @@ def scoring_head(
 ) -> Iterator[None]:
     """Within the block, ``model``'s head maps hidden states [R, K, D] to [N, 2] = (log p, entropy)
     of ``targets`` [N] at (``rows`` [N], ``positions`` [N]) (indices into R and K)."""
-    from learner.token_logprobs import chunked_token_logprobs, full_token_logprobs
-
     if mode not in HEAD_MODES:
         raise ValueError(f"logprob head mode must be one of {', '.join(HEAD_MODES)}, got {mode!r}")
     import torch

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from learner.lora import adapter_manifest, adapter_metadata, broadcast_adapter, publishes_adapter
+from learner.lora import adapter_manifest, adapter_metadata, broadcast_adapter, lora_on, merged_model, publishes_adapter
+from learner.safetensors_out import DTYPES, ShardedWriter, TensorSpec
+from weights.buckets import put_buckets
 
 if TYPE_CHECKING:
     from learner.config import LearnerConfig
@@ -80,8 +82,6 @@ class WeightsOut:
         """The model weights leave from: the policy, or under LoRA the base with the adapter merged,
         under the base's names, built for this call and dropped after (learner/lora.py); ``on_host``:
         the call copies every weight to the host anyway, so the merged model is built there."""
-        from learner.lora import lora_on, merged_model
-
         yield merged_model(self.model, self.model_path, on_host) if lora_on(self.cfg) else self.model
 
     @property
@@ -99,7 +99,6 @@ class WeightsOut:
         import torch
 
         from learner.weight_broadcast import model_weight_buckets
-        from weights.buckets import put_buckets
 
         target = getattr(torch, dtype) if dtype else None
         # Cut buckets to the larger of the trained and the sent element: neither the gathered
@@ -162,7 +161,6 @@ class WeightsOut:
             return self._write_snapshot(model, Path(out_dir) / f"v{version:06d}", version, step, t0)
 
     def _write_snapshot(self, model, out: Path, version: int, step: int, t0: float) -> tuple[Path, float]:
-        from learner.safetensors_out import DTYPES, ShardedWriter
         from learner.weight_broadcast import model_weight_buckets
 
         tmp = out.with_name(out.name + ".tmp")
@@ -209,7 +207,6 @@ class WeightsOut:
     def _snapshot_contents(self, model):
         """(the parameters' TensorSpecs in ``model_weight_buckets`` order, a tied one once; the
         persistent buffers as (TensorSpec, tensor)): what ``save_pretrained`` puts in the file."""
-        from learner.safetensors_out import TensorSpec
         from learner.weight_broadcast import checkpoint_specs
 
         named = list(model.named_parameters())
