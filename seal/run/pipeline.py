@@ -42,6 +42,7 @@ from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 from seal.runtime.control import ControlServer
 from seal.runtime.placement import check_reachable, start_ray
 from seal.runtime.publisher import WeightPublisher
+from seal.runtime.ray_leftovers import end_leftovers, record_session
 from seal.runtime.storage import record_storage, resume_checkpoint, run_storage
 
 
@@ -96,12 +97,17 @@ class Pipeline:
         )
         self.keys: RunKeys | None = None
         try:
+            local = self._owns_ray and not self.cluster.address  # a session this driver starts, and only it ends
+            if local:  # what a SIGKILLed driver of this run directory left of its session
+                end_leftovers(run_dir, lambda text: self.progress.emit("ray", text))
             with self.progress.timed("ray", f"starting Ray ({self.cluster.address or 'local'})", "Ray up"):
                 start_ray(
                     self.cluster,
                     learner_ranks=self.learner_group.world_size,
                     replicas=self.fleet.replicas,
                 )
+            if local:
+                record_session(run_dir)
             check_reachable(self.cluster)
             transport = instantiate(cfg.transport)
             # This run's CURVE keys (replay/auth.py), in this process's memory: env actors get
