@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.generation.adapter_updates import AdapterUpdates, engine_stream
+from actors.generation.engine_guard import start_guard
 from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
 from actors.generation.server import ReplicaEngineDead
@@ -142,6 +143,7 @@ class AsyncVllmGenerator(Generator):
                 register()  # seal_gloo must be known before the engine's config is checked
 
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs))
+                self._engine_guard = start_guard()  # its engine core dies with this actor, however it dies
                 await engine.update_weight_version(str(self._version))
                 # The family's whole end set (EOS, generation_config's, <|eom_id|>, <end_of_turn>, ...),
                 # given explicitly: a turn ends on any of them, whatever vLLM reads by itself.

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from actors.generation.adapters import AdapterSlots
+from actors.generation.engine_guard import start_guard
 from actors.generation.engine_settings import EngineSettings, engine_setup
 from actors.generation.sources import send_weights
 from families.registry import turn_end_ids
@@ -83,6 +84,7 @@ class VllmGenerator(Generator):
         from vllm import LLM
 
         self._llm = LLM(**setup.kwargs)
+        self._engine_guard = start_guard()  # an engine core (multiprocessing on) dies with this actor
         self.adapters = AdapterSlots(self._llm.llm_engine, max_loras)  # max_lora_rank > 0: load_adapter
         # The family's whole end set (EOS, generation_config's, <|eom_id|>, <end_of_turn>, ...), given
         # explicitly: a turn ends on any of them, whatever vLLM reads by itself.
