@@ -28,6 +28,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
+
 log = logging.getLogger(__name__)
 
 Z85_KEY_LEN = 40  # a 32-byte Curve25519 key in Z85, as zmq.curve_keypair() returns it
@@ -51,8 +55,6 @@ class KeyPair:
 
     @classmethod
     def generate(cls) -> KeyPair:
-        import zmq
-
         if not zmq.has("curve"):
             raise RuntimeError("this libzmq has no CURVE support: set transport.curve=false to run without it")
         public, secret = zmq.curve_keypair()
@@ -117,9 +119,6 @@ class CurveGuard:
     handshake counts, so ``unauthorized`` counts attempts, not peers."""
 
     def __init__(self, server: KeyPair, allowed: Iterable[bytes], domain: str) -> None:
-        import zmq
-        from zmq.auth.thread import ThreadAuthenticator
-
         self.server, self.domain = server, domain
         self.unauthorized = 0
         self.context = zmq.Context()
@@ -131,8 +130,6 @@ class CurveGuard:
         self._thread: threading.Thread | None = None
 
     def secure(self, socket: Any) -> None:
-        import zmq
-
         socket.curve_server = True
         socket.curve_secretkey = self.server.secret
         socket.curve_publickey = self.server.public
@@ -145,9 +142,6 @@ class CurveGuard:
         self._thread.start()
 
     def _count(self) -> None:
-        import zmq
-        from zmq.utils.monitor import recv_monitor_message
-
         while not self._stop.is_set():
             try:
                 if not self._monitor.poll(100):

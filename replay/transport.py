@@ -21,10 +21,13 @@ are counted (``unauthorized``) and the stream goes on.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import zmq
 
 from replay.auth import ClientKeys, CurveGuard, RunKeys
 from replay.messages import Trajectory
@@ -73,8 +76,6 @@ class TrajectorySender:
         keys: ClientKeys | None = None,
     ) -> None:
         """``keys``: the run's env-actor keys when the server uses CURVE (``ReplayServer.client_keys``)."""
-        import zmq
-
         self.address = address
         self.linger_s = linger_s
         self._context = zmq.Context()  # own context: term() in close() is then this sender's flush, nobody else's
@@ -93,8 +94,6 @@ class TrajectorySender:
         self.send_frame(encode(traj))
 
     def send_frame(self, frame: bytes) -> None:
-        import zmq
-
         if self._socket.closed:
             raise RuntimeError(f"the trajectory sender to {self.address} is closed")
         try:
@@ -153,8 +152,6 @@ def routable_ip() -> str:
     """The address other nodes reach this one by: its IP in the Ray cluster when this process
     has joined one; else the address of its default route (a UDP connect sends nothing, it
     only picks the route); 127.0.0.1 only on a host with no route out."""
-    import socket
-
     try:
         import ray
 
@@ -184,8 +181,6 @@ class ReplayServer:
     def __init__(
         self, queue: ReplayQueue, cfg: TransportConfig = TransportConfig(), keys: RunKeys | None = None
     ) -> None:
-        import zmq
-
         if keys is not None and not cfg.curve:
             raise ValueError("CURVE keys given to a replay server with transport.curve=false")
         self.queue = queue
@@ -236,8 +231,6 @@ class ReplayServer:
         return self.cfg.host
 
     def _receive(self) -> None:
-        import zmq
-
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         while not self._stop.is_set():

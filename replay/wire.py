@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
+import msgpack
+import numpy as np
+
 from replay.control_messages import Control
 from replay.messages import SCHEMA_VERSION, InfraFault, Segment, Trajectory
 
@@ -32,9 +35,6 @@ class WireError(ValueError):
 
 
 def encode(message: Any) -> bytes:
-    import msgpack
-    import numpy as np
-
     kind = _KIND_OF.get(type(message))
     if kind is None:
         raise TypeError(f"not a wire message: {type(message).__name__}")
@@ -52,9 +52,6 @@ def encode(message: Any) -> bytes:
 
 
 def decode(frame: bytes) -> Any:
-    import msgpack
-    import numpy as np
-
     try:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad bytes
