@@ -19,13 +19,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from actors.generation.server import RemoteGenerator
 from env_pool.base import Environment
 from env_pool.interface.state import InterfaceState
 from replay.auth import ClientKeys
 from replay.control_messages import LOST_TOKENS_ATTR, GroupJob, GroupReport, GroupStats, InterfaceUpdate
 from replay.transport import TrajectorySender
 from rollout.chat import ChatTokenizer
-from rollout.generator import SamplingConfig
+from rollout.generator import GeneratorUnavailable, SamplingConfig
 from rollout.play import run_group
 
 COORDINATOR_TIMEOUT_S = 300.0  # reading the interface at start; the coordinator answers from memory
@@ -51,8 +52,6 @@ class EnvActor:
         ``lockstep``: a group's turns go out as one batch (blocking engines); False: each
         episode's as soon as it is ready (continuous batching)."""
         import ray
-
-        from actors.generation.server import RemoteGenerator
 
         # Peers come by name (or handle): a name keeps this actor's constructor
         # arguments small and plain, which Ray needs to restart it after a crash.
@@ -135,12 +134,8 @@ class EnvActor:
     def _generator_for(self, name: str):
         import ray
 
-        from actors.generation.server import RemoteGenerator
-
         name = name or self._default_generator
         if name not in self._generators:
-            from rollout.generator import GeneratorUnavailable
-
             try:
                 handle = ray.get_actor(name)
             except ValueError:  # retired or gone for good: the driver re-issues the group

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from env_pool import tags as T
-from env_pool.tags import SCALE_MAX, SCALE_MIN
+from env_pool.tags import PAPER_BASE_WEIGHTS, RELEASED_BASE_WEIGHTS, SCALE_MAX, SCALE_MIN
 
 
 class HasCounts(Protocol):
@@ -57,8 +57,6 @@ class TagWeights:
         excluded: frozenset[str] = T.EXCLUDED_TAGS,
     ) -> None:
         if isinstance(base, str):
-            from env_pool.tags import PAPER_BASE_WEIGHTS, RELEASED_BASE_WEIGHTS
-
             tables = {"released": RELEASED_BASE_WEIGHTS, "paper": PAPER_BASE_WEIGHTS}
             if base not in tables:
                 raise ValueError(f"base weights must be released, paper or a mapping, got {base!r}")

@@ -17,6 +17,7 @@ version while a request uses it (``ServedAdapters``, driven by actors/generation
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,6 @@ def adapter_config(tensors: Mapping[str, Any]) -> dict[str, Any]:
 def write_adapter_files(directory: str | Path, tensors: Mapping[str, Any]) -> tuple[Path, int]:
     """``tensors`` (name -> torch tensor) as peft's adapter directory under ``directory``, written
     beside it and renamed into place, so vLLM never reads half a file. Returns (path, bytes)."""
-    import shutil
-
     from safetensors.torch import save_file
 
     out = Path(directory)
@@ -195,8 +194,6 @@ class ServedAdapters:
 
     async def drop_unused(self, engine: Any) -> list[int]:
         """Remove every version but the newest that no request uses; returns them."""
-        import shutil
-
         newest, dropped = self.newest, []
         for version in [v for v in self._requests if v != newest and not self._users.get(v)]:
             request = self._requests.pop(version)

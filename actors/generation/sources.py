@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from weights.buckets import WeightManifest
+from weights.buckets import WeightManifest, fetch_bucket_async, fetch_buckets
+from weights.precision import from_wire_arrays
 
 
 def restarted_by_ray() -> bool:
     """True inside a Ray actor that Ray has restarted after a crash."""
-    import warnings
-
     try:
         import ray
 
@@ -39,9 +39,6 @@ def as_tensors(source: str | Mapping[str, Any] | WeightManifest) -> str | Weight
     (fetched bucket by bucket by the engine) passes through."""
     if isinstance(source, (str, WeightManifest)):
         return source
-    import warnings
-
-    from weights.precision import from_wire_arrays
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*non-writable.*")
@@ -64,7 +61,6 @@ def send_weights(rpc: Callable[..., Any], source: str | Mapping[str, Any] | Weig
     directory by path, a WeightManifest's buckets (fetched one at a time) or one mapping of tensors.
     ``who`` names the loader in a fetch's errors."""
     from actors.generation.weight_worker import weight_records
-    from weights.buckets import fetch_buckets
 
     if isinstance(source, str):
         rpc("reload_weights", kwargs=_directory(source))
@@ -99,7 +95,6 @@ async def send_weights_async(
     """``send_weights`` through an async engine's ``collective_rpc``; each bucket fetch is awaited
     (within ``timeout_s``), so the actor's event loop keeps serving meanwhile."""
     from actors.generation.weight_worker import weight_records
-    from weights.buckets import fetch_bucket_async
 
     if isinstance(source, str):
         await rpc("reload_weights", kwargs=_directory(source))

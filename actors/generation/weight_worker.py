@@ -10,11 +10,13 @@ every reload (``refresh_tied_cpu_weights``, see actors/generation/weight_transfe
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch  # noqa: TID253 - this module is itself in banned-module-level-imports: imported lazily
 
+from actors.generation.adapters import write_adapter_files
 from actors.generation.weight_transfer import abort_layerwise_reload, refresh_tied_cpu_weights, register  # noqa: TID253 - a torch module too
 from weights.group import WeightGroup, WeightMeta  # noqa: TID253 - a torch module too
 
@@ -203,8 +205,6 @@ class WeightSyncExtension:
         directory (the first worker; the others only take their part in the round) for the replica to
         load by path (actors/generation/adapters.py). The model's own weights are not touched, so a
         round that fails leaves nothing to undo. Returns the number of tensors."""
-        from actors.generation.adapters import write_adapter_files
-
         group = getattr(self, "_seal_weight_group", None)  # the blocking engine's (init_weight_group)
         transfer = getattr(self, "weight_transfer_engine", None)  # the async engine's (seal_gloo / seal_nccl)
         group = group if group is not None else getattr(transfer, "group", None)
@@ -226,8 +226,6 @@ class WeightSyncExtension:
 def _register_transfer_engine() -> None:
     """In a vLLM worker (which imports this module as its extension) make ``seal_gloo``
     known before the worker builds its weight-transfer engine; elsewhere do nothing."""
-    import sys
-
     if "vllm" in sys.modules:
         register()
 
