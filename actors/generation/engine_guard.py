@@ -2,11 +2,14 @@
 
 vLLM's engine core is a child process of the replica's actor (multiprocessing on: the async engine,
 and CUDA), its workers are the core's children, and nothing in vLLM 0.32 watches the actor: no
-PR_SET_PDEATHSIG, no check of the parent. Ray kills a dying worker's children only on some of its
-exits (core_worker.cc: "Try killing all child processes of this worker as it exits", after the
-raylet's death); a worker ended by a broken plasma-store connection skips it, and the core, its
-worker and their resource tracker (2.7 GB on CPU) lived on after a SIGKILLed driver (chaos soak,
-docs/reliability.md). PR_SET_PDEATHSIG cannot be set on a child from the parent, and vLLM starts it.
+PR_SET_PDEATHSIG, no check of the parent. While the raylet lives it ends a dead worker's whole
+process group, the engine's included ("DisconnectClient: sending SIGTERM to pgid"). Once the raylet
+is gone (the driver SIGKILLed), only the worker itself kills its children, and only on some exits
+(core_worker.cc: "Try killing all child processes of this worker as it exits", after the raylet's
+death); one ended by a broken plasma-store connection (plasma's QuickExit) skips it, and the core,
+its worker and their resource tracker (2.7 GB on CPU) lived on (chaos soak, docs/reliability.md;
+with real vLLM, the raylet and the actor SIGKILLed: still alive 20 s later without this guard, gone
+with it). PR_SET_PDEATHSIG cannot be set on a child from the parent, and vLLM starts it.
 
 So, once the engine is up, the actor starts this guard: a small process of the standard library
 only, holding the read end of a pipe whose write end only the actor holds (close-on-exec: no later
