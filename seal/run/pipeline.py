@@ -42,7 +42,7 @@ from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 from seal.runtime.control import ControlServer
 from seal.runtime.placement import check_reachable, start_ray
 from seal.runtime.publisher import WeightPublisher
-from seal.runtime.ray_leftovers import end_leftovers, record_session
+from seal.runtime.ray_leftovers import end_leftovers, watch_session
 from seal.runtime.storage import record_storage, resume_checkpoint, run_storage
 
 
@@ -107,7 +107,7 @@ class Pipeline:
                     replicas=self.fleet.replicas,
                 )
             if local:
-                record_session(run_dir)
+                watch_session(run_dir)  # a guard ends the session's leftovers if this driver is killed
             check_reachable(self.cluster)
             transport = instantiate(cfg.transport)
             # This run's CURVE keys (replay/auth.py), in this process's memory: env actors get

@@ -1,18 +1,21 @@
-"""A SIGKILLed driver's Ray processes, ended by the next `seal train` on its run directory.
+"""A SIGKILLed driver's Ray processes, ended by a guard at its death or the next start on its run.
 
 Ray 2.60 fate-shares only the processes the driver starts itself (gcs_server, raylet, the
 dashboard, the monitors: PR_SET_PDEATHSIG, ray/_private/services.py start_ray_process). What the
 raylet starts sees it die and then lingers: the dashboard and runtime-env agents report the
 raylet's death to the dead GCS before exiting and wait out that call's 60 s timeout
 (ray/_private/process_watcher.py, ray/_private/utils.py publish_error_to_driver); a worker that
-ends on a broken plasma-store connection skips Ray's killing of its children, so a generator's
-vLLM engine core, its worker and their resource tracker live on for good.
+ends on a broken plasma-store connection skips Ray's killing of its children, and with the raylet
+gone nothing ends its process group: a generator's vLLM engine core, its worker and their resource
+tracker lived on for good (actors/generation/engine_guard.py now ends those with their replica).
 
-A local start records its session here (RUN_DIR/ray_session.json: the session directory and the
-driver's pid and start time). A later start on the same run directory whose recorded driver is
-dead ends every process that still holds a file of THAT session directory open for writing (each
-Ray process writes its logs there; a vLLM engine core inherits its actor's): never the recorded driver while it
-lives, never a process of another session, never one started after the scan (pid and start time
+A local start records its session (RUN_DIR/ray_session.json: the session directory, the driver's
+pid and start time) and starts a guard that waits for the driver's death and then ends what is
+left (``watch_session``). Should the guard die with it, a later start on the same run directory
+whose recorded driver is dead does the same (``end_leftovers``). Either ends every process that
+holds a file of THAT session directory open for writing (each Ray process writes its logs there;
+an engine core inherits its actor's): never while the recorded driver lives, never a process of
+another session or a reader of its logs, never one started after the scan (pid and start time
 are checked again before each signal).
 """
 
@@ -21,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +33,8 @@ from pathlib import Path
 
 RECORD = "ray_session.json"
 TERM_GRACE_S = 5.0  # SIGTERM first (a vLLM engine core frees its shared memory), then SIGKILL
+SETTLE_S = 2.0  # after the driver's death, before the guard looks: what Ray ends itself is not left over
+_guard: subprocess.Popen | None = None
 
 
 @dataclass(frozen=True)
@@ -58,15 +65,20 @@ def boot_id() -> str:
     return (_read("/proc/sys/kernel/random/boot_id") or "").strip()
 
 
-def record_session(run_dir: Path) -> None:
-    """After a local ray.init: which session this driver started (read by ``end_leftovers``)."""
+def watch_session(run_dir: Path) -> None:
+    """After a local ray.init: record the session and start its guard (``start_guard``)."""
     from ray._private import worker  # no public API names the session directory
 
     node = worker._global_node
-    if node is None:
-        return
+    if node is not None:
+        write_record(run_dir, node.get_session_dir_path())
+        start_guard(run_dir)
+
+
+def write_record(run_dir: Path, session_dir: str) -> None:
+    """RUN_DIR/ray_session.json: the session this process, its driver, started."""
     record = {
-        "session_dir": str(Path(node.get_session_dir_path()).resolve()),
+        "session_dir": str(Path(session_dir).resolve()),
         "driver_pid": os.getpid(),
         "driver_started": started_ticks(os.getpid()),
         "boot_id": boot_id(),
@@ -74,6 +86,22 @@ def record_session(run_dir: Path) -> None:
     tmp = run_dir / (RECORD + ".tmp")
     tmp.write_text(json.dumps(record) + "\n")
     tmp.replace(run_dir / RECORD)
+
+
+def start_guard(run_dir: Path) -> subprocess.Popen:
+    """A process (``main``) that waits for this driver's death, by the end of a pipe only this
+    process holds, then ends what its recorded session left, in one line on stderr. Its own session
+    (``kill -9 -PGID`` of the driver's group does not reach it); one SIGKILLed by pid with the
+    driver leaves the clean-up to the next start's ``end_leftovers``."""
+    global _guard
+    _guard = subprocess.Popen(  # held for this process's life: collected, its pipe would close
+        [sys.executable, os.path.abspath(__file__), str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        close_fds=True,
+        start_new_session=True,
+    )
+    return _guard
 
 
 def session_processes(session_dir: str, skip: set[int]) -> list[Leftover]:
@@ -152,3 +180,19 @@ def end_leftovers(run_dir: Path, say: Callable[[str], None] = print) -> list[Lef
         say(f"ended {len(left)} processes a killed driver's Ray session left running ({session}): {names}")
     (run_dir / RECORD).unlink(missing_ok=True)
     return left
+
+
+def main(argv: list[str]) -> int:
+    """The guard ``watch_session`` starts: ``python ray_leftovers.py RUN_DIR``."""
+    # Ctrl-C or a hang-up reaches the driver, whose death ends this wait like any other.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while sys.stdin.buffer.read(4096):  # the driver never writes: only end of file comes
+        pass
+    time.sleep(SETTLE_S)
+    end_leftovers(Path(argv[0]), say=lambda text: print(f"seal: {text}", file=sys.stderr, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
