@@ -92,7 +92,7 @@ def _learner(model: str, dtype: str, n: int):
     cfg = LearnerConfig(
         backend="torch", dtype=dtype, mini_batch_groups=1, micro_batch_size=1, loss=LossConfig(kl_coef=0.0), lr=1e-6
     )  # no reference model: the policy's cost alone
-    return Learner(model, cfg, group_size=n)
+    return Learner(model, cfg, group_size=n, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 def _generate(gen, prompts, new_tokens: int, seed: int):

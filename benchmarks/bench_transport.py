@@ -115,7 +115,9 @@ def _wait_ready(proc, ready) -> None:
 
 def _zmq(tokens: int, count: int, seed: int) -> float:
     ctx = mp.get_context("spawn")
-    server = ReplayServer(ReplayQueue(GROUP, 1, max_staleness=10**6), TransportConfig(hwm=64, max_ready_groups=64))
+    server = ReplayServer(
+        ReplayQueue(GROUP, 1, max_staleness=10**6, reissue_after_s=900.0), TransportConfig(hwm=64, max_ready_groups=64)
+    )
     ready, start = ctx.Event(), ctx.Event()
     # With CURVE, as a run streams (the default transport.curve): the timing includes the encryption.
     proc = ctx.Process(

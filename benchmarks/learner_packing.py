@@ -90,7 +90,9 @@ def one_step(model: str, packed: bool, args, seed: int, conn) -> None:
         gradient_checkpointing=True,
         shared_prefix=packed,
     )
-    lrn = Learner(str(resolve_model(model)), cfg, group_size=args.n)
+    lrn = Learner(
+        str(resolve_model(model)), cfg, group_size=args.n, world_size=1, timeout_s=600.0, step_timeout_s=3600.0
+    )
     batch = bfcl_shaped_batch(args.groups, args.n, args.prompt, args.continuation, seed)
     t = time.perf_counter()
     m = lrn.train_batch(batch, RELEASED_BASE_WEIGHTS)

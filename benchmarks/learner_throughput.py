@@ -163,6 +163,9 @@ def main() -> None:
                 backend=backend, zero_stage=stage, lr=1e-6, mini_batch_groups=args.groups, micro_batch_size=args.micro
             ),
             group_size=args.n,
+            world_size=1,
+            timeout_s=600.0,
+            step_timeout_s=3600.0,
         )
         learners[name].init_s = time.perf_counter() - t
     times: dict[str, list[LearnerStepResult]] = {k: [] for k in backends}

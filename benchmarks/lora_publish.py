@@ -29,7 +29,7 @@ def learner(model: str, lora):
 
     loss = LossConfig(kl_coef=0.0)  # no reference: only the weights out matter here
     cfg = LearnerConfig(backend="torch", dtype="float32", mini_batch_groups=1, micro_batch_size=1, loss=loss, lora=lora)
-    return Learner(model, cfg, group_size=1)
+    return Learner(model, cfg, group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 def main() -> None:

@@ -48,11 +48,11 @@ class Learner:
     def __init__(
         self,
         model_path: str,
-        cfg: LearnerConfig = LearnerConfig(),
-        group_size: int = 8,
-        world_size: int = 1,
-        timeout_s: float = 600.0,
-        step_timeout_s: float = 3600.0,
+        cfg: LearnerConfig,
+        group_size: int,
+        world_size: int,
+        timeout_s: float,
+        step_timeout_s: float,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM

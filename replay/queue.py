@@ -126,7 +126,8 @@ class ReplayQueue:
         groups_per_batch: int,
         max_staleness: int = 1,
         stale_policy: str = "drop",
-        reissue_after_s: float = 600.0,
+        *,
+        reissue_after_s: float,  # trainer.reissue_after_s (configs/config.yaml)
         clock: Callable[[], float] = time.monotonic,
         filter_groups: str = "none",
         min_group_size: int | None = None,

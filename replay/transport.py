@@ -70,8 +70,9 @@ class TrajectorySender:
     def __init__(
         self,
         address: str,
-        hwm: int = 64,
-        send_timeout_s: float = 600.0,
+        *,
+        hwm: int,  # transport.hwm
+        send_timeout_s: float,  # transport.send_timeout_s (configs/transport/default.yaml)
         linger_s: float = 30.0,
         keys: ClientKeys | None = None,
     ) -> None:

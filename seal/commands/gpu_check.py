@@ -169,7 +169,7 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
     seen: dict[str, set[str]] = {"policy": set(), "reference": set()}
     try:
         base = _reset_peak(device)
-        lrn = Learner(str(path), cfg, group_size=N)
+        lrn = Learner(str(path), cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
         ref = getattr(lrn.ref, "module", lrn.ref)
         hooks = [
             _first_linear(mod).register_forward_hook(

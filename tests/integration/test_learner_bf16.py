@@ -44,7 +44,7 @@ def step_update(tiny_path, batch, dtype, backend="torch"):
         micro_batch_size=2,
         loss=LossConfig(kl_coef=0.1),
     )
-    lrn = Learner(tiny_path, cfg, group_size=N)
+    lrn = Learner(tiny_path, cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
     assert lrn.dtype == dtype
     before = {k: v.clone() for k, v in lrn.model.named_parameters()}
     lrn.train_batch(batch, {}, policy_version=0)

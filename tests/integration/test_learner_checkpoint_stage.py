@@ -17,7 +17,7 @@ def learner(tiny_path: str, offload: bool) -> Learner:
     cfg = LearnerConfig(
         backend="deepspeed", zero_stage=2, offload_optimizer=offload, mini_batch_groups=1, dtype="float32"
     )
-    return Learner(tiny_path, cfg, group_size=2)
+    return Learner(tiny_path, cfg, group_size=2, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 def written(tiny_path: str, path, offload: bool) -> dict:

@@ -91,7 +91,7 @@ def learner(tiny_path, backend, stage=2, micro=1, checkpointing=False, shared_pr
         shared_prefix=shared_prefix,
         dtype="float32",
     )  # pinned: the tolerances below are fp32's
-    return Learner(tiny_path, cfg, group_size=N)
+    return Learner(tiny_path, cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 def weights(lrn):
@@ -333,7 +333,7 @@ def test_the_one_process_group_leaves_no_rendezvous_port_to_children(tiny_path):
 
     code = (
         "import os; from learner.engine import Learner, LearnerConfig; "
-        f"Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
+        f"Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0); "
         "import torch.distributed as d; print(d.is_initialized(), 'MASTER_PORT' in os.environ)"
     )
     env = {
@@ -359,7 +359,7 @@ def test_a_stale_torch_extension_lock_does_not_stop_a_learner(tiny_path, tmp_pat
     lock.touch()
     code = (
         "from learner.engine import Learner, LearnerConfig; "
-        f"lrn = Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1); "
+        f"lrn = Learner({tiny_path!r}, LearnerConfig(backend='deepspeed', mini_batch_groups=1, micro_batch_size=1), group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0); "
         "import deepspeed.comm.comm as c; print('shm op', c.cdb.shm_comm_op)"
     )
     env = {

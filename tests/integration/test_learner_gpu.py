@@ -32,7 +32,7 @@ def test_cuda_step_matches_cpu(backend, stage):
             mini_batch_groups=2,
             micro_batch_size=1,
         )
-        lrn = Learner(path, cfg, group_size=2)
+        lrn = Learner(path, cfg, group_size=2, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
         try:
             before = lrn.weights_out.full_state_dict()
             results[device] = (lrn.train_batch(batch, RELEASED_BASE_WEIGHTS), lrn.weights_out.full_state_dict())

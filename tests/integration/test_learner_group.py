@@ -148,7 +148,14 @@ def zero3_group(tiny_path):
 def test_two_ranks_make_the_one_rank_update(tiny_path, batch, zero3_group, stage):
     # The one rank computes log p the straightforward way (the whole vocabulary's logits); the group's
     # ranks from the hidden states in chunks (the default): the same update, across ranks and paths.
-    one = Learner(tiny_path, dataclasses.replace(config(stage), logprob_head="full"), group_size=N)
+    one = Learner(
+        tiny_path,
+        dataclasses.replace(config(stage), logprob_head="full"),
+        group_size=N,
+        world_size=1,
+        timeout_s=600.0,
+        step_timeout_s=3600.0,
+    )
     before = one.weights_out.generator_weights()
     ref = one.train_batch(batch, RELEASED_BASE_WEIGHTS)
     after_one = one.weights_out.generator_weights()
@@ -186,7 +193,7 @@ def test_two_zero3_ranks_packed_and_chunked_make_the_straightforward_update(tiny
     against one rank forwarding each trajectory alone with the whole vocabulary's logits."""
     shared = make_batch(4, tiny_path, shared_prompt=True) + make_batch(5, tiny_path, shared_prompt=True)[:N]
     old_cfg = dataclasses.replace(config(3, kl_coef=kl), logprob_head="full")
-    one = Learner(tiny_path, old_cfg, group_size=N)
+    one = Learner(tiny_path, old_cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
     before = one.weights_out.generator_weights()
     ref = one.train_batch(shared, RELEASED_BASE_WEIGHTS)
     after_one = one.weights_out.generator_weights()
@@ -210,7 +217,7 @@ def test_two_zero3_ranks_agree_on_recomputation_whatever_their_micro_batch_lengt
     layer again in the backward) and the other did not: the group died at step 1. The ranks now
     choose from the longest micro-batch at each place, and make the one-rank update."""
     cfg = dataclasses.replace(config(3), gradient_checkpointing=True, gradient_checkpointing_min_tokens=3)
-    one = Learner(tiny_path, cfg, group_size=N)
+    one = Learner(tiny_path, cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
     before = one.weights_out.generator_weights()
     one.train_batch(batch, RELEASED_BASE_WEIGHTS)
     after_one = one.weights_out.generator_weights()

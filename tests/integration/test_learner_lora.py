@@ -37,7 +37,7 @@ def lora_learner(tiny_path, backend="torch", stage=0, rank=RANK, packed=False):
         dtype="float32",
         lora=LoraConfig(rank=rank, alpha=16),
     )
-    return Learner(tiny_path, cfg, group_size=N)
+    return Learner(tiny_path, cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 def base_model(tiny_path):

@@ -39,7 +39,7 @@ def learner(tiny_path: str, setup: str) -> Learner:
         loss=LossConfig(kl_coef=0.1),
         dtype="float32",
     )
-    return Learner(tiny_path, cfg, group_size=N)
+    return Learner(tiny_path, cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 def poisoned(batch: list) -> list:

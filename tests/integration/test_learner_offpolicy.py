@@ -35,6 +35,9 @@ def make_learner(tiny_path, backend="torch", stage=2, groups_per_mini=GROUPS, **
             **cfg,
         ),
         group_size=N,
+        world_size=1,
+        timeout_s=600.0,
+        step_timeout_s=3600.0,
     )
 
 
@@ -115,7 +118,7 @@ def test_sequence_aggregation_is_split_invariant_in_the_engine(tiny_path, loss_a
         loss=LossConfig(kl_coef=0.1),
         dtype="float32",
     )
-    two = Learner(tiny_path, cfg, group_size=N)
+    two = Learner(tiny_path, cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
     before = weights(one)
     ma, mb = one.train_batch(batch, RELEASED_BASE_WEIGHTS), two.train_batch(batch, RELEASED_BASE_WEIGHTS)
     assert ma.loss == pytest.approx(mb.loss, rel=1e-5)

@@ -54,7 +54,7 @@ def test_the_reference_forward_runs_in_bf16_where_deepspeed_checks_cuda_autocast
         micro_batch_size=1,
         loss=LossConfig(kl_coef=0.1),
     )
-    lrn = Learner(tiny_path, cfg, group_size=1)
+    lrn = Learner(tiny_path, cfg, group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
     assert isinstance(lrn.ref, DeepSpeedEngine) and isinstance(lrn.engine, DeepSpeedEngine)
     # The engines' own switches, as their forward reads them.
     assert lrn.ref.torch_autocast_enabled() and lrn.engine.torch_autocast_enabled()
@@ -77,7 +77,7 @@ def test_checkpoint_rng_carries_cuda_streams_only_where_cuda_is(tiny_path, tmp_p
     cfg = LearnerConfig(
         backend="torch", optimizer="sgd", mini_batch_groups=1, micro_batch_size=1, loss=LossConfig(kl_coef=0.0)
     )
-    lrn = Learner(tiny_path, cfg, group_size=1)
+    lrn = Learner(tiny_path, cfg, group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
     lrn.save_checkpoint(tmp_path / "ckpt")
     saved = torch.load(tmp_path / "ckpt" / "rng.pt", weights_only=False)
     assert ("cuda" in saved) == torch.cuda.is_available() == bool(cuda_rng_state(torch))
@@ -102,7 +102,7 @@ def test_cuda_rng_streams_resume_exactly(tiny_path, tmp_path):
         micro_batch_size=1,
         loss=LossConfig(kl_coef=0.0),
     )
-    lrn = Learner(tiny_path, cfg, group_size=1)
+    lrn = Learner(tiny_path, cfg, group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
     torch.cuda.manual_seed_all(7)
     lrn.save_checkpoint(tmp_path / "ckpt")
     want = [torch.randn(8, device=f"cuda:{d}") for d in range(torch.cuda.device_count())]

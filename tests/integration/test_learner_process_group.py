@@ -32,7 +32,7 @@ def _learners_then_a_group(path: str, port: int, out) -> None:
         zero3 = LearnerConfig(
             backend="deepspeed", zero_stage=3, mini_batch_groups=2, micro_batch_size=1, loss=LossConfig(kl_coef=0.1)
         )
-        first = Learner(path, zero3, group_size=2)
+        first = Learner(path, zero3, group_size=2, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
         first.train_batch(batches[0], RELEASED_BASE_WEIGHTS)
         first.close()
         first.close()  # twice: nothing more
@@ -43,7 +43,10 @@ def _learners_then_a_group(path: str, port: int, out) -> None:
         # Two learners alive at once share the group the first formed (ZeRO-2: DeepSpeed's ZeRO-3
         # hooks serve one model per process); the group goes with the last.
         zero2 = dataclasses.replace(zero3, zero_stage=2)
-        second, third = Learner(path, zero2, group_size=2), Learner(path, zero2, group_size=2)
+        second, third = (
+            Learner(path, zero2, group_size=2, world_size=1, timeout_s=600.0, step_timeout_s=3600.0),
+            Learner(path, zero2, group_size=2, world_size=1, timeout_s=600.0, step_timeout_s=3600.0),
+        )
         second.close()
         shared_kept = dist.is_initialized()
         third.train_batch(batches[1], RELEASED_BASE_WEIGHTS)

@@ -50,7 +50,7 @@ def learner(tiny_path: str, new: bool, kl: float, dtype: str = "float32") -> Lea
         loss=LossConfig(kl_coef=kl),
         dtype=dtype,
     )
-    return Learner(tiny_path, cfg, group_size=N)
+    return Learner(tiny_path, cfg, group_size=N, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 def one_step(tiny_path, batch, new: bool, kl: float, dtype: str):

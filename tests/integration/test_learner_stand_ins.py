@@ -35,7 +35,7 @@ def learner(tiny_path: str, backend: str, stage: int, micro: int) -> Learner:
         loss=LossConfig(kl_coef=0.1),
         dtype="float32",
     )
-    return Learner(tiny_path, cfg, group_size=3)
+    return Learner(tiny_path, cfg, group_size=3, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
 
 
 @pytest.mark.parametrize("backend,stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3)])

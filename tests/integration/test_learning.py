@@ -104,6 +104,9 @@ def test_mean_reward_rises_on_the_toy_env():
             dtype="auto",
         ),
         group_size=n,
+        world_size=1,
+        timeout_s=600.0,
+        step_timeout_s=3600.0,
     )
     env = ToyToolEnv()
     train, held_out = env.task_ids("train"), env.task_ids("test")[:16]

@@ -108,7 +108,9 @@ def assert_same_snapshot(got: Path, want: Path) -> None:
 def test_a_snapshot_is_what_save_pretrained_writes_and_loads(tiny_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    lrn = Learner(tiny_path, learner_cfg(0, "torch"), group_size=1)
+    lrn = Learner(
+        tiny_path, learner_cfg(0, "torch"), group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0
+    )
     path, _ = lrn.weights_out.save_snapshot(tmp_path / "weights", version=3, step=lrn.step)
     assert path.name == "v000003" and json.loads((path / "seal-version.json").read_text()) == {"version": 3, "step": 0}
     reference = tmp_path / "save_pretrained"
@@ -133,7 +135,9 @@ def test_two_zero3_ranks_save_the_one_rank_snapshot_with_host_copies_on_rank_0_o
     from tests.conftest import local_ray
     from tests.integration.test_learner_group import group
 
-    one = Learner(tiny_path, learner_cfg(0, "torch"), group_size=1)
+    one = Learner(
+        tiny_path, learner_cfg(0, "torch"), group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0
+    )
     want, _ = one.weights_out.save_snapshot(tmp_path / "one", version=1, step=one.step)
     total = sum(p.numel() * 4 for p in one.model.parameters())
     largest = max(p.numel() * 4 for p in one.model.parameters())  # the embedding: a bucket of its own

@@ -96,7 +96,14 @@ def learner_for(model: str):
     from learner.config import LearnerConfig
     from learner.engine import Learner
 
-    return Learner(model, LearnerConfig(backend="torch", mini_batch_groups=1, micro_batch_size=1), group_size=1)
+    return Learner(
+        model,
+        LearnerConfig(backend="torch", mini_batch_groups=1, micro_batch_size=1),
+        group_size=1,
+        world_size=1,
+        timeout_s=600.0,
+        step_timeout_s=3600.0,
+    )
 
 
 @pytest.mark.parametrize("name", list(TWINS))

@@ -41,6 +41,7 @@ def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: i
         rank,
         world,
         "gloo",
+        "cpu",
         timeout_s=GROUP_TIMEOUT_S,
         op_timeout_s=GROUP_TIMEOUT_S,
         label=f"test receiver {rank} ({fate})",
@@ -173,9 +174,9 @@ def test_rank_0s_word_ends_a_receivers_wait_where_the_transport_says_nothing():
     from weights.group import ABORT_POLL_S, WeightGroup, WeightGroupError
 
     port, box = free_port(), {}
-    opener = threading.Thread(target=lambda: box.update(g0=WeightGroup(HOST, port, 0, 2, "gloo", timeout_s=300)))
+    opener = threading.Thread(target=lambda: box.update(g0=WeightGroup(HOST, port, 0, 2, "gloo", "cpu", timeout_s=300)))
     opener.start()
-    g1 = WeightGroup(HOST, port, 1, 2, "gloo", timeout_s=GROUP_TIMEOUT_S, label="test receiver 1 (ready)")
+    g1 = WeightGroup(HOST, port, 1, 2, "gloo", "cpu", timeout_s=GROUP_TIMEOUT_S, label="test receiver 1 (ready)")
     opener.join(60)
 
     def receive():
@@ -219,7 +220,7 @@ def test_forming_the_group_is_bounded_when_a_member_stops_after_the_rendezvous()
     def join():
         t0 = time.monotonic()
         try:
-            WeightGroup(HOST, port, 0, 2, "gloo", timeout_s=3.0)
+            WeightGroup(HOST, port, 0, 2, "gloo", "cpu", timeout_s=3.0)
         except WeightGroupError as exc:
             box["error"], box["seconds"] = str(exc), time.monotonic() - t0
 

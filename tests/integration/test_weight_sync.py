@@ -35,7 +35,7 @@ def learner_side(model_dir: str, port: int, backend: str, device: str, zero_stag
             mini_batch_groups=1,
             micro_batch_size=1,
         )
-        learner = Learner(model_dir, cfg, group_size=1)
+        learner = Learner(model_dir, cfg, group_size=1, world_size=1, timeout_s=600.0, step_timeout_s=3600.0)
         out.put(("metadata", learner.weights_out.weight_metadata()))
         broadcaster = WeightBroadcaster(HOST, port, world_size=2, backend=backend, device=device, timeout_s=120)
         seconds = [learner.weights_out.broadcast_weights(broadcaster) for _ in range(rounds)]
@@ -207,7 +207,7 @@ def test_group_calls_need_the_broadcast_setting():
     with pytest.raises(ValueError, match="weight_sync"):
         VllmGenerator("tiny", weight_sync="nccl")  # refused before any engine starts
     with pytest.raises(ValueError, match="backend"):
-        WeightGroup(HOST, free_port(), 0, 2, "mpi")
+        WeightGroup(HOST, free_port(), 0, 2, "mpi", "cpu", timeout_s=60.0)
     with pytest.raises(ValueError, match="dtype"):
         WeightMeta("w", "float33", (2,))
     meta = WeightMeta.from_wire({"name": "w", "dtype": "bfloat16", "shape": [2, 3]})

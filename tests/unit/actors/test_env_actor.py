@@ -71,7 +71,9 @@ def actor(ray_session):
     reply = chat.encode("I do not know.") + [chat.eos_id]
     coordinator = ray.remote(FakeCoordinator).options(name="test-coordinator").remote(3)
     replica = ray.remote(FakeReplica).options(name="test-replica").remote(reply)
-    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(max_ready_groups=8))
+    server = ReplayServer(
+        ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(max_ready_groups=8)
+    )
     env_actor = EnvActor(
         "env-0",
         ToyToolEnv,

@@ -58,7 +58,7 @@ def test_grpo_advantages_of_graded_rewards_are_the_formulas():
 
 
 def test_equal_graded_rewards_are_filtered_and_unequal_ones_train():
-    q = ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="zero_variance")
+    q = ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="zero_variance", reissue_after_s=900.0)
     for i in range(2):
         q.add(traj("flat", i, reward=0.5))
     assert q.take_batch() is None and q.stats.filtered == 1

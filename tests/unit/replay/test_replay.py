@@ -102,7 +102,7 @@ def test_random_bytes_only_ever_raise_wire_error(data):
 
 
 def test_groups_complete_in_any_order_and_duplicates_are_ignored():
-    q = ReplayQueue(group_size=3, groups_per_batch=1)
+    q = ReplayQueue(group_size=3, groups_per_batch=1, reissue_after_s=900.0)
     assert q.add(traj("a", 2)) and q.add(traj("a", 0))
     assert not q.add(traj("a", 0))  # duplicate
     assert q.take_batch() is None
@@ -114,13 +114,13 @@ def test_groups_complete_in_any_order_and_duplicates_are_ignored():
 
 
 def test_staleness_bound_drops_or_downweights():
-    q = ReplayQueue(group_size=1, groups_per_batch=1, max_staleness=1)
+    q = ReplayQueue(group_size=1, groups_per_batch=1, max_staleness=1, reissue_after_s=900.0)
     q.add(traj("old", 0, version=0))
     q.add(traj("new", 0, version=2))
     q.set_policy_version(3)
     (group,) = q.take_batch()
     assert group.group_id == "new" and group.staleness == 1 and q.stats.dropped_stale == 1
-    d = ReplayQueue(group_size=1, groups_per_batch=1, max_staleness=1, stale_policy="downweight")
+    d = ReplayQueue(group_size=1, groups_per_batch=1, max_staleness=1, stale_policy="downweight", reissue_after_s=900.0)
     d.add(traj("old", 0, version=0))
     d.set_policy_version(3)
     (group,) = d.take_batch()
@@ -146,7 +146,7 @@ def test_every_group_reaches_the_learner_exactly_once(seed, groups, n, dup_rate)
     deliveries = [traj(f"g{g}", i) for g in range(groups) for i in range(n)]
     deliveries += [t for t in deliveries if rng.random() < dup_rate]
     rng.shuffle(deliveries)
-    q = ReplayQueue(group_size=n, groups_per_batch=1)
+    q = ReplayQueue(group_size=n, groups_per_batch=1, reissue_after_s=900.0)
     seen = []
     for t in deliveries:
         q.add(t)
@@ -156,7 +156,7 @@ def test_every_group_reaches_the_learner_exactly_once(seed, groups, n, dup_rate)
 
 
 def test_zero_variance_groups_are_set_aside_and_never_batched():
-    q = ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="zero_variance")
+    q = ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="zero_variance", reissue_after_s=900.0)
     for i in range(2):
         q.add(traj("flat", i, reward=0.0))
     assert q.take_batch() is None and q.stats.filtered == 1
@@ -170,14 +170,14 @@ def test_zero_variance_groups_are_set_aside_and_never_batched():
 
 
 def test_no_filter_keeps_every_group_and_partial_takes_what_is_ready():
-    q = ReplayQueue(group_size=2, groups_per_batch=2)
+    q = ReplayQueue(group_size=2, groups_per_batch=2, reissue_after_s=900.0)
     for i in range(2):
         q.add(traj("flat", i, reward=0.0))
     assert q.take_batch() is None and q.stats.filtered == 0
     assert [g.group_id for g in q.take_batch(partial=True)] == ["flat"]
     assert q.take_batch(partial=True) is None  # nothing ready: still None
     with pytest.raises(ValueError, match="filter_groups"):
-        ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="dapo")
+        ReplayQueue(group_size=2, groups_per_batch=1, filter_groups="dapo", reissue_after_s=900.0)
 
 
 def test_the_infra_fault_is_typed_on_the_wire_and_an_unknown_kind_is_refused():
@@ -197,7 +197,9 @@ def fault(t: Trajectory, kind: str = "generation_error") -> Trajectory:
 
 
 def test_faulted_members_leave_the_statistics_and_a_short_group_is_handed_back():
-    q = ReplayQueue(group_size=4, groups_per_batch=1, min_group_size=3, filter_groups="zero_variance")
+    q = ReplayQueue(
+        group_size=4, groups_per_batch=1, min_group_size=3, filter_groups="zero_variance", reissue_after_s=900.0
+    )
     # one fault: three members left, enough; rewards 1 1 0 among them (the fault's 0 is not counted)
     for i, r in enumerate((1.0, 1.0, 0.0)):
         q.add(traj("ok", i, reward=r))
@@ -238,7 +240,7 @@ def test_every_generated_token_of_the_queue_is_decided_lost_or_undecided():
 def test_a_rollout_with_a_non_finite_logprob_is_refused_before_the_learner(value, caplog):
     """Issue 46 item 5: one NaN behaviour logprob from a broken replica, trained on, makes the weights
     NaN for good (clamp keeps NaN; NaN x mask 0 is NaN). It is made a generation_error as it arrives."""
-    q = ReplayQueue(group_size=3, groups_per_batch=1, min_group_size=2)
+    q = ReplayQueue(group_size=3, groups_per_batch=1, min_group_size=2, reissue_after_s=900.0)
     broken = traj("g", 2, reward=1.0)
     broken = replace(broken, logprobs=[*broken.logprobs[:-1], value])
     for t in (traj("g", 0, reward=0.0), traj("g", 1, reward=1.0), broken):

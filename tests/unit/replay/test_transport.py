@@ -29,13 +29,15 @@ def wait_for(predicate, timeout=5.0):
 
 @pytest.fixture
 def server():
-    s = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(max_ready_groups=4))
+    s = ReplayServer(
+        ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(max_ready_groups=4)
+    )
     yield s
     s.close()
 
 
 def test_trajectories_stream_into_complete_groups(server):
-    sender = TrajectorySender(server.address, keys=server.client_keys)
+    sender = TrajectorySender(server.address, keys=server.client_keys, send_timeout_s=600.0, hwm=64)
     for g in range(3):
         for i in range(2):
             sender.send(traj(group=f"g{g}", index=i, n_tokens=5000))
@@ -49,7 +51,7 @@ def test_trajectories_stream_into_complete_groups(server):
 
 
 def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
-    sender = TrajectorySender(server.address, keys=server.client_keys)
+    sender = TrajectorySender(server.address, keys=server.client_keys, send_timeout_s=600.0, hwm=64)
     sender.send_frame(b"\xc1 not msgpack")
     sender.send_frame(encode(Control("scale", {"env": 2})))  # a message of the wrong kind
     sender.send(traj(group="g", index=5))  # rollout index outside the group
@@ -61,7 +63,9 @@ def test_bad_frames_are_rejected_and_the_stream_goes_on(server):
 
 
 def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
-    server = ReplayServer(ReplayQueue(group_size=1, groups_per_batch=1), TransportConfig(hwm=1, max_ready_groups=1))
+    server = ReplayServer(
+        ReplayQueue(group_size=1, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(hwm=1, max_ready_groups=1)
+    )
     sender = TrajectorySender(
         server.address, hwm=1, send_timeout_s=0.5, linger_s=0.5, keys=server.client_keys
     )  # close() gives up on the undeliverable rest
@@ -75,7 +79,7 @@ def test_a_lagging_learner_blocks_senders_instead_of_filling_memory():
 
 
 def test_abandoned_groups_ignore_late_rollouts(server):
-    sender = TrajectorySender(server.address, keys=server.client_keys)
+    sender = TrajectorySender(server.address, keys=server.client_keys, send_timeout_s=600.0, hwm=64)
     sender.send(traj(group="dead", index=0))
     assert wait_for(lambda: server.counters().queue.accepted == 1)
     assert server.abandon("dead") is True
@@ -91,7 +95,7 @@ from replay.auth import ClientKeys, KeyPair
 from replay.transport import TrajectorySender
 from test_replay import traj
 keys = ClientKeys({server_public!r}, KeyPair({public!r}, {secret!r}))  # as an env actor gets them through Ray
-sender = TrajectorySender({address!r}, hwm=8, keys=keys)
+sender = TrajectorySender({address!r}, hwm=8, keys=keys, send_timeout_s=600.0)
 for g in range({groups}):
     for i in range(2):
         sender.send(traj(group=f"g{{g}}", index=i, n_tokens=8192))
@@ -102,7 +106,10 @@ sender.close()
 def test_a_producer_that_closes_and_exits_has_delivered_every_frame():
     # send() only queues; before close() flushed, a process exiting right after its last
     # send lost the frames still queued (up to the high-water marks) or crashed in teardown.
-    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(hwm=8, max_ready_groups=1000))
+    server = ReplayServer(
+        ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0),
+        TransportConfig(hwm=8, max_ready_groups=1000),
+    )
     try:
         keys = server.client_keys
         code = PRODUCER.format(
@@ -122,8 +129,8 @@ def test_a_producer_that_closes_and_exits_has_delivered_every_frame():
 
 
 def test_a_closed_sender_refuses_to_send():
-    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1))
-    sender = TrajectorySender(server.address, keys=server.client_keys)
+    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0))
+    sender = TrajectorySender(server.address, keys=server.client_keys, send_timeout_s=600.0, hwm=64)
     sender.close()
     sender.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
@@ -132,7 +139,7 @@ def test_a_closed_sender_refuses_to_send():
 
 
 def test_frames_are_counted_by_the_address_they_came_from(server):
-    sender = TrajectorySender(server.address, keys=server.client_keys)
+    sender = TrajectorySender(server.address, keys=server.client_keys, send_timeout_s=600.0, hwm=64)
     for i in range(2):
         sender.send(traj(group="g0", index=i))
     assert wait_for(lambda: server.counters().server.frames_by_peer.get("127.0.0.1") == 2)
@@ -143,7 +150,9 @@ def test_a_wildcard_bind_advertises_a_routable_address_not_the_hostnames():
     """On many hosts the hostname resolves to 127.0.0.1, which no other node reaches."""
     from replay.transport import routable_ip
 
-    s = ReplayServer(ReplayQueue(group_size=1, groups_per_batch=1), TransportConfig(host="0.0.0.0"))
+    s = ReplayServer(
+        ReplayQueue(group_size=1, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(host="0.0.0.0")
+    )
     try:
         assert s.address.startswith(f"tcp://{routable_ip()}:")
         assert TransportConfig(host="0.0.0.0", advertise_host="10.1.2.3").advertise_host == "10.1.2.3"

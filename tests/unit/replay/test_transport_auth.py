@@ -18,7 +18,9 @@ from replay.transport import ReplayServer, TrajectorySender, TransportConfig, Tr
 
 @pytest.fixture
 def server():
-    s = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(max_ready_groups=100))
+    s = ReplayServer(
+        ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(max_ready_groups=100)
+    )
     yield s
     s.close()
 
@@ -36,9 +38,9 @@ def bad_senders(server):
 
 
 def test_only_the_runs_env_actor_key_gets_frames_through(server):
-    good = TrajectorySender(server.address, keys=server.client_keys)
+    good = TrajectorySender(server.address, keys=server.client_keys, send_timeout_s=600.0, hwm=64)
     bad = {
-        name: TrajectorySender(server.address, send_timeout_s=0.2, linger_s=0, keys=k)
+        name: TrajectorySender(server.address, send_timeout_s=0.2, linger_s=0, keys=k, hwm=64)
         for name, k in bad_senders(server).items()
     }
     try:
@@ -74,21 +76,25 @@ def test_a_refused_sender_times_out_naming_curve(server):
 
 def test_the_driver_gives_its_keys_and_curve_can_be_turned_off():
     keys = RunKeys.generate()
-    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(), keys)
+    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(), keys)
     assert server.client_keys == keys.client("actors") and server.client_keys.server_public == keys.server.public
     server.close()
     server.close()  # idempotent
-    plain = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(curve=False))
+    plain = ReplayServer(
+        ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(curve=False)
+    )
     try:
         assert plain.keys is None and plain.client_keys is None
-        sender = TrajectorySender(plain.address)
+        sender = TrajectorySender(plain.address, send_timeout_s=600.0, hwm=64)
         _send_group(sender, "g")
         assert wait_for(lambda: plain.ready() == 1) and plain.counters().server.unauthorized == 0
         sender.close()
     finally:
         plain.close()
     with pytest.raises(ValueError, match="curve=false"):
-        ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(curve=False), keys)
+        ReplayServer(
+            ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(curve=False), keys
+        )
 
 
 def test_keys_are_checked_and_secrets_stay_out_of_reprs():
@@ -103,8 +109,11 @@ def test_keys_are_checked_and_secrets_stay_out_of_reprs():
 
 def test_a_curve_server_with_a_receive_hwm_of_1_still_delivers():
     # libzmq 4.3.5 with ZAP and RCVHWM=1 left a frame that poll reported and recv never returned.
-    server = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(hwm=1, max_ready_groups=100))
-    sender = TrajectorySender(server.address, hwm=1, keys=server.client_keys)
+    server = ReplayServer(
+        ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0),
+        TransportConfig(hwm=1, max_ready_groups=100),
+    )
+    sender = TrajectorySender(server.address, hwm=1, keys=server.client_keys, send_timeout_s=600.0)
     try:
         for g in range(3):
             _send_group(sender, f"g{g}")
@@ -120,5 +129,5 @@ def test_a_port_in_use_fails_cleanly(server):
     port = int(server.address.rsplit(":", 1)[1])
     before = threading.active_count()
     with pytest.raises(Exception, match="[Aa]ddress already in use"):
-        ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1), TransportConfig(port=port))
+        ReplayServer(ReplayQueue(group_size=2, groups_per_batch=1, reissue_after_s=900.0), TransportConfig(port=port))
     assert threading.active_count() == before  # no ZAP or monitor thread left behind

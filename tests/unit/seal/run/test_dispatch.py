@@ -128,7 +128,9 @@ class FakePublisher:
 
 def dispatcher(fails: dict[str, str], tasks=("t0", "t1", "t2", "t3"), groups_per_step: int = 2):
     ledger = SlotLedger(list(tasks), n=2, groups_per_step=groups_per_step, max_staleness=1, seed=0)
-    replay = ReplayServer(ReplayQueue(group_size=2, groups_per_batch=groups_per_step), TransportConfig())
+    replay = ReplayServer(
+        ReplayQueue(group_size=2, groups_per_batch=groups_per_step, reissue_after_s=900.0), TransportConfig()
+    )
     window = StepWindow("async", max_new_tokens=16, learner_world_size=1, generator_replicas=2, skipped_overlong=0)
     d = Dispatcher(FakeActors(fails), ledger, replay, FakePublisher(), window, Progress(quiet=True), 16, False)
     return d, replay

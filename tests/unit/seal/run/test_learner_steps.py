@@ -118,14 +118,16 @@ def steps(tmp_path, coordinator):
         values = {**TrainerConfig.of(compose([])).__dict__, "groups_per_step": 1, "fill_patience": 2, **trainer}
         t = TrainerConfig(**values)
         ledger = SlotLedger(["toy_4"], n=2, groups_per_step=t.groups_per_step, max_staleness=1, seed=0, oversample=8)
-        replay = ReplayServer(ReplayQueue(2, t.groups_per_step, filter_groups="zero_variance"), TransportConfig())
+        replay = ReplayServer(
+            ReplayQueue(2, t.groups_per_step, filter_groups="zero_variance", reissue_after_s=900.0), TransportConfig()
+        )
         actors = Actors(coordinator)
         state = RunState(tmp_path, tmp_path, actors, Progress(quiet=True), "tiny", 2, None)
         window = StepWindow(t.mode, 16, 1, 1, 0)
         s = LearnerSteps(
             t, state, actors, replay, ledger, FakePublisher(), window, Progress(quiet=True), 1, "recompute"
         )
-        built.append((s, TrajectorySender(replay.address, keys=replay.client_keys)))
+        built.append((s, TrajectorySender(replay.address, keys=replay.client_keys, send_timeout_s=600.0, hwm=64)))
         return s, built[-1][1]
 
     built: list = []
