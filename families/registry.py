@@ -159,11 +159,11 @@ def model_type(model_dir: str | Path | None) -> str | None:
     if model_dir is None:
         return None
     try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        config_json = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    text = cfg.get("text_config")
-    return (text.get("model_type") if isinstance(text, dict) else None) or cfg.get("model_type")
+    text = config_json.get("text_config")
+    return (text.get("model_type") if isinstance(text, dict) else None) or config_json.get("model_type")
 
 
 def read_chat_template(model_dir: str | Path) -> str:

@@ -62,8 +62,7 @@ class LoraConfig:
 
 def lora_on(cfg: Any) -> bool:
     """Whether a LearnerConfig trains a LoRA adapter."""
-    lora = getattr(cfg, "lora", None)
-    return lora is not None and lora.rank is not None
+    return cfg.lora is not None and cfg.lora.rank is not None
 
 
 def check_lora_backend(cfg: Any) -> None:
@@ -209,7 +208,7 @@ def adapter_tensors(peft_model: Any, dtype: Any = None) -> dict[str, Any]:
 def publishes_adapter(cfg: Any) -> bool:
     """Whether a LearnerConfig's publishes carry the adapter alone (``lora.publish: adapter``) rather
     than the merged model: the generators then serve the base once and each version as an adapter."""
-    return lora_on(cfg) and cfg.lora.publish == "adapter"
+    return cfg.lora is not None and cfg.lora.rank is not None and cfg.lora.publish == "adapter"
 
 
 def adapter_manifest(peft_model: Any, dtype: str | None, bucket_mb: float) -> Any:

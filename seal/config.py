@@ -41,14 +41,30 @@ def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=composed)
-        if folders and "python_path" in cfg:  # a file's folder first: its _target_ lives beside it
-            cfg.python_path = [*folders, *cfg.python_path]
-        use_python_path(cfg.get("python_path") or [])
+        if folders:  # a file's folder first: its _target_ lives beside it
+            cfg.python_path = [*folders, *python_path(cfg)]
+        use_python_path(python_path(cfg))
         return cfg
     except (HydraException, OmegaConfBaseException) as exc:
         # Hydra's messages span lines (with the search path); keep one line.
         text = " ".join(str(exc).split("\nConfig search path")[0].split())
         raise ValueError(_misspelt(text, overrides, config_name) or "bad config: " + text) from None
+
+
+def python_path(cfg: DictConfig) -> list[str]:
+    """The folders a run's processes import a user's ``_target_`` from (configs/config.yaml sets
+    ``python_path``, [] for none; a recorded run that predates it reads [], run_dir.PREDATED)."""
+    if "python_path" not in cfg:
+        raise ValueError("python_path is not set (configs/config.yaml sets it: [] for none)")
+    return [str(folder) for folder in cfg.python_path]
+
+
+def target_of(node: Mapping[str, Any], group: str) -> str:
+    """The class a resolved config node names (its ``_target_``), or ValueError naming the key."""
+    target = node["_target_"] if "_target_" in node else None
+    if not isinstance(target, str) or not target:
+        raise ValueError(f"{group}._target_ is not set (each {group} option of configs/{group}/ names its class)")
+    return target
 
 
 def _misspelt(text: str, overrides: list[str], config_name: str) -> str | None:
@@ -263,6 +279,7 @@ class GeneratorConfig:
     update_mode: str | None
     update_timeout_s: float | None = field(metadata={"above": 0})
     drain_timeout_s: float | None = field(metadata={"above": 0})
+    max_lora_rank: int | None  # set by hand only: the adapters' vLLM rank (None: the learner's, rounded up)
 
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "gpu_memory_utilization",
@@ -272,7 +289,10 @@ class GeneratorConfig:
         "update_mode",
         "update_timeout_s",
         "drain_timeout_s",
+        "max_lora_rank",
     )
+    # Optional keys no option of configs/generator/ writes: a user adds them (+generator.KEY=...).
+    BY_HAND: ClassVar[tuple[str, ...]] = ("max_lora_rank",)
 
     def __post_init__(self) -> None:
         check_fields(self, {f.name: f"generator.{'_target_' if f.name == 'target' else f.name}" for f in fields(self)})

@@ -46,9 +46,9 @@ class _Failed(Exception):
         self.detail, self.fix = detail, fix
 
 
-def max_positions(config: Mapping[str, Any]) -> int | None:
-    text = config.get("text_config")
-    for node in (config, text if isinstance(text, dict) else {}):
+def max_positions(config_json: Mapping[str, Any]) -> int | None:
+    text = config_json.get("text_config")
+    for node in (config_json, text if isinstance(text, dict) else {}):
         if isinstance(node.get("max_position_embeddings"), int):
             return int(node["max_position_embeddings"])
     return None
@@ -94,16 +94,16 @@ def _config(path: Path, state: dict[str, Any]) -> str:
     if not path.is_dir():
         raise _Failed(f"{path}: no such directory", "give a local HF model directory")
     try:
-        config = json.loads((path / "config.json").read_text())
+        config_json = json.loads((path / "config.json").read_text())
     except OSError:
         raise _Failed(
             f"{path} has no config.json", "a HF model directory holds config.json beside the weights"
         ) from None
     except ValueError as exc:
         raise _Failed(f"config.json is not JSON: {exc}", "repair config.json") from None
-    state["config"] = config
-    arch = ",".join(config.get("architectures") or []) or "none"
-    return f"{config.get('model_type', '?')} ({arch}), {max_positions(config) or '?'} positions"
+    state["config"] = config_json
+    arch = ",".join(config_json.get("architectures") or []) or "none"
+    return f"{config_json.get('model_type', '?')} ({arch}), {max_positions(config_json) or '?'} positions"
 
 
 def _context(state: dict[str, Any], max_model_len: int | None) -> str:

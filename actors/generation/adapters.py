@@ -211,23 +211,25 @@ def serving_rank(rank: int) -> int:
     return fitting[0]
 
 
-def adapter_serving_spec(generator: Mapping[str, Any], lora: Mapping[str, Any] | None, async_engine: bool) -> dict:
-    """The generator's constructor arguments for a learner whose ``lora`` section (learner.cfg.lora)
-    publishes adapters (a rank and ``publish: adapter``): LoRA serving on, ``max_lora_rank`` the
-    smallest vLLM rank holding the adapter unless one set by hand holds it. Only the async replica
-    takes adapters through the fleet's paths; the blocking one is refused with what to set instead.
-    Any other learner: ``generator`` unchanged."""
+def adapter_serving_spec(
+    generator: Mapping[str, Any], adapter_rank: int | None, max_lora_rank: int | None, async_engine: bool
+) -> dict:
+    """The generator's constructor arguments for a learner that publishes a rank-``adapter_rank``
+    adapter (learner.cfg.lora with ``publish: adapter``; None: it publishes whole weights): LoRA
+    serving on, ``max_lora_rank`` the smallest vLLM rank holding the adapter unless the one set by
+    hand (generator.max_lora_rank, None if not) holds it. Only the async replica takes adapters
+    through the fleet's paths; the blocking one is refused with what to set instead. Any other
+    learner: ``generator`` unchanged."""
     spec = dict(generator)
-    if not lora or lora.get("rank") is None or lora.get("publish", "adapter") != "adapter":
+    if adapter_rank is None:
         return spec
-    rank = int(lora["rank"])
     if not async_engine:
         raise ValueError(
             "learner.cfg.lora.publish=adapter needs the async generator (generator=vllm_async_cpu or "
             "vllm_async_gpu); with the blocking engine set learner.cfg.lora.publish=merged"
         )
-    given = int(spec.get("max_lora_rank") or 0)
-    if given and given < rank:
-        raise ValueError(f"generator.max_lora_rank={given} cannot serve the learner's rank-{rank} adapter")
-    spec["max_lora_rank"] = given or serving_rank(rank)
+    given = max_lora_rank or 0
+    if given and given < adapter_rank:
+        raise ValueError(f"generator.max_lora_rank={given} cannot serve the learner's rank-{adapter_rank} adapter")
+    spec["max_lora_rank"] = given or serving_rank(adapter_rank)
     return spec

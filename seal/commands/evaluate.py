@@ -318,7 +318,7 @@ def _described(cfg, eval_cfg, all_records, records, views, env_of, pool, names: 
     the views that could not run and why, the harnesses' notes, the evaluation's settings."""
     from evaluation.ood_views import harness_notes, unavailable_views
     from evaluation.views import schedule_record, validation_task_ids
-    from seal.config import LearnerGroupConfig, TrainerConfig, instantiate
+    from seal.config import LearnerGroupConfig, TrainerConfig, instantiate, target_of
 
     trainer, learners = TrainerConfig.of(cfg), LearnerGroupConfig.of(cfg)  # the run's, typed
     runnable = [v for v in views if v.unavailable is None]
@@ -339,7 +339,8 @@ def _described(cfg, eval_cfg, all_records, records, views, env_of, pool, names: 
             snapshot_every=trainer.snapshot_every,
         ),
         "view_tasks": {
-            v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable
+            v.name: {"role": v.role, "tasks": len(v.task_ids), "env": target_of(env_of[v.name], "env")}
+            for v in runnable
         },
         "views_unavailable": {
             **unavailable_views(names),

@@ -81,12 +81,12 @@ def check(cfg) -> Settings:
     _check_env_class(cfg)  # before it is built: a missing method is one line naming it
     built = {group: _build(cfg, group) for group in CHEAP}
     _build_queue(cfg, trainer)
-    _check_signatures(cfg)
+    _check_signatures(cfg, settings)
     _check_batch_split(cfg, settings)
-    if cfg.sampling.max_new_tokens >= cfg.generator.max_model_len:
+    if cfg.sampling.max_new_tokens >= settings.generator.max_model_len:
         raise ValueError(
             f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} leaves no room for a prompt in "
-            f"generator.max_model_len={cfg.generator.max_model_len}"
+            f"generator.max_model_len={settings.generator.max_model_len}"
         )
     check_model(cfg)
     _check_resume(cfg, trainer)
@@ -179,15 +179,14 @@ def _build_queue(cfg, t: TrainerConfig) -> None:
     replay_queue(cfg, t)
 
 
-def _check_signatures(cfg) -> None:
-    """Generator and learner are built in their actors after Ray is up: check that
-    their constructors take the configured keys, and build the learner's config objects."""
+def _check_signatures(cfg, settings: Settings) -> None:
+    """Generator and learner are built in their actors after Ray is up: check that their
+    constructors take the configured keys (``settings`` has built the learner's config objects,
+    LearnerConfig, LossConfig and APatchConfig, whose __post_init__ check their values)."""
     import inspect
 
     from hydra.utils import get_class
     from omegaconf import OmegaConf
-
-    from seal.config import instantiate
 
     for group in HEAVY:
         node = OmegaConf.to_container(cfg[group], resolve=True)
@@ -201,14 +200,12 @@ def _check_signatures(cfg) -> None:
             inspect.signature(get_class(target)).bind(**node)
         except TypeError as exc:
             raise ValueError(f"bad config for {group} ({target}): {exc}") from None
-    instantiate(cfg.learner.cfg)  # LearnerConfig, LossConfig, APatchConfig: their __post_init__ checks
-    if "dtype" in cfg.generator:
-        from weights.precision import check_dtype
+    from weights.precision import check_dtype
 
-        try:
-            check_dtype(cfg.generator.dtype)
-        except ValueError as exc:
-            raise ValueError(f"generator.{exc}") from None
+    try:
+        check_dtype(settings.generator.dtype)
+    except ValueError as exc:
+        raise ValueError(f"generator.{exc}") from None
 
 
 def _check_batch_split(cfg, settings: Settings) -> None:

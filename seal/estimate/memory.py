@@ -113,21 +113,21 @@ class ModelSpec:
     qkv_bias: bool = False
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], name: str = "") -> ModelSpec:
+    def from_config(cls, config_json: Mapping[str, Any], name: str = "") -> ModelSpec:
         try:
-            hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+            hidden, heads = int(config_json["hidden_size"]), int(config_json["num_attention_heads"])
             return cls(
-                name=name or str(config.get("_name_or_path") or config.get("model_type", "model")),
+                name=name or str(config_json.get("_name_or_path") or config_json.get("model_type", "model")),
                 hidden=hidden,
-                layers=int(config["num_hidden_layers"]),
+                layers=int(config_json["num_hidden_layers"]),
                 heads=heads,
-                kv_heads=int(config.get("num_key_value_heads") or heads),
-                head_dim=int(config.get("head_dim") or hidden // heads),
-                intermediate=int(config["intermediate_size"]),
-                vocab=int(config["vocab_size"]),
-                tied=bool(config.get("tie_word_embeddings", False)),
+                kv_heads=int(config_json.get("num_key_value_heads") or heads),
+                head_dim=int(config_json.get("head_dim") or hidden // heads),
+                intermediate=int(config_json["intermediate_size"]),
+                vocab=int(config_json["vocab_size"]),
+                tied=bool(config_json.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v biases (its config has no switch); Llama says attention_bias.
-                qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+                qkv_bias=bool(config_json.get("attention_bias", config_json.get("model_type") == "qwen2")),
             )
         except KeyError as exc:
             raise ValueError(f"{name or 'config.json'}: no {exc.args[0]} (not a decoder-only HF config)") from None

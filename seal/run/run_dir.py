@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from seal.config import python_path, target_of
+
 # What a resume cannot change, and why: the checkpoint holds this model's weights in this
 # learner layout, and the task stream's slots (replay/slots.py) index this pool in this order.
 RESUME_FIXED = {
@@ -82,6 +84,7 @@ PREDATED = {
     "generator.replicas": 1,
     "generator.weight_sync": "reload",
     "generator.tensor_parallel_size": 1,
+    "python_path": [],  # no folders of the user's
 }
 
 
@@ -109,7 +112,7 @@ def recorded_config(run_dir: Path, latest: bool = False):
     rebase_targets(cfg)  # classes a run recorded before they moved: today's paths
     from seal.config_paths import use_python_path
 
-    use_python_path(cfg.get("python_path") or [])  # a _target_ of the user's, where the run found it
+    use_python_path(python_path(cfg))  # a _target_ of the user's, where the run found it
     return cfg
 
 
@@ -179,9 +182,10 @@ def _resolved(cfg, key: str) -> Any:
 
 
 def _short(value: Any) -> str:
-    if isinstance(value, dict):
-        shown = value.get("path") or value.get("_target_", "").rsplit(".", 1)[-1]
-        return str(shown) if shown else json.dumps(value)[:60]
+    if isinstance(value, dict):  # a model by its path, an env by its class
+        if "path" in value and value["path"]:
+            return str(value["path"])
+        return target_of(value, "env").rsplit(".", 1)[-1] if "_target_" in value else json.dumps(value)[:60]
     return repr(value)
 
 

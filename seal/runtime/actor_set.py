@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import OmegaConf
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
+from learner.lora import publishes_adapter
 from replay.auth import ClientKeys
 from seal.cluster_config import ClusterConfig
 from seal.config import Settings, instantiate, instantiate_spec
@@ -101,10 +102,10 @@ class ActorSet:
         from actors.generation.adapters import adapter_serving_spec
         from seal.runtime.generator_spec import is_async_engine
 
-        # A LoRA learner publishing adapters: the replicas serve them (actors/generation/adapters.py).
-        lora = (spec.get("cfg") or {}).get("lora")
-        gen_spec = adapter_serving_spec(gen_spec, lora, is_async_engine(gen_spec.get("_target_")))
         group, fleet = settings.learner, settings.generator
+        # A LoRA learner publishing adapters: the replicas serve them (actors/generation/adapters.py).
+        adapter_rank = group.cfg.lora.rank if group.cfg.lora is not None and publishes_adapter(group.cfg) else None
+        gen_spec = adapter_serving_spec(gen_spec, adapter_rank, fleet.max_lora_rank, is_async_engine(fleet.target))
         io = run_io_bounds(cfg, settings)  # checkpoint, resume and snapshot bounded by their bytes
         replicas = fleet.replicas
         # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:

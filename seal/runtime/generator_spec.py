@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from seal.config import target_of
+
 
 @functools.lru_cache(maxsize=64)
 def is_async_engine(target: str | None) -> bool:
@@ -30,7 +32,9 @@ def is_async_engine(target: str | None) -> bool:
 def split_generator_spec(spec: dict) -> tuple[dict, int]:
     """The engine's constructor arguments and the replica count (a fleet setting, not the engine's)."""
     spec = dict(spec)
-    replicas = spec.pop("replicas", 1)
+    if "replicas" not in spec:
+        raise ValueError("generator.replicas is not set (each option of configs/generator/ sets it)")
+    replicas = spec.pop("replicas")
     if not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"generator.replicas must be an integer >= 1, got {replicas!r}")
     return spec, replicas
@@ -41,7 +45,7 @@ def check_fleet_spec(spec: dict) -> dict:
     GeneratorConfig, has checked its own: update_timeout_s > 0 among them); returns the engine's
     arguments. An update mode left out is the engine's own."""
     spec, _ = split_generator_spec(spec)
-    if is_async_engine(spec.get("_target_")):
+    if is_async_engine(target_of(spec, "generator")):
         from actors.generation.async_vllm_engine import UPDATE_MODES
 
         if "update_mode" in spec and spec["update_mode"] not in UPDATE_MODES:
@@ -75,7 +79,7 @@ def local_generator_spec(node, **overrides) -> dict[str, Any]:
     merged = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
     assert isinstance(merged, dict), node  # the generator group: a mapping
     spec, _ = split_generator_spec(merged)
-    if is_async_engine(spec.get("_target_")):
+    if is_async_engine(target_of(spec, "generator")):
         spec = {k: v for k, v in spec.items() if k not in ASYNC_ONLY_KEYS}
         spec["_target_"] = "actors.generation.vllm_engine.VllmGenerator"
     return spec

@@ -167,17 +167,19 @@ def test_the_learner_group_and_the_fleet_are_typed_and_a_key_not_set_is_one_line
 
 
 def test_a_recorded_run_without_the_group_settings_reads_as_it_ran(tmp_path):
+    from seal.config import python_path
     from seal.run.run_dir import PREDATED, recorded_config
 
     cfg = compose([])
     OmegaConf.set_struct(cfg, False)
     for key in PREDATED:
-        group, _, name = key.partition(".")
-        del cfg[group][name]
+        parent, _, name = key.rpartition(".")
+        del (cfg[parent] if parent else cfg)[name]
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     recorded = recorded_config(tmp_path)
     assert LearnerGroupConfig.of(recorded) == LearnerGroupConfig.of(compose([]))
     assert GeneratorConfig.of(recorded) == GeneratorConfig.of(compose([]))
+    assert python_path(recorded) == []
 
 
 def test_a_run_recorded_before_the_modules_moved_finds_its_classes_again():

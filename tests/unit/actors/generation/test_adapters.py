@@ -87,28 +87,25 @@ def test_tensors_that_are_not_one_adapter_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "lora, expected",
+    "adapter_rank, expected",
     [
-        (None, None),
-        ({"rank": None}, None),
-        ({"rank": 8, "publish": "merged"}, None),
-        ({"rank": 4, "publish": "adapter"}, 8),  # vLLM's smallest rank holding 4
-        ({"rank": 16, "publish": "adapter"}, 16),
+        (None, None),  # the learner publishes whole weights (no adapter, or publish: merged)
+        (4, 8),  # vLLM's smallest rank holding 4
+        (16, 16),
     ],
 )
-def test_a_learner_publishing_adapters_has_the_replicas_serve_them(lora, expected):
+def test_a_learner_publishing_adapters_has_the_replicas_serve_them(adapter_rank, expected):
     from actors.generation.adapters import adapter_serving_spec
 
-    spec = adapter_serving_spec({"model_path": "m"}, lora, async_engine=True)
+    spec = adapter_serving_spec({"model_path": "m"}, adapter_rank, None, async_engine=True)
     assert spec.get("max_lora_rank") == expected and spec["model_path"] == "m"
 
 
 def test_adapter_serving_refuses_what_cannot_serve_the_adapter():
     from actors.generation.adapters import adapter_serving_spec
 
-    lora = {"rank": 16, "publish": "adapter"}
     with pytest.raises(ValueError, match="lora.publish=merged"):
-        adapter_serving_spec({}, lora, async_engine=False)
+        adapter_serving_spec({}, 16, None, async_engine=False)
     with pytest.raises(ValueError, match="max_lora_rank=8 cannot serve"):
-        adapter_serving_spec({"max_lora_rank": 8}, lora, async_engine=True)
-    assert adapter_serving_spec({"max_lora_rank": 32}, lora, async_engine=True)["max_lora_rank"] == 32
+        adapter_serving_spec({"max_lora_rank": 8}, 16, 8, async_engine=True)
+    assert adapter_serving_spec({"max_lora_rank": 32}, 16, 32, async_engine=True)["max_lora_rank"] == 32

@@ -23,9 +23,11 @@ def test_a_subclass_of_the_async_engine_is_an_async_engine():
 def test_the_async_settings_of_a_users_subclass_are_accepted_and_checked():
     assert check_fleet_spec({"_target_": USERS, "update_mode": "keep", "replicas": 2})["update_mode"] == "keep"
     with pytest.raises(ValueError, match="update_mode must be one of"):
-        check_fleet_spec({"_target_": USERS, "update_mode": "sometimes"})
+        check_fleet_spec({"_target_": USERS, "update_mode": "sometimes", "replicas": 1})
     with pytest.raises(ValueError, match="needs the async engine"):
-        check_fleet_spec({"_target_": "actors.generation.vllm_engine.VllmGenerator", "update_mode": "keep"})
+        check_fleet_spec(
+            {"_target_": "actors.generation.vllm_engine.VllmGenerator", "update_mode": "keep", "replicas": 1}
+        )
 
 
 def test_a_target_that_names_no_class_is_one_clear_error():
@@ -36,5 +38,7 @@ def test_a_target_that_names_no_class_is_one_clear_error():
 def test_a_users_async_engine_maps_to_the_blocking_engine_for_evaluation():
     from omegaconf import OmegaConf
 
-    spec = local_generator_spec(OmegaConf.create({"_target_": USERS, "update_mode": "pause", "model_path": "m"}))
+    spec = local_generator_spec(
+        OmegaConf.create({"_target_": USERS, "update_mode": "pause", "model_path": "m", "replicas": 2})
+    )
     assert spec == {"_target_": "actors.generation.vllm_engine.VllmGenerator", "model_path": "m"}
