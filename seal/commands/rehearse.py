@@ -399,6 +399,7 @@ def _read_weights(report, pipeline, replicas: dict[str, dict[str, Any]]) -> None
 
 def _read_steps(report, pipeline, steps: int) -> None:
     """Every rank's checkpoint shard, the closing snapshot and the step times."""
+    from learner.ds_config import effective_zero_stage
     from seal.commands.rehearse_report import checkpoint_problems, checkpoint_shards
     from seal.runtime.storage import checkpoint_dir
 
@@ -423,7 +424,8 @@ def _read_steps(report, pipeline, steps: int) -> None:
     if len(rows) < steps and not report.failures:
         report.failures.append(f"{len(rows)} of {steps} steps finished")
     if rows:
-        report.failures += checkpoint_problems(report.checkpoints, world, deepspeed)
+        zero_shards = effective_zero_stage(learner.cfg, world) > 0  # ZeRO-1/2 on one rank runs stage 0
+        report.failures += checkpoint_problems(report.checkpoints, world, deepspeed, zero_shards)
         report.snapshot = _snapshot(pipeline.run_dir, steps)
         if not report.snapshot.get("files") and len(rows) >= steps:
             report.failures.append(f"the closing snapshot has no weights ({report.snapshot.get('weights')})")

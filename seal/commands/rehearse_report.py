@@ -142,14 +142,18 @@ def checkpoint_shards(ckpt: Path) -> dict[str, Any]:
     }
 
 
-def checkpoint_problems(shards: Mapping[str, Any], world_size: int, deepspeed: bool) -> list[str]:
+def checkpoint_problems(
+    shards: Mapping[str, Any], world_size: int, deepspeed: bool, zero_shards: bool = True
+) -> list[str]:
+    """Ranks without their part of the newest checkpoint. ``zero_shards``: DeepSpeed partitions the
+    optimizer state (ZeRO shards per rank); False at stage 0, which ZeRO-1/2 on one rank runs
+    (learner/ds_config.py effective_zero_stage), where rank 0's model states file holds it."""
     ranks = shards.get("ranks", {})
     if deepspeed and shards.get("tag") is None:
         return [f"no DeepSpeed checkpoint tag under {shards['dir']}"]
+    part = "zero_pp_rank" if zero_shards else "mp_rank_"
     missing = [
-        r
-        for r in range(world_size)
-        if not any("zero_pp_rank" in f["file"] or not deepspeed for f in ranks.get(str(r), []))
+        r for r in range(world_size) if not any(part in f["file"] or not deepspeed for f in ranks.get(str(r), []))
     ]
     return [f"learner rank {r} wrote no checkpoint shard under {shards['dir']}" for r in missing]
 

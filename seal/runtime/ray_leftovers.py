@@ -34,7 +34,7 @@ from pathlib import Path
 RECORD = "ray_session.json"
 TERM_GRACE_S = 5.0  # SIGTERM first (a vLLM engine core frees its shared memory), then SIGKILL
 SETTLE_S = 2.0  # after the driver's death, before the guard looks: what Ray ends itself is not left over
-_guard: subprocess.Popen | None = None
+_guards: list[subprocess.Popen] = []  # every session's guard this process started, held for its life
 
 
 @dataclass(frozen=True)
@@ -93,15 +93,15 @@ def start_guard(run_dir: Path) -> subprocess.Popen:
     process holds, then ends what its recorded session left, in one line on stderr. Its own session
     (``kill -9 -PGID`` of the driver's group does not reach it); one SIGKILLed by pid with the
     driver leaves the clean-up to the next start's ``end_leftovers``."""
-    global _guard
-    _guard = subprocess.Popen(  # held for this process's life: collected, its pipe would close
+    guard = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), str(run_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         close_fds=True,
         start_new_session=True,
     )
-    return _guard
+    _guards.append(guard)  # held: collected, it would close the pipe and end the wait under a live driver
+    return guard
 
 
 def session_processes(session_dir: str, skip: set[int]) -> list[Leftover]:

@@ -47,7 +47,7 @@ class Engine:
         return self.core.pid, int(self.core.stdout.readline())
 
 engine = Engine.remote()
-print("READY", *ray.get(engine.start.remote(), timeout=120), ray_leftovers._guard.pid, flush=True)
+print("READY", *ray.get(engine.start.remote(), timeout=120), ray_leftovers._guards[-1].pid, flush=True)
 time.sleep(600)
 """
 

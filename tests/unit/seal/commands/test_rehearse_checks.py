@@ -80,6 +80,16 @@ def test_checkpoint_shards_per_rank(tmp_path: Path):
     assert checkpoint_problems(shards, world_size=3, deepspeed=True) == [
         f"learner rank 2 wrote no checkpoint shard under {ckpt}"
     ]
+    # One rank at DeepSpeed's stage 0 (ZeRO-2 on one rank: qwen7b_lora_1x1) writes no ZeRO shard: its
+    # model states file holds the optimizer state.
+    single = tmp_path / "single"
+    (single / "step0000001").mkdir(parents=True)
+    (single / "step0000001" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    one = checkpoint_shards(single)
+    assert checkpoint_problems(one, world_size=1, deepspeed=True, zero_shards=False) == []
+    assert checkpoint_problems(one, world_size=1, deepspeed=True) == [
+        f"learner rank 0 wrote no checkpoint shard under {single}"
+    ]
     assert (
         file_rank("rng_rank3.pt"),
         file_rank("bf16_zero_pp_rank_5_mp_rank_00_optim_states.pt"),
