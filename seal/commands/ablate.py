@@ -26,7 +26,13 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from omegaconf import OmegaConf
+
+from seal.commands.ablate_curves import write_curves
+from seal.commands.ablate_final import final_markdown, final_table, seed_dirs
+from seal.config import compose, config_dir
 from seal.console import Paced
+from seal.errors import CliError
 
 FULL = "full"
 SAME = (
@@ -45,16 +51,12 @@ SAME = (
 
 
 def ablation_names() -> list[str]:
-    from seal.config import config_dir
-
     return sorted(p.stem for p in (config_dir() / "ablation").glob("*.yaml"))
 
 
 def ablation_override(name: str) -> list[str]:
     """The override that selects an ablation: ``ablation=x`` when the root
     defaults list has an ablation slot, ``+ablation=x`` when it does not."""
-    from seal.config import compose
-
     if name == FULL:
         return []
     try:
@@ -65,10 +67,6 @@ def ablation_override(name: str) -> list[str]:
 
 
 def _compose_all(names: list[str], shared: list[str]) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from seal.config import compose
-
     def get(cfg, key: str) -> Any:
         value = OmegaConf.select(cfg, key)
         return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
@@ -194,8 +192,6 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
 
 
 def _seeds(args, shared: list[str]) -> list[int] | None:
-    from seal.errors import CliError
-
     if not getattr(args, "seeds", None):
         return None
     try:
@@ -212,9 +208,6 @@ def _seeds(args, shared: list[str]) -> list[int] | None:
 def _run_all(args, names, seeds, shared, plan, out: Path, calls: ChildCommands, rows, summaries, runs) -> None:
     """Train (unless already trained with the same arguments) and evaluate every ablation and seed,
     filling ``rows``, ``summaries`` and ``runs``."""
-    from seal.commands.ablate_final import seed_dirs
-    from seal.errors import CliError
-
     for name in names:
         runs[name] = seed_dirs(out, name, seeds)
         for seed, run_dir in runs[name].items():
@@ -249,10 +242,6 @@ def _run_all(args, names, seeds, shared, plan, out: Path, calls: ChildCommands, 
 
 
 def ablate(args) -> int:
-    from seal.commands.ablate_curves import write_curves
-    from seal.commands.ablate_final import final_markdown, final_table
-    from seal.errors import CliError
-
     names = [n for n in args.ablations.split(",") if n]
     known = ablation_names()
     if unknown := [n for n in names if n != FULL and n not in known]:

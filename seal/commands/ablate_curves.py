@@ -19,6 +19,7 @@ from typing import Any
 from evaluation.before_after import HELD_IN_ALL
 from evaluation.curves import arm_curve, curve_record, difference_curve, difference_record, held_in, in_category
 from evaluation.frozen import read_final, read_final_tasks
+from seal.run.summary import guidelines_turned_on
 
 # arm -> seed -> snapshot step -> task id -> success
 ArmRuns = dict[int, dict[int, dict[str, bool]]]
@@ -40,8 +41,6 @@ def snapshot_results(run_dir: Path) -> tuple[dict[int, dict[str, tuple[str, bool
 def interface_path(run_dir: Path, top: int = 3) -> dict[str, Any]:
     """Which guidelines turned on at which step, and the tags whose weights moved most (first -> last
     step) with each one's path (its weight at every step that logged tag weights)."""
-    from seal.run.summary import guidelines_turned_on
-
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
     logged = [(r.get("step"), r["tag_weights"]) for r in rows if r.get("tag_weights")]

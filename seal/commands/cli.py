@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from seal.commands.parsers import COMMANDS
+from seal.console import engine_output_to_stderr
 from seal.errors import CliError
 
 
@@ -52,11 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"scale takes env=N or generators=M with N, M >= 1, got {args.setting!r}")
         args.what, args.count = key, int(value)
     if program and args.command in ENGINE_COMMANDS:
-        from seal.console import engine_output_to_stderr
-
         engine_output_to_stderr()
     module_name, func_name = args.handler.split(":")
-    import importlib
 
     try:
         handler = getattr(importlib.import_module(module_name), func_name)

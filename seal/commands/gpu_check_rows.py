@@ -21,12 +21,23 @@ on a GPU, where the fix was read against vLLM, torch and NCCL but never run:
 
 from __future__ import annotations
 
+import asyncio
+import glob
 import json
+import multiprocessing as mp
 import os
+import signal
+import socket
+import sys
+import threading
 import time
 from typing import Any
 
+from actors.generation.async_vllm_engine import AsyncVllmGenerator
+from learner.token_logprobs import _ADDMM_OUT_DTYPE, chunk_rows, chunked_token_logprobs, full_token_logprobs
+from rollout.generator import GenerationRequest, SamplingConfig
 from seal.commands.gpu_check_row import Row, has
+from weights.model_assets import prepare_tiny_model
 
 ROW_NAMES = (
     "failed round, keep mode (issue 46 item 2)",
@@ -66,15 +77,8 @@ def _hf_logprobs(path: str, weights: dict, device: str) -> list[float]:
 def failed_round_row(name: str, device: str) -> Row:
     if not has("vllm"):
         return Row(name, "skipped: vLLM is not installed")
-    import asyncio
-    import glob
-    import threading
 
     from safetensors.torch import load_file
-
-    from actors.generation.async_vllm_engine import AsyncVllmGenerator
-    from rollout.generator import GenerationRequest, SamplingConfig
-    from weights.model_assets import prepare_tiny_model
 
     path = str(prepare_tiny_model())
     old: dict[str, Any] = {}
@@ -138,8 +142,6 @@ def failed_round_row(name: str, device: str) -> Row:
 def head_chunk_row(name: str, device: str) -> Row:
     import torch
 
-    from learner.token_logprobs import chunk_rows, chunked_token_logprobs, full_token_logprobs
-
     vocab, dim, tokens = (152064, 3584, 2048) if device == "cuda" else (49152, 576, 256)
     gen = torch.Generator(device="cpu").manual_seed(0)
     weight = (torch.randn(vocab, dim, generator=gen) * 0.02).to(device).requires_grad_()
@@ -172,7 +174,6 @@ def head_chunk_row(name: str, device: str) -> Row:
         seconds[rows] = sorted(times)[1]
         gaps[rows] = float((grad - want).abs().max() / want.abs().max())
     faster = seconds[default] <= seconds[64] * 1.05 or device != "cuda"  # CPU timings (shared cores) say little
-    from learner.token_logprobs import _ADDMM_OUT_DTYPE
 
     cuda_addmm = device == "cuda" and _ADDMM_OUT_DTYPE[0]
     accumulate = "in-place addmm, fp32 out_dtype" if cuda_addmm else "the product's fp32 sum"
@@ -210,10 +211,6 @@ def _receiver(port: int, rank: int, backend: str, device: str, report: Any) -> N
 
 
 def silent_receiver_row(name: str, device: str) -> Row:
-    import multiprocessing as mp
-    import signal
-    import socket
-
     import torch
 
     from weights.group import WeightGroup, WeightGroupError
@@ -266,7 +263,6 @@ def silent_receiver_row(name: str, device: str) -> Row:
 
 
 def main() -> int:  # python -m seal.commands.gpu_check_rows [cpu]: these rows alone
-    import sys
 
     device = sys.argv[1] if len(sys.argv) > 1 else "cuda"
     rows = issue46_rows(device)

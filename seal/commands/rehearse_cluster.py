@@ -14,11 +14,14 @@ under it (the raylets and their workers: learner ranks, vLLM engines and their T
 
 from __future__ import annotations
 
+import _thread
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 # A raylet starts one idle Python worker per logical CPU when the first driver connects: 96 of them
 # per node for a recipe's node. Actors start their own workers; idle ones would only eat memory.
@@ -118,8 +121,6 @@ class MemorySampler:
         return self
 
     def sample(self) -> int:
-        import psutil
-
         me = psutil.Process()
         total = 0
         for p in [me, *me.children(recursive=True)]:
@@ -164,7 +165,6 @@ class Watchdog:
         pending = pending_actors()
         stuck = f"; Ray has not placed {', '.join(pending)}" if pending else ""
         self.reason = f"no result within {self.timeout_s:.0f} s (--timeout) while {self.phase}{stuck}"
-        import _thread
 
         _thread.interrupt_main()
 

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from seal.run.pipeline import Pipeline
+from seal.runtime.placement import actor_nodes
 from seal.runtime.publisher import WeightPublisher
 
 
@@ -144,8 +145,6 @@ class RehearsalPipeline(Pipeline):
         ]
 
     def replica_nodes(self) -> dict[str, dict[str, str]]:
-        from seal.runtime.placement import actor_nodes
-
         fleet = self.actors.generators
         ids, ips = actor_nodes(fleet.handles, key="NodeID"), actor_nodes(fleet.handles)
         return {name: {"node_id": ids[name], "ip": ips[name]} for name in fleet.names}

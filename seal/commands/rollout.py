@@ -8,12 +8,19 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import replace
 
+from tqdm import tqdm
+
+from env_pool.interface.state import RAW_INTERFACE
+from rollout.play import GroupStats, run_group
+from seal import chat_setup
+from seal.config import compose, instantiate, instantiate_spec
 from seal.console import Paced, results
+from seal.errors import CliError
+from seal.run.task_fit import chat_tokenizer, fit_tasks, prompt_room, room_text
+from seal.runtime.generator_spec import local_generator_spec
 
 
 def _setup(overrides: list[str], extra: list[str]):
-    from seal.config import compose, instantiate
-
     cfg = compose(list(overrides) + extra)
     env_cfg = cfg.env
     make_env = lambda: instantiate(env_cfg)  # one env object per concurrent episode
@@ -28,9 +35,6 @@ def choose_tasks(cfg, env, interface, default_ids: list[str], named: str | None)
     model's context are skipped: they would end at once as context overflows with no
     generated token. Tasks the user named (--task-ids) are not skipped but refused.
     Only the tokenizer is loaded here, so a refusal comes before the engine starts."""
-    from seal.errors import CliError
-    from seal.run.task_fit import chat_tokenizer, fit_tasks, prompt_room, room_text
-
     ids = default_ids
     if named is not None:
         ids = [t.strip() for t in named.split(",")]
@@ -59,10 +63,6 @@ def choose_tasks(cfg, env, interface, default_ids: list[str], named: str | None)
 
 
 def _generator(cfg, instantiate):
-    from seal.chat_setup import chat_tokenizer
-    from seal.config import instantiate_spec
-    from seal.runtime.generator_spec import local_generator_spec
-
     spec = local_generator_spec(cfg.generator)  # one engine in this process, blocking calls (whatever trains)
     print(
         f"starting generator ({spec['_target_'].rsplit('.', 1)[-1]}, model={cfg.model.path}) ...",
@@ -70,15 +70,10 @@ def _generator(cfg, instantiate):
         flush=True,
     )
     generator = instantiate_spec(spec)
-    return generator, chat_tokenizer(cfg, generator.tokenizer)
+    return generator, chat_setup.chat_tokenizer(cfg, generator.tokenizer)
 
 
 def rollout(args) -> int:
-    from tqdm import tqdm
-
-    from rollout.play import GroupStats, run_group
-    from seal.errors import CliError
-
     if args.task_ids is not None and args.tasks is not None:
         raise CliError("--tasks and --task-ids do not go together: --task-ids names the tasks")
     tasks = 4 if args.tasks is None else args.tasks
@@ -133,12 +128,6 @@ def rollout(args) -> int:
 
 
 def evaluate(args) -> int:
-    from tqdm import tqdm
-
-    from env_pool.interface.state import RAW_INTERFACE
-    from rollout.play import run_group
-    from seal.errors import CliError
-
     if args.task_ids is not None and (args.split is not None or args.limit is not None):
         raise CliError("--task-ids does not go with --split or --limit: it names the tasks")
     if args.limit is not None and args.limit < 1:

@@ -10,22 +10,35 @@ and the closing note's first line.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from evaluation.frozen import read_final
+from seal.commands.preflight import one_line, preflight
+from seal.errors import CliError
+from seal.run.final_eval import run_final_evaluation
+from seal.run.pipeline import Pipeline
+from seal.run.plot import plot_training
+from seal.run.progress import Progress
+from seal.run.run_dir import create_run_dir, forget_start
+from seal.run.snapshots import read_snapshots
+from seal.run.summary import CURVES_FILE, SUMMARY_FILE, summary_text
+from seal.run.task_fit import select_tasks
+from seal.runtime.control import send_control
+
 
 def run(args) -> int:
-    from seal.commands.preflight import preflight
-    from seal.run.progress import Progress
-
     quiet = bool(getattr(args, "quiet", False))
     progress = Progress(quiet=quiet)  # its clock starts with the command
 
     # Every config error is one line here, before a run directory or Ray exists.
     cfg, settings = preflight(args.overrides)  # the typed groups, built once: the run reads these
     if getattr(args, "cfg", False):
-        from omegaconf import OmegaConf
-
         print(OmegaConf.to_yaml(cfg, resolve=True), end="")
         return 0
     if quiet:
@@ -44,9 +57,6 @@ def run(args) -> int:
             else ""
         ),
     )
-
-    from seal.run.pipeline import Pipeline
-    from seal.run.run_dir import create_run_dir, forget_start
 
     trainer = settings.trainer
     resume = Path(cfg.resume) if cfg.resume else None
@@ -73,7 +83,6 @@ def run(args) -> int:
         history = pipeline.run(trainer.steps)
     finally:
         pipeline.close()
-    from seal.run.final_eval import run_final_evaluation
 
     run_final_evaluation(cfg, run_dir, progress.emit)
     text = close_run(run_dir, time.monotonic() - progress.started, len(history), bool(trainer.checkpoint_every))
@@ -86,19 +95,12 @@ def run(args) -> int:
 
 def _quiet_logs() -> None:
     """--quiet: errors only. Ray reads its driver log level when first imported (not yet, here)."""
-    import logging
-    import os
-
     os.environ.setdefault("RAY_LOGGER_LEVEL", "error")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     logging.getLogger().setLevel(logging.ERROR)
 
 
 def _select_tasks(cfg) -> tuple[list[str], int]:
-    from seal.commands.preflight import one_line
-    from seal.errors import CliError
-    from seal.run.task_fit import select_tasks
-
     try:
         return select_tasks(cfg)
     except ValueError as exc:
@@ -108,14 +110,6 @@ def _select_tasks(cfg) -> tuple[list[str], int]:
 def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) -> str:
     """The closing note (seal/run/summary.py) over every step in metrics.jsonl, written to
     RUN_DIR/summary.txt beside the training curves' PNG."""
-    import json
-    import logging
-
-    from evaluation.frozen import read_final
-    from seal.run.plot import plot_training
-    from seal.run.snapshots import read_snapshots
-    from seal.run.summary import CURVES_FILE, SUMMARY_FILE, summary_text
-
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     curves = True
     try:
@@ -138,8 +132,6 @@ def close_run(run_dir: Path, wall_s: float, steps_now: int, checkpoint: bool) ->
 
 
 def scale(args) -> int:
-    from seal.runtime.control import send_control
-
     reply = send_control(Path(args.run_dir), "scale", {args.what: args.count})
     if not reply.get("ok"):
         raise ValueError(reply.get("error", "refused"))
