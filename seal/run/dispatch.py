@@ -18,7 +18,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from env_pool.contract import EnvContractError
 from replay.control_messages import LOST_TOKENS_ATTR, GroupJob, GroupReport
+from rollout.generator import GeneratorUnavailable
 
 if TYPE_CHECKING:
     from replay.slots import SlotLedger
@@ -34,8 +36,6 @@ log = logging.getLogger(__name__)
 def contract_broken(exc: BaseException) -> Exception | None:
     """The env's contract error behind a failed group (env_pool/contract.py), as one line naming the
     env, the method and the value, or None. It stops the run at once: it is no infra fault."""
-    from env_pool.contract import EnvContractError
-
     cause = getattr(exc, "cause", None)
     for candidate in (cause, exc):
         if isinstance(candidate, EnvContractError):
@@ -148,8 +148,6 @@ class Dispatcher:
 
     def _done(self, ref: Any) -> None:  # a finished run_group's ObjectRef
         import ray
-
-        from rollout.generator import GeneratorUnavailable
 
         job, name = self.jobs.pop(ref)
         self.actors.generators.router.release(job.group_id)

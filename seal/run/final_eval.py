@@ -16,6 +16,16 @@ import gc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import OmegaConf
+
+from evaluation.frozen import FINAL_FILE, FINAL_TASKS_FILE, final_record, final_tasks, play_snapshot, write_final
+from rollout.generator import SamplingConfig
+from seal.chat_setup import chat_tokenizer
+from seal.config import instantiate
+from seal.console import output_to_file
+from seal.run.snapshots import read_snapshots, snapshot_weights
+from seal.runtime.generator_spec import local_generator
+
 if TYPE_CHECKING:
     from evaluation.config import EvalConfig
 
@@ -24,31 +34,18 @@ FINAL_LOG = "final.log"
 
 def final_sampling(cfg) -> Any:
     """Greedy, with the generation budget the run trained with (evaluation.max_new_tokens wins)."""
-    from rollout.generator import SamplingConfig
-
     budget = eval_config(cfg).max_new_tokens or cfg.sampling.max_new_tokens
     return SamplingConfig(temperature=0.0, top_p=1.0, max_new_tokens=int(budget))
 
 
 def eval_config(cfg) -> EvalConfig:
     """The ``evaluation`` group, typed (evaluation.config.EvalConfig, checked when built)."""
-    from seal.config import instantiate
-
     return instantiate(cfg.evaluation)
 
 
 def run_final_evaluation(cfg, run_dir: Path, emit=None) -> dict[str, Any] | None:
     """Evaluate A_0 and the final snapshot; the record written to final.json, or None when
     the run has no later snapshot than A_0 or `evaluation.final=false`."""
-    from omegaconf import OmegaConf
-
-    from evaluation.frozen import FINAL_FILE, FINAL_TASKS_FILE, final_record, final_tasks, play_snapshot, write_final
-    from seal.chat_setup import chat_tokenizer
-    from seal.config import instantiate
-    from seal.console import output_to_file
-    from seal.run.snapshots import read_snapshots, snapshot_weights
-    from seal.runtime.generator_spec import local_generator
-
     emit = emit or (lambda *_: None)
     (Path(run_dir) / "evaluation" / FINAL_FILE).unlink(missing_ok=True)  # a resumed run's earlier one is stale
     evaluation = eval_config(cfg)

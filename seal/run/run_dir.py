@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from seal.config import python_path, target_of
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from seal.config import config_dir, did_you_mean, python_path, rebase_targets, recorded_trainer, target_of
+from seal.config_paths import use_python_path
 
 # What a resume cannot change, and why: the checkpoint holds this model's weights in this
 # learner layout, and the task stream's slots (replay/slots.py) index this pool in this order.
@@ -46,8 +51,6 @@ def code_version(repo: Path) -> str:
 
 
 def create_run_dir(requested: str | None, cfg, overrides: list[str]) -> Path:
-    from omegaconf import OmegaConf
-
     repo = Path(__file__).resolve().parents[2]
     path = Path(requested) if requested else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     path.mkdir(parents=True, exist_ok=True)
@@ -93,10 +96,6 @@ def recorded_config(run_dir: Path, latest: bool = False):
     run predates it, its trainer settings as TrainerConfig takes them, the PREDATED settings it lacks,
     classes that moved re-pointed.
     ``latest``: as its latest resume ran it (else as it started). FileNotFoundError: not a run."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from seal.config import config_dir, rebase_targets, recorded_trainer
-
     path = latest_config_file(run_dir) if latest else run_dir / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
@@ -110,7 +109,6 @@ def recorded_config(run_dir: Path, latest: bool = False):
         if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
             OmegaConf.update(cfg, key, value, force_add=True)
     rebase_targets(cfg)  # classes a run recorded before they moved: today's paths
-    from seal.config_paths import use_python_path
 
     use_python_path(python_path(cfg))  # a _target_ of the user's, where the run found it
     return cfg
@@ -123,11 +121,6 @@ def apply_settings(cfg, settings: Iterable[str], what: str) -> None:
     """``key=value`` settings on a recorded config (values read as YAML). A key the config lacks
     needs ``+`` (did-you-mean otherwise); a config group choice (``cluster=multinode``) cannot
     apply to a resolved config. ``what`` names the command for the messages."""
-    import yaml
-    from omegaconf import DictConfig, OmegaConf
-
-    from seal.config import config_dir, did_you_mean
-
     groups = {p.name for p in config_dir().iterdir() if p.is_dir()}
     for item in settings:
         key, sep, value = item.partition("=")
@@ -175,8 +168,6 @@ def resumed_config(run_dir: Path, settings: list[str]):
 
 
 def _resolved(cfg, key: str) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
     value = OmegaConf.select(cfg, key, default=None)
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
 
@@ -193,8 +184,6 @@ def forget_start(run_dir: Path, was_empty: bool) -> None:
     """A run whose start failed (Ray, an engine, an actor) leaves no run behind to block the next
     try ("already holds a run"): its directory goes if this start made it (or found it empty), else
     its run.json; a resume's failed start drops its entry in run.json and its config.resumeK.yaml."""
-    import shutil
-
     run_file = run_dir / "run.json"
     record = json.loads(run_file.read_text()) if run_file.is_file() else {}
     if record.get("resumed"):

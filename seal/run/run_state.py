@@ -17,6 +17,7 @@ from replay.slots import SlotPosition
 from seal.run.snapshots import INDEX, next_name, snapshot_root, write_snapshot
 from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 from seal.runtime.storage import checkpoint_dir
+from weights.model_assets import load_tokenizer
 
 if TYPE_CHECKING:
     from seal.run.progress import Progress
@@ -106,8 +107,6 @@ class RunState:
 
     def snapshot(self, initial: bool = False, metrics: Mapping[str, Any] | None = None) -> Path:
         """A frozen snapshot (seal/run/snapshots.py); A_0 references the base model."""
-        from weights.model_assets import load_tokenizer
-
         state: CoordinatorState = bounded_get(
             self.actors.coordinator.state.remote(),
             COORDINATOR_TIMEOUT_S,

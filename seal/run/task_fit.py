@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from evaluation.views import training_task_ids
+from seal.chat_setup import chat_tokenizer as configured
+from seal.config import TrainerConfig, instantiate
+
 
 def prompt_room(cfg) -> int:
     """Tokens an opening prompt may take and still leave room to answer."""
@@ -27,8 +31,6 @@ def room_text(cfg) -> str:
 
 
 def chat_tokenizer(cfg):
-    from seal.chat_setup import chat_tokenizer as configured
-
     return configured(cfg)
 
 
@@ -58,8 +60,6 @@ def fit_tasks(chat, env, interface, task_ids: Sequence[str], room: int) -> Fit:
 
 def training_pool(cfg, env) -> list[str]:
     """The split's training tasks, first ``limit``, before the fit check."""
-    from evaluation.views import training_task_ids
-
     # The update-validation view's tasks never serve as update evidence.
     task_ids = training_task_ids(
         env.task_ids(cfg.split),
@@ -78,8 +78,6 @@ def select_tasks(cfg) -> tuple[list[str], int]:
     """`seal train`'s pool: the split's tasks, less those whose opening prompt
     cannot fit the model's context (they would only produce context-overflow
     groups: zero gradient) unless ``trainer.skip_overlong`` is false."""
-    from seal.config import TrainerConfig, instantiate
-
     env = instantiate(cfg.env)
     task_ids = training_pool(cfg, env)
     if not TrainerConfig.of(cfg).skip_overlong:

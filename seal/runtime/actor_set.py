@@ -20,11 +20,17 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import OmegaConf
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
+from actors.coordinator.service import CoordinatorService
+from actors.env_actor import EnvActor
+from actors.generation.adapters import adapter_serving_spec
 from learner.lora import publishes_adapter
 from replay.auth import ClientKeys
+from seal.chat_setup import chat_options
 from seal.cluster_config import ClusterConfig
 from seal.config import Settings, instantiate, instantiate_spec
 from seal.estimate.plan import run_io_bounds
+from seal.runtime.generator_fleet import GeneratorFleet
+from seal.runtime.generator_spec import is_async_engine
 from seal.runtime.handles import CoordinatorHandle, EnvActorHandle, ReplicaHandle, kill
 from seal.runtime.layout_guard import (
     check_learner_nodes,
@@ -36,6 +42,10 @@ from seal.runtime.layout_guard import (
     reserved_per_node,
     weights_bytes,
 )
+from seal.runtime.learner_group import LearnerGroup
+from seal.runtime.placement import actor_nodes
+from seal.runtime.storage import check_nodes_see
+from weights.model_assets import load_tokenizer
 
 if TYPE_CHECKING:
     from seal.runtime.generator_fleet import GeneratorFleet
@@ -83,9 +93,6 @@ class ActorSet:
         keys for the replay stream (None: a plain stream)."""
         import ray
 
-        from seal.runtime.generator_fleet import GeneratorFleet
-        from seal.runtime.learner_group import LearnerGroup
-
         self.cfg, self.settings, self.cluster = cfg, settings, cluster
         self.replay_address, self.replay_keys = replay_address, replay_keys
         self.prefix = f"seal-{uuid.uuid4().hex[:8]}"  # actor names unique to this pipeline
@@ -99,8 +106,6 @@ class ActorSet:
         self.target_env = 0
         self._created = 0
         spec, gen_spec = _spec(cfg.learner), _spec(cfg.generator)
-        from actors.generation.adapters import adapter_serving_spec
-        from seal.runtime.generator_spec import is_async_engine
 
         group, fleet = settings.learner, settings.generator
         # A LoRA learner publishing adapters: the replicas serve them (actors/generation/adapters.py).
@@ -151,8 +156,6 @@ class ActorSet:
 
     def node_roles(self) -> dict[str, str]:
         """Ray node id -> the learner ranks and generator replicas on it."""
-        from seal.runtime.placement import actor_nodes
-
         roles = self.learners.node_roles()
         for name, node in actor_nodes(self.generators.handles, key="NodeID").items():
             if node != "?":
@@ -161,8 +164,6 @@ class ActorSet:
 
     def check_storage(self, storage: str) -> None:
         """Every node with a learner rank or a generator replica must see the run's storage (seal/runtime/storage.py)."""
-        from seal.runtime.storage import check_nodes_see
-
         check_nodes_see(Path(storage), self.node_roles(), timeout_s=self.settings.learner.timeout_s)
 
     def check_layout(self, nodes: list) -> None:
@@ -178,8 +179,6 @@ class ActorSet:
 
     def placement(self) -> dict[str, dict[str, str]]:
         """Where each actor runs now: {"learner": {"rank-0": ip}, "generator": {...}, "env": {...}, "coordinator": ...}."""
-        from seal.runtime.placement import actor_nodes
-
         return {
             "learner": {f"rank-{r}": node["ip"] for r, node in enumerate(self.learners.nodes)},
             "generator": actor_nodes(self.generators.handles),
@@ -205,8 +204,6 @@ class ActorSet:
     def start_coordinator(self, state: CoordinatorState | None, closed_loop: bool, per_category: bool) -> None:
         """``closed_loop``, ``per_category``: trainer.closed_loop and trainer.per_category_guidelines."""
         import ray
-
-        from actors.coordinator.service import CoordinatorService
 
         factory = functools.partial(
             make_coordinator,
@@ -241,10 +238,6 @@ class ActorSet:
     def scale_env(self, n: int) -> None:
         """Serve with n env actors: start new ones, or retire the newest."""
         import ray
-
-        from actors.env_actor import EnvActor
-        from seal.chat_setup import chat_options
-        from weights.model_assets import load_tokenizer
 
         if n < 1:
             raise ValueError(f"env actors must be >= 1, got {n}")

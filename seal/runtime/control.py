@@ -32,6 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
+import zmq
+
 from replay.auth import ClientKeys, CurveGuard, KeyPair, RunKeys
 from replay.control_messages import Control
 from replay.wire import WireError, decode, encode
@@ -91,8 +94,6 @@ class ControlServer:
     ) -> None:
         """``keys``: the run's keys (CURVE, only their control key admitted); None: a plain socket.
         ``replay``: the trajectory stream's address, recorded beside the control socket's."""
-        import zmq
-
         self._guard = CurveGuard(keys.server, [keys.control.public], "control") if keys else None
         self._context = self._guard.context if self._guard else zmq.Context()
         self._socket = self._context.socket(zmq.REP)
@@ -123,9 +124,6 @@ class ControlServer:
 
     def poll(self, handler: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
         """Answer every waiting request; a bad one gets {"ok": false, "error": ...}."""
-        import msgpack
-        import zmq
-
         while self._socket.poll(0, zmq.POLLIN):
             try:
                 frame = self._socket.recv(zmq.NOBLOCK)
@@ -173,9 +171,6 @@ def request(
     address: str, keys: ClientKeys | None, command: str, args: dict[str, Any], timeout_s: float
 ) -> dict[str, Any] | None:
     """One command to a control socket; its reply, or None when none came within ``timeout_s``."""
-    import msgpack
-    import zmq
-
     context = zmq.Context()  # own context: term() below leaves nothing behind in the caller's
     sock = context.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)

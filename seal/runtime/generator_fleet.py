@@ -29,7 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from actors.generation.replica_counters import ReplicaStats
+from actors.generation.server import GeneratorServer, ReplicaEngineDead
 from replay.token_ledger import GeneratorCount
+from seal.config import instantiate_spec
 from seal.runtime.fleet_counters import FleetCounters, canary_gap
 from seal.runtime.generator_spec import is_async_engine, split_generator_spec
 from seal.runtime.handles import ReplicaHandle, kill
@@ -91,9 +93,6 @@ class GeneratorFleet:
     # ------------------------------------------------------------ actors
     def _start(self, await_weights: bool) -> str:
         import ray
-
-        from actors.generation.server import GeneratorServer
-        from seal.config import instantiate_spec
 
         name = f"{self.prefix}-generator-{self._made}"
         self._made += 1
@@ -377,8 +376,6 @@ class GeneratorFleet:
         """A replica whose engine core died inside its live actor answers every call with
         ``ReplicaEngineDead`` and would be restored for ever: restart it (Ray starts a new process,
         the probe then restores it). True when that was the error."""
-        from actors.generation.server import ReplicaEngineDead
-
         if not isinstance(exc, ReplicaEngineDead) or name not in self.handles:
             return False
         self._take_out(name)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from seal.config import target_of
+from omegaconf import OmegaConf
+
+from actors.generation.async_vllm_engine import UPDATE_MODES, AsyncVllmGenerator
+from seal.config import instantiate_spec, target_of
 
 
 @functools.lru_cache(maxsize=64)
@@ -19,8 +22,6 @@ def is_async_engine(target: str | None) -> bool:
     if not target:
         return False
     from hydra.utils import get_class
-
-    from actors.generation.async_vllm_engine import AsyncVllmGenerator
 
     try:
         cls = get_class(target)
@@ -46,8 +47,6 @@ def check_fleet_spec(spec: dict) -> dict:
     arguments. An update mode left out is the engine's own."""
     spec, _ = split_generator_spec(spec)
     if is_async_engine(target_of(spec, "generator")):
-        from actors.generation.async_vllm_engine import UPDATE_MODES
-
         if "update_mode" in spec and spec["update_mode"] not in UPDATE_MODES:
             mode = spec["update_mode"]
             raise ValueError(f"generator.update_mode must be one of {', '.join(UPDATE_MODES)}, got {mode!r}")
@@ -65,8 +64,6 @@ ASYNC_ONLY_KEYS = ("update_mode", "update_timeout_s", "drain_timeout_s", "max_nu
 def local_generator(node, **overrides) -> Any:
     """A generator for this process alone (`seal rollout`, `seal eval`, `seal evaluate`, the closing
     evaluation of `seal train`): one engine with blocking calls (local_generator_spec)."""
-    from seal.config import instantiate_spec
-
     return instantiate_spec(local_generator_spec(node, **overrides))
 
 
@@ -74,8 +71,6 @@ def local_generator_spec(node, **overrides) -> dict[str, Any]:
     """An async-engine config maps to the blocking engine with the same model, dtype and cache
     settings (greedy evaluation batches gain nothing from continuous batching); the fleet's
     replica count does not apply."""
-    from omegaconf import OmegaConf
-
     merged = OmegaConf.to_container(OmegaConf.merge(node, overrides), resolve=True)
     assert isinstance(merged, dict), node  # the generator group: a mapping
     spec, _ = split_generator_spec(merged)

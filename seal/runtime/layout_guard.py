@@ -22,6 +22,7 @@ replica's restore and every object-store publish put in it whole (weights/bucket
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from seal.cluster_config import ActorResources
@@ -29,6 +30,7 @@ from seal.config import Settings
 from seal.estimate.memory import DTYPE_BYTES, ModelSpec
 from seal.estimate.plan import generator_setup, model_config
 from seal.estimate.plan_layout import Demand, nodes_from_ray, place
+from seal.runtime.placement import actor_nodes, least_used_node
 
 # An object store must hold one copy of the generator's weights and a margin: batches, tag weights,
 # Ray's own objects (a fuller store spills to disk: slow, and it can fill the disk).
@@ -125,8 +127,6 @@ def spread_choice(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from seal.runtime.placement import actor_nodes, least_used_node
-
     used: dict[str, int] = {}
     for name, seen in actor_nodes(handles, key="NodeID").items():
         where = seen if seen != "?" else chosen.get(name)
@@ -199,8 +199,6 @@ def check_learner_nodes(
 def weights_bytes(s: Settings) -> tuple[float, str]:
     """Bytes of the weights the generator takes (the model in the generator's dtype: what one
     weight manifest puts in the object store) and a description, from config.json only."""
-    from pathlib import Path
-
     config, source = model_config(s.model)
     spec = ModelSpec.from_config(config, Path(source).parent.name)
     dtype = generator_setup(s.generator).dtype

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from learner.group import Rendezvous, shard_batch
+from learner.rank import LearnerRank
 from learner.step_result import LearnerStepResult, merge_results
 from seal.cluster_config import ActorResources
 from seal.config import LearnerGroupConfig
 from seal.estimate.io_bounds import IoBounds
+from seal.runtime.storage import StorageError, check_nodes_see
 from weights.buckets import WeightManifest
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,6 @@ class LearnerGroup:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from learner.rank import LearnerRank
 
         self.settings, self.io, self.step = settings, io, 0
         self.actors: list = []
@@ -377,8 +377,6 @@ class LearnerGroup:
 
     def check_storage(self, storage: Path) -> None:
         """Every rank's node writes a probe under the run's storage path; the driver must read each back."""
-        from seal.runtime.storage import StorageError, check_nodes_see
-
         try:
             check_nodes_see(storage, self.node_roles(), self.settings.timeout_s)
         except StorageError as exc:

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from seal.runtime.calls import REPLICA_QUERY_TIMEOUT_S, bounded_get
+from weights.model_assets import load_tokenizer
 
 if TYPE_CHECKING:
     from seal.runtime.generator_fleet import GeneratorFleet
@@ -61,8 +62,6 @@ class WeightPublisher:
         # Weights go to the generator in its dtype (bf16 on a CPU with it: half the bytes).
         self.dtype = bounded_get(fleet.first.dtype.remote(), REPLICA_QUERY_TIMEOUT_S, "generator replica dtype")
         if canary_model is not None:
-            from weights.model_assets import load_tokenizer
-
             fleet.canary_ids = list(load_tokenizer(canary_model)(CANARY_TEXT)["input_ids"])[:CANARY_TOKENS]
             fleet.canary_max_diff = canary_max_diff
 
