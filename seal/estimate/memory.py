@@ -88,6 +88,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from learner.token_logprobs import chunk_rows
+
 GB = 1e9
 GIB = 2**30
 DS_BUCKET = 5e8  # DeepSpeed's default reduce / all-gather bucket (elements)
@@ -259,8 +261,6 @@ def packed_kv_bytes(m: ModelSpec, s: LearnerSetup) -> tuple[float, float]:
 
 def learner_phases(m: ModelSpec, s: LearnerSetup) -> dict[str, dict[str, float]]:
     """The transient terms of each phase of a step (the module docstring), by phase."""
-    from learner.token_logprobs import chunk_rows
-
     p, stage, cb = m.params(), s.stage, DTYPE_BYTES[s.dtype]
     tokens, scored, packed = micro_batch_tokens(s)
     layer = layer_bytes_per_token(m, cb) * tokens

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seal.cluster_config import ClusterConfig
-from seal.config import GeneratorConfig, ModelConfig, Settings
+from actors.generation.adapters import serving_rank
+from seal.cluster_config import ClusterConfig, local_gpu_count
+from seal.config import GeneratorConfig, ModelConfig, Settings, config_dir, instantiate
+from seal.estimate import plan_layout  # query_cluster through the module: tests stand a cluster in there
 from seal.estimate.device_groups import group_problems
 from seal.estimate.io_bounds import IoBounds, closing_barrier_problem, io_bounds
 from seal.estimate.memory import (
@@ -43,6 +45,8 @@ from seal.estimate.plan_layout import (
     place,
 )
 from seal.estimate.shared_gpus import SharedGpu, learner_room_gb, overcommitted, shared_gpus
+from weights.model_assets import embedded_model_dir, tiny_model_dir
+from weights.precision import resolve_dtype
 
 SPECS_DIR = "model_specs"  # configs/model_specs/<name>/config.json: architecture numbers only
 BUNDLED_SPECS = {"embedded": "smollm2-135m-instruct", "tiny": "tiny-llama-smollm2-tok"}
@@ -84,13 +88,9 @@ class Plan:
 def model_config(model: ModelConfig, config_root: Path | None = None) -> tuple[dict[str, Any], str]:
     """The model's config.json and where it was read: ``model.path`` when it holds one, else the
     spec ``model.spec`` names (or the bundled models' own) under configs/model_specs/."""
-    from seal.config import config_dir
-
     path = model.path
     candidates: list[Path] = []
     if path in BUNDLED_SPECS:
-        from weights.model_assets import embedded_model_dir, tiny_model_dir
-
         candidates.append((embedded_model_dir() if path == "embedded" else tiny_model_dir()) / "config.json")
     else:
         candidates.append(Path(path).expanduser() / "config.json")
@@ -114,8 +114,6 @@ def model_config(model: ModelConfig, config_root: Path | None = None) -> tuple[d
 
 def learner_setup(cfg, s: Settings) -> LearnerSetup:
     """The learner group's settings as the estimate takes them (``cfg``: the sampling group's length)."""
-    from weights.precision import resolve_dtype
-
     lc = s.learner.cfg
     return LearnerSetup(
         backend=lc.backend,
@@ -142,8 +140,6 @@ def learner_setup(cfg, s: Settings) -> LearnerSetup:
 
 
 def generator_setup(g: GeneratorConfig) -> GeneratorSetup:
-    from weights.precision import resolve_dtype
-
     return GeneratorSetup(
         device=g.device,
         dtype=resolve_dtype(g.dtype, g.device)[0],
@@ -158,8 +154,6 @@ def with_adapter_slots(gs: GeneratorSetup, lora) -> GeneratorSetup:
     """A learner publishing adapters (learner.cfg.lora.publish: adapter) has the replicas serve them:
     vLLM's LoRA slots at the smallest rank holding the adapter, as `seal train` starts them
     (actors/generation/adapters.py ``adapter_serving_spec``: its max_loras default, 2)."""
-    from actors.generation.adapters import serving_rank
-
     if lora is None or lora.rank is None or lora.publish != "adapter":
         return gs
     return replace(gs, max_lora_rank=serving_rank(int(lora.rank)))
@@ -203,10 +197,8 @@ def target_nodes(
         )
     )
     if cluster.address and query:
-        from seal.estimate.plan_layout import query_cluster
-
         try:
-            nodes = nodes_from_ray(query_cluster(cluster.address), hw.gpu_gb if hw else None)
+            nodes = nodes_from_ray(plan_layout.query_cluster(cluster.address), hw.gpu_gb if hw else None)
             return nodes, f"the running cluster at {cluster.address} ({len(nodes)} nodes)", []
         except RuntimeError as exc:
             if hw is None:
@@ -222,8 +214,6 @@ def target_nodes(
         )
     gpus = None
     if asks_gpus:
-        from seal.cluster_config import local_gpu_count
-
         gpus = local_gpu_count()
     cpus = cluster.local_cpus(learner_ranks, replicas)
     return (
@@ -236,8 +226,6 @@ def target_nodes(
 # ----------------------------------------------------------------------------- the plan
 def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Plan:
     """``settings``: the typed groups of ``cfg`` when the caller has built them (None: built here)."""
-    from seal.config import instantiate
-
     s = settings or Settings.of(cfg)
     config, source = model_config(s.model)
     m = ModelSpec.from_config(config, Path(source).parent.name)
@@ -428,8 +416,6 @@ def check_fits(cfg, settings: Settings | None = None) -> None:
     Nothing is refused when the model's config.json cannot be read or is not a decoder-only
     HF config the estimate knows (the model check and the learner say what they think of it); a
     collective group its members' devices cannot form is refused whatever the model."""
-    from seal.config import instantiate
-
     s = settings or Settings.of(cfg)
     problems = group_problems(s, instantiate(cfg.cluster))
     if problems:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,8 +194,6 @@ def local_gpu_gb() -> float:
 def query_cluster(address: str, timeout_s: float = 20.0) -> list[dict[str, Any]]:
     """``ray.nodes()`` of the cluster at ``address`` (joined as a driver, then left), or RuntimeError
     when it does not answer within ``timeout_s``."""
-    import threading
-
     result: dict[str, Any] = {}
 
     def join() -> None:
