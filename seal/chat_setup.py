@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
+
 
 def chat_options(cfg: Any) -> dict[str, Any]:
     """ChatTokenizer's settings from the typed model group: plain values, so they travel to Ray actors."""
@@ -43,8 +45,6 @@ def model_tools_block(path: str, family: str | None = None, tool_format: str | N
 
 
 def register_resolvers() -> None:
-    from omegaconf import OmegaConf
-
     for name, resolver in (("model_tool_format", model_tool_format), ("model_tools_block", model_tools_block)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=True)

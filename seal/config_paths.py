@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 SEARCH_PATH_VAR = "SEAL_CONFIG_PATH"
 _stored: set[tuple[str, str]] = set()  # (group, option) put in Hydra's ConfigStore from a file
 
@@ -44,7 +46,6 @@ def is_file_value(value: str) -> bool:
 def _store(group: str, path: Path, roots: Sequence[Path]) -> str:
     """The file as ``group``'s option named by its stem (Hydra's ConfigStore: no file is written)."""
     from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
 
     name = path.name.rsplit(".", 1)[0]
     taken = [root / group / path.name for root in roots if (root / group / path.name).is_file()]

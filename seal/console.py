@@ -6,7 +6,9 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TextIO
 
 
@@ -33,8 +35,6 @@ def stdout_to_stderr(active: bool) -> Iterator[None]:
 def output_to_file(path) -> Iterator[None]:
     """Everything written to stdout and stderr (Python and C alike: an engine's start-up
     chatter) goes to ``path`` (appended) instead, at the file-descriptor level."""
-    from pathlib import Path
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -89,8 +89,6 @@ class Heartbeat:
         stream: TextIO | None = None,
         left: Callable[[float], str] | None = None,
     ) -> None:
-        import time
-
         self.every, self.clock = every, clock or time.monotonic
         self._own_stream = stream is None
         self.stream = stream if stream is not None else os.fdopen(os.dup(2), "w", buffering=1)
@@ -167,8 +165,6 @@ class Paced:
         stream: TextIO | None = None,
         every: float = 30.0,
     ) -> None:
-        import time
-
         self.total, self.noun, self.done, self.spent = total, noun, 0, 0.0
         self.clock = clock or time.monotonic
         self.started = self.clock()

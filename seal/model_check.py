@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from env_pool.tool_calls import ToolCall, parse_step, render_calls
+from families.registry import FAMILIES
+from rollout.chat import ChatBuildError, ChatTokenizer
+
 # Spaces (leading, double, tab), an apostrophe, accents, a newline: what a broken pre-tokenizer
 # (Metaspace configured wrong, a byte-level tokenizer loaded as SentencePiece) drops or changes.
 ROUND_TRIP_TEXT = "Move 'final report.pdf' to the  temp folder:\n\tls -a  # café, 3.5% done "
@@ -135,9 +139,6 @@ def _tokenizer(path: Path, state: dict[str, Any]) -> str:
 
 
 def _family(state: dict[str, Any], family: str | None, template_kwargs: Mapping[str, Any] | None) -> str:
-    from families.registry import FAMILIES
-    from rollout.chat import ChatBuildError, ChatTokenizer
-
     tok = state["tokenizer"]
     try:
         chat = ChatTokenizer(tok, family=family, template_kwargs=dict(template_kwargs or {}))
@@ -168,8 +169,6 @@ def _end_tokens(state: dict[str, Any]) -> str:
 def _chat(state: dict[str, Any]) -> str:
     """Three generated turns (a call, an answer after the tool reply, one after a user reply), each
     continued through the conversation builder as a rollout is."""
-    from env_pool.tool_calls import ToolCall, parse_step, render_calls
-
     chat = state["chat"]
     fmt = chat.fam.tool_format
     ids = chat.prompt_ids([{"role": "system", "content": CHAT_SYSTEM}, {"role": "user", "content": "List the files."}])
@@ -196,8 +195,6 @@ def _chat(state: dict[str, Any]) -> str:
 
 
 def _tool_call(state: dict[str, Any]) -> str:
-    from env_pool.tool_calls import ToolCall, parse_step, render_calls
-
     chat = state["chat"]
     fmt = chat.fam.tool_format
     calls = [ToolCall("mv", {"source": "final report.pdf", "destination": "temp"}), ToolCall("ls", {"a": True})]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from omegaconf import OmegaConf
+
 # The settings a newcomer reaches for first; their values are read, their meanings are not in the YAML.
 KNOBS = (
     ("n", "rollouts per group (GRPO)"),
@@ -54,8 +56,6 @@ def config_groups(root) -> list[tuple[str, list[str], str | None, str | None]]:
 
 
 def describe() -> str:
-    from omegaconf import OmegaConf
-
     from seal.config import compose, config_dir
 
     root = config_dir()
