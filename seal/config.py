@@ -4,17 +4,21 @@ with a default of its own; tests/unit/seal/test_config_groups.py holds them to t
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue, OmegaConfBaseException
 
 from learner.config import LearnerConfig
 from seal.config_checks import at_least, check_fields
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+from seal.config_paths import resolve_overrides, use_python_path
 
 
 def config_dir() -> Path:
@@ -28,9 +32,6 @@ def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from seal.config_paths import resolve_overrides, use_python_path
 
     for item in overrides:  # Hydra's grammar error for a bare word names no fix
         if "=" not in item and not item.startswith("~"):
@@ -70,9 +71,6 @@ def target_of(node: Mapping[str, Any], group: str) -> str:
 def _misspelt(text: str, overrides: list[str], config_name: str) -> str | None:
     """For Hydra's "Could not override 'KEY'" (whose advice, +KEY=..., adds the misspelt key) and
     "Could not find 'GROUP/OPTION'": one line with the close matches, or None."""
-    import difflib
-    import re
-
     if m := re.match(r"Could not override '([^']+)'", text):
         key = m[1]
         rest = [o for o in overrides if o.partition("=")[0] != key]
@@ -91,9 +89,6 @@ def _misspelt(text: str, overrides: list[str], config_name: str) -> str | None:
 
 def did_you_mean(cfg: DictConfig, key: str) -> str:
     """'; did you mean A or B?' for the keys of ``cfg`` closest to ``key`` (dotted), or ''."""
-    import difflib
-
-    from omegaconf import OmegaConf
 
     def keys(node: Any, prefix: str = "") -> list[str]:
         if not isinstance(node, dict):
@@ -115,7 +110,6 @@ def did_you_mean(cfg: DictConfig, key: str) -> str:
 
 def instantiate(node, **kwargs):
     from hydra.utils import instantiate as hydra_instantiate
-    from omegaconf import OmegaConf
 
     try:
         return hydra_instantiate(node, **kwargs, _convert_="all")
@@ -127,8 +121,6 @@ def instantiate(node, **kwargs):
 def instantiate_spec(spec: dict) -> Any:
     """Build a component from a resolved plain-dict config (what crosses into a
     Ray actor: OmegaConf nodes are resolved in the driver first)."""
-    from omegaconf import OmegaConf
-
     return instantiate(OmegaConf.create(spec))
 
 
@@ -172,8 +164,6 @@ class TrainerConfig:
     @classmethod
     def of(cls, cfg: DictConfig) -> TrainerConfig:
         """From a composed config's ``trainer`` node (resolved)."""
-        from omegaconf import OmegaConf
-
         return cls.from_mapping(_mapping(OmegaConf.to_container(cfg.trainer, resolve=True)))
 
     @classmethod
@@ -359,8 +349,6 @@ class Settings:
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Settings:
-        from omegaconf import OmegaConf
-
         recipe = OmegaConf.select(cfg, "recipe.name")
         model = ModelConfig.of(cfg)  # first: the learner and the generator read model.path
         trainer = TrainerConfig.of(cfg)
@@ -369,11 +357,6 @@ class Settings:
 
 def _container(cfg: DictConfig, group: str) -> dict[str, Any]:
     """The resolved ``group`` node; a key left at ``???`` is one line naming it."""
-    import re
-
-    from omegaconf import OmegaConf
-    from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
-
     try:
         return OmegaConf.to_container(cfg[group], resolve=True, throw_on_missing=True)  # type: ignore[return-value]
     except MissingMandatoryValue as exc:
@@ -407,8 +390,6 @@ def recorded_trainer(node: DictConfig) -> dict[str, Any]:
     """A run's recorded trainer settings (RUN_DIR/config.yaml) as TrainerConfig takes them: a
     setting the run predates reads as configs/config.yaml has it now, and one since retired
     (e.g. max_filtered_per_step) is left out; the run's own values win."""
-    from omegaconf import OmegaConf
-
     today = _mapping(OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").trainer, resolve=True))
     recorded = _mapping(OmegaConf.to_container(node, resolve=True))
     return {**today, **{k: v for k, v in recorded.items() if k in today}}
@@ -418,10 +399,6 @@ def rebase_targets(node: DictConfig) -> int:
     """A run recorded before a module moved names classes by their old paths (``_target_`` in
     RUN_DIR/config.yaml): each that no longer imports is pointed at the class of the same name in
     today's configs/, found by reading them. Returns how many were re-pointed."""
-    import importlib.util
-
-    from omegaconf import DictConfig, ListConfig
-
     today: dict[str, str] = {}
     for path in config_dir().rglob("*.yaml"):
         for line in path.read_text().splitlines():

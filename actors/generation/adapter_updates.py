@@ -40,7 +40,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.generation.adapters import ServedAdapters, read_adapter_files, write_adapter_files
-from weights.buckets import WeightManifest
+from actors.generation.sources import as_tensors
+from weights.buckets import WeightManifest, fetch_bucket_async
 
 
 def engine_stream(replica: Any, prompt: Any, params: Any, request_id: str, version: int):
@@ -94,9 +95,6 @@ class AdapterUpdates:
         return await self._update(version, mode, write)
 
     async def _fetch(self, source: Mapping[str, Any] | WeightManifest, version: int) -> dict[str, Any]:
-        from actors.generation.sources import as_tensors
-        from weights.buckets import fetch_bucket_async
-
         r = self.replica
         if not isinstance(source, WeightManifest):
             return dict(as_tensors(source))  # type: ignore[arg-type]

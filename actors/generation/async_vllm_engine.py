@@ -24,7 +24,7 @@ from typing import Any
 
 from actors.generation.adapter_updates import AdapterUpdates, engine_stream
 from actors.generation.engine_guard import start_guard
-from actors.generation.engine_settings import EngineSettings, cpu_or_cuda_backend, engine_setup
+from actors.generation.engine_settings import SEAL_TRANSFER_BACKENDS, EngineSettings, cpu_or_cuda_backend, engine_setup
 from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
 from actors.generation.server import ReplicaEngineDead
 from actors.generation.sources import as_tensors, restarted_by_ray, send_weights_async
@@ -278,7 +278,6 @@ class AsyncVllmGenerator(Generator):
             raise RuntimeError("join_weight_group needs weight_sync=broadcast in the generator config")
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        from actors.generation.engine_settings import SEAL_TRANSFER_BACKENDS
         from actors.generation.weight_transfer import init_info
 
         transfer_backend = cpu_or_cuda_backend(self.device)
