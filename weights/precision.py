@@ -26,8 +26,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "bfloat16", "float32")
@@ -96,6 +94,7 @@ def to_wire_arrays(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
 
 def from_wire_arrays(source: Mapping[str, Any]) -> dict[str, Any]:
     """The inverse of ``to_wire_arrays``: name -> tensor, sharing the arrays' memory."""
+    import numpy as np  # noqa: PLC0415 - with torch, off the config path (seal.config imports this module)
     import torch
 
     bf16 = source.get(WIRE_DTYPE_KEY) == "bfloat16"
