@@ -73,14 +73,14 @@ class EnvActor:
                 f"env actor on {ray.util.get_node_ip_address()}: the coordinator sent no interface "
                 f"in {COORDINATOR_TIMEOUT_S:.0f} s"
             ) from None
-        self.interface = InterfaceState.from_dict(update.state)
+        self.interface = InterfaceState.from_dict(update.state.to_dict())
         self.groups = 0
 
     def set_interface(self, update: InterfaceUpdate) -> int:
         """Coordinator push; versions only move forward (pushes may cross)."""
         with self._lock:
             if update.version > self.interface.version:
-                self.interface = InterfaceState.from_dict(update.state)
+                self.interface = InterfaceState.from_dict(update.state.to_dict())
             return self.interface.version
 
     def run_group(self, job: GroupJob) -> GroupReport:

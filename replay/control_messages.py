@@ -7,8 +7,47 @@ Each message opens with ``# producer -> consumer``, the modules that build it an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+
+# actors/coordinator/service.py (InterfaceState.to_dict) -> InterfaceUpdate.state and RoundEnd.state
+@dataclass(frozen=True, kw_only=True)
+class InterfaceStateMessage:
+    """The training interface's state as it travels: the fields of env_pool/interface/state.py
+    InterfaceState (replay imports no env_pool; tests/unit/replay/test_control_messages.py holds the
+    two to the same fields). Plain values only, so msgpack carries it as well as Ray's pickle;
+    ``from_dict(state.to_dict())`` builds it, ``InterfaceState.from_dict(message.to_dict())`` reads it."""
+
+    version: int
+    schema_lite: bool
+    schema_show_types: bool
+    schema_drop_optional: bool
+    error_feedback: bool
+    guidelines: bool
+    worked_examples: bool
+    active_guidelines: tuple[str, ...]
+    category_guidelines: dict[str, tuple[str, ...]]  # category -> guideline kinds
+
+    def __post_init__(self) -> None:  # msgpack and JSON give lists: equal states compare equal
+        object.__setattr__(self, "active_guidelines", tuple(self.active_guidelines))
+        object.__setattr__(self, "category_guidelines", {k: tuple(v) for k, v in self.category_guidelines.items()})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InterfaceStateMessage:
+        names = [f.name for f in fields(cls)]
+        wrong = sorted(set(data) ^ set(names))
+        if wrong:
+            raise ValueError(f"an interface state has exactly the fields {names}; these differ: {wrong}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (rounds.jsonl) and what InterfaceState.from_dict takes."""
+        out = asdict(self)
+        out["active_guidelines"] = list(self.active_guidelines)
+        out["category_guidelines"] = {k: list(v) for k, v in self.category_guidelines.items()}
+        return out
 
 
 # actors/coordinator/service.py (CoordinatorService) -> actors/env_actor.py (EnvActor.set_interface)
@@ -17,7 +56,7 @@ class InterfaceUpdate:
     """Coordinator -> env actors: the training interface's new state."""
 
     version: int
-    state: dict[str, Any]  # InterfaceState.to_dict()
+    state: InterfaceStateMessage
 
 
 # actors/coordinator/service.py (end_round) -> seal/run/learner_steps.py, seal/run/step_metrics.py
@@ -28,7 +67,7 @@ class RoundEnd:
     interface_version: int
     active_guidelines: tuple[str, ...]
     pushed_to: int  # env actors the new version went to (0: the interface did not change)
-    state: dict[str, Any]  # InterfaceState.to_dict(), written with the step's row
+    state: InterfaceStateMessage  # written with the step's row (rounds.jsonl)
 
 
 # seal/run/learner_steps.py (the trained and filtered trajectories) -> actors/coordinator (record)

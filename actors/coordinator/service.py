@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
-from replay.control_messages import InterfaceUpdate, RoundEnd, TagSummary
+from replay.control_messages import InterfaceStateMessage, InterfaceUpdate, RoundEnd, TagSummary
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class CoordinatorService:
 
     def interface(self) -> InterfaceUpdate:
         state = self.coordinator.interface
-        return InterfaceUpdate(state.version, state.to_dict())
+        return InterfaceUpdate(state.version, InterfaceStateMessage.from_dict(state.to_dict()))
 
     def step_weights(self) -> dict[str, float]:
         return self.coordinator.step_weights()
@@ -57,7 +57,7 @@ class CoordinatorService:
         state = self.coordinator.end_round()
         pushed = 0
         if state.version != before:
-            update = InterfaceUpdate(state.version, state.to_dict())
+            update = InterfaceUpdate(state.version, InterfaceStateMessage.from_dict(state.to_dict()))
             refs = [h.set_interface.remote(update) for h in self.env_actors.values()]
             pushed = len(refs)
             if wait and refs:
@@ -67,7 +67,8 @@ class CoordinatorService:
                         ray.get(ref)
                     except ray.exceptions.RayActorError:  # a dead actor reads the interface when it restarts
                         log.warning("an env actor died before taking interface v%d", state.version)
-        return RoundEnd(state.version, tuple(state.active_guidelines), pushed, state.to_dict())
+        message = InterfaceStateMessage.from_dict(state.to_dict())
+        return RoundEnd(state.version, tuple(state.active_guidelines), pushed, message)
 
     def end_epoch(self) -> None:
         self.coordinator.end_epoch()

@@ -25,7 +25,7 @@ from typing import Any
 from actors.generation.adapter_updates import AdapterUpdates, engine_stream
 from actors.generation.engine_guard import start_guard
 from actors.generation.engine_settings import SEAL_TRANSFER_BACKENDS, EngineSettings, cpu_or_cuda_backend, engine_setup
-from actors.generation.replica_counters import ReplicaCounters, merge_spans, version_of
+from actors.generation.replica_counters import ReplicaCounters, ReplicaStats, merge_spans, version_of
 from actors.generation.server import ReplicaEngineDead
 from actors.generation.sources import as_tensors, restarted_by_ray, send_weights_async
 from families.registry import turn_end_ids
@@ -457,8 +457,8 @@ class AsyncVllmGenerator(Generator):
         """What the router balances on."""
         return {"outstanding": self.counters.outstanding, "outstanding_tokens": self.counters.outstanding_tokens}
 
-    def stats(self) -> dict[str, Any]:
-        return {**self.counters.to_dict(), "policy_version": self._version}
+    def stats(self) -> ReplicaStats:
+        return self.counters.stats(self._version)
 
     def pid(self) -> int:
         return os.getpid()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from replay.messages import Segment
 
@@ -52,20 +51,38 @@ class ReplicaCounters:
             self.busy_s += time.perf_counter() - self._busy_since
             self._busy_since = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if not k.startswith("_") and k != "started"}
-        if self._busy_since is not None:
-            d["busy_s"] += time.perf_counter() - self._busy_since
-        d["wall_s"] = time.perf_counter() - self.started
-        d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        return d
+    def stats(self, policy_version: int) -> ReplicaStats:
+        """What the async replica's ``stats()`` answers: these counters as of now."""
+        busy = self.busy_s + (time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0)
+        return ReplicaStats(
+            instance=self.instance,
+            policy_version=policy_version,
+            requests=self.requests,
+            generated_tokens=self.generated_tokens,
+            outstanding=self.outstanding,
+            outstanding_tokens=self.outstanding_tokens,
+            busy_s=busy,
+            updates=self.updates,
+            update_s=self.update_s,
+            wall_s=time.perf_counter() - self.started,
+            batches=None,  # continuous batching: no batches to count
+            finished=self.finished,
+            continued=self.continued,
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            prefix_cache_hit_rate=self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            prefix_cache_reset_refused=self.prefix_cache_reset_refused,
+            drain_timeouts=self.drain_timeouts,
+            failed_updates=self.failed_updates,
+        )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplicaStats:
-    """One reading of a replica's ``stats()`` as the driver reads it (seal/runtime/generator_fleet.py):
-    the counters both engines keep, and the async engine's own (None from the blocking engine,
-    which has no prefix cache statistics, continued requests or drains)."""
+    """A replica's ``stats()`` (actors/generation/async_vllm_engine.py AsyncVllmGenerator's, server.py
+    GeneratorServer's), as the driver reads it (seal/runtime/generator_fleet.py): the counters both
+    engines keep, the blocking engine's batches, and the async engine's own, which the blocking
+    engine reports as 0 (None for its prefix cache hit rate: it keeps no prefix cache statistics)."""
 
     instance: str  # drawn at the process's start: a restart is a new one (replay/token_ledger.py)
     policy_version: int
@@ -77,30 +94,15 @@ class ReplicaStats:
     updates: int
     update_s: float
     wall_s: float
+    batches: int | None  # the blocking engine's generate calls (None: the async engine batches continuously)
+    finished: int
+    continued: int  # requests aborted by an update and continued on the new weights
+    prompt_tokens: int
+    cached_prompt_tokens: int
     prefix_cache_hit_rate: float | None
     prefix_cache_reset_refused: int
     drain_timeouts: int
     failed_updates: int
-
-    @classmethod
-    def of(cls, stats: dict[str, Any]) -> ReplicaStats:
-        """From an engine's ``stats()`` dict (GeneratorServer's or AsyncVllmGenerator's)."""
-        return cls(
-            instance=str(stats.get("instance", "")),  # a user's engine may name none
-            policy_version=int(stats["policy_version"]),
-            requests=int(stats["requests"]),
-            generated_tokens=int(stats["generated_tokens"]),
-            outstanding=int(stats.get("outstanding", 0)),
-            outstanding_tokens=int(stats.get("outstanding_tokens", 0)),
-            busy_s=float(stats["busy_s"]),
-            updates=int(stats["updates"]),
-            update_s=float(stats["update_s"]),
-            wall_s=float(stats["wall_s"]),
-            prefix_cache_hit_rate=stats.get("prefix_cache_hit_rate"),
-            prefix_cache_reset_refused=int(stats.get("prefix_cache_reset_refused", 0)),
-            drain_timeouts=int(stats.get("drain_timeouts", 0)),
-            failed_updates=int(stats.get("failed_updates", 0)),
-        )
 
 
 def version_of(label: str | None, default: int) -> int:

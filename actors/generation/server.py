@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.generation.replica_counters import ReplicaStats
 from actors.generation.sources import as_tensors, restarted_by_ray
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 from weights.buckets import WeightManifest
@@ -55,21 +56,30 @@ class ServerCounters:
     started: float = field(default_factory=time.perf_counter)
     instance: str = field(default_factory=lambda: uuid.uuid4().hex)  # as ReplicaCounters': a restart is a new one
 
-    def to_dict(self) -> dict[str, Any]:
-        wall = time.perf_counter() - self.started
-        return {
-            "instance": self.instance,
-            "batches": self.batches,
-            "requests": self.requests,
-            "generated_tokens": self.generated_tokens,
-            "busy_s": self.busy_s,
-            "update_s": self.update_s,
-            "updates": self.updates,
-            "outstanding": self.outstanding,
-            "wall_s": wall,
-            "idle_ratio": max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0,
-            "mean_batch_requests": self.requests / self.batches if self.batches else 0.0,
-        }
+    def stats(self, policy_version: int) -> ReplicaStats:
+        """What ``GeneratorServer.stats()`` answers: the counters both engines keep, the async
+        engine's own at 0 (actors/generation/replica_counters.py ReplicaStats)."""
+        return ReplicaStats(
+            instance=self.instance,
+            policy_version=policy_version,
+            requests=self.requests,
+            generated_tokens=self.generated_tokens,
+            outstanding=self.outstanding,
+            outstanding_tokens=0,  # not counted: one engine, no router balancing on it
+            busy_s=self.busy_s,
+            updates=self.updates,
+            update_s=self.update_s,
+            wall_s=time.perf_counter() - self.started,
+            batches=self.batches,
+            finished=self.requests,  # counted once generated
+            continued=0,
+            prompt_tokens=0,
+            cached_prompt_tokens=0,
+            prefix_cache_hit_rate=None,  # the blocking engine keeps no prefix cache statistics
+            prefix_cache_reset_refused=0,
+            drain_timeouts=0,
+            failed_updates=0,
+        )
 
 
 class GeneratorServer:
@@ -141,8 +151,8 @@ class GeneratorServer:
     def max_model_len(self) -> int:
         return self.generator.max_model_len
 
-    def stats(self) -> dict[str, Any]:
-        return {**self.counters.to_dict(), "policy_version": self.generator.policy_version}
+    def stats(self) -> ReplicaStats:
+        return self.counters.stats(self.generator.policy_version)
 
     def pid(self) -> int:
         return os.getpid()

@@ -212,7 +212,7 @@ class Pipeline:
                 COORDINATOR_TIMEOUT_S,
                 "coordinator interface at the run's start",
             )
-            guidelines = update.state.get("active_guidelines", [])
+            guidelines = list(update.state.active_guidelines)
         self.progress.run_started(target, t.groups_per_step, guidelines)
         try:
             while self.state.step < target:

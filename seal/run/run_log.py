@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from replay.control_messages import InterfaceStateMessage
 from replay.token_ledger import BUCKETS
 
 SCALARS = (
@@ -164,11 +165,12 @@ class RunLog:
         self._writer = SummaryWriter(str(run_dir / "tensorboard"))
         self._writer.add_custom_scalars(LAYOUT)
 
-    def write(self, row: Mapping[str, Any], interface: Mapping[str, Any]) -> None:
+    def write(self, row: Mapping[str, Any], interface: InterfaceStateMessage) -> None:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         self._rounds.write(
-            json.dumps({"step": row["step"], "failure_profile": row["tag_fractions"], "interface": interface}) + "\n"
+            json.dumps({"step": row["step"], "failure_profile": row["tag_fractions"], "interface": interface.to_dict()})
+            + "\n"
         )
         self._rounds.flush()
         step = row["step"]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.generation.replica_counters import ReplicaStats
 from learner.step_result import LearnerStepResult, learner_row
-from replay.control_messages import GroupReport, RoundEnd
+from replay.control_messages import GroupReport, InterfaceStateMessage, RoundEnd
 from replay.messages import INFRA_FAULT_KINDS, Trajectory
 from replay.queue import Group
 from replay.token_ledger import TokenLedger, run_totals
@@ -77,7 +77,7 @@ class StepRecord:
     """One step's metrics row and what the driver keeps beside it, never in it."""
 
     row: dict[str, Any]  # the line of metrics.jsonl (seal/run/run_log.py)
-    interface: dict[str, Any]  # the training interface in force after the step (RoundEnd.state): rounds.jsonl
+    interface: InterfaceStateMessage  # the training interface in force after the step (RoundEnd.state): rounds.jsonl
     rollout_tokens: int  # prompt + generated tokens of the step's rollouts (RunState's token totals)
 
 

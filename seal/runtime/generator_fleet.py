@@ -435,7 +435,7 @@ class GeneratorFleet:
                 continue
             handle = self.retiring.pop(name)
             try:  # its final count, for the run's token books: what it made since the last reading
-                final = ReplicaStats.of(ray.get(handle.stats.remote(), timeout=10.0))
+                final = ray.get(handle.stats.remote(), timeout=10.0)
                 self.token_count.read({name: (final.instance, final.generated_tokens)})
             except (ray.exceptions.RayError, TimeoutError):
                 self._count_short = True  # its last tokens are nowhere: the run's count stays unknown
@@ -455,7 +455,7 @@ class GeneratorFleet:
         out: dict[str, ReplicaStats] = {}
         for name, ref in refs.items():
             try:
-                out[name] = ReplicaStats.of(ray.get(ref, timeout=timeout_s))
+                out[name] = ray.get(ref, timeout=timeout_s)
             except (ray.exceptions.RayError, TimeoutError):
                 continue
         self.token_count.read({name: (s.instance, s.generated_tokens) for name, s in out.items()})

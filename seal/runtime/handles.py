@@ -59,6 +59,6 @@ class ReplicaHandle(Protocol):
     prompt_logprobs: RemoteMethod  # -> list[float] (the weight canary)
     dtype: RemoteMethod  # -> str
     max_model_len: RemoteMethod  # -> int
-    stats: RemoteMethod  # -> dict, read as ReplicaStats (actors/generation/replica_counters.py)
+    stats: RemoteMethod  # -> ReplicaStats (actors/generation/replica_counters.py)
     pid: RemoteMethod  # -> int
     awaiting_weights: RemoteMethod  # -> bool

@@ -146,9 +146,9 @@ def test_update_modes_stamp_each_span_with_its_version(replica, tiny_weights, mo
     after = loop.run(gen.generate([_req(f"after-{mode}", 8)], SamplingConfig(max_new_tokens=8)))[0]
     assert after.policy_version == before + 1 and after.spans == ()
     stats = gen.stats()
-    assert stats["outstanding"] == 0 and stats["outstanding_tokens"] == 0
+    assert stats.outstanding == 0 and stats.outstanding_tokens == 0
     if mode == "abort":
-        assert stats["continued"] >= 1
+        assert stats.continued >= 1
 
 
 def _hf_logprobs(tiny_path, weights) -> list[float]:
@@ -288,7 +288,7 @@ def test_keep_update_with_requests_in_flight_never_serves_prefixes_cached_under_
     after the update must still compute its prefix under the new weights (cache_salt per version)."""
     gen, loop = replica
     before = loop.run(_call(gen.policy_version))
-    refused = gen.stats().get("prefix_cache_reset_refused", 0)
+    refused = gen.stats().prefix_cache_reset_refused
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=1)
     warm = loop.run(gen.generate([_req("warm", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
     again = loop.run(gen.generate([_req("warm-again", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
@@ -303,7 +303,7 @@ def test_keep_update_with_requests_in_flight_never_serves_prefixes_cached_under_
     assert abs(warm.logprobs[0] - want) > 1e-3  # the old weights' answer differs: the checks below can fail
     assert after.cached_prompt_tokens == 0, "a prefix cached under the old weights served the new version"
     assert abs(after.logprobs[0] - want) < 1e-3
-    assert gen.stats()["prefix_cache_reset_refused"] == refused + 1  # the kept request held its blocks
+    assert gen.stats().prefix_cache_reset_refused == refused + 1  # the kept request held its blocks
     reuse = loop.run(gen.generate([_req("after-again", 1, seed=None, prompt=LONG_PROMPT)], greedy))[0]
     assert reuse.cached_prompt_tokens > 0 and abs(reuse.logprobs[0] - want) < 1e-3  # caching within a version stays
     kept = running.result(300)[0]
@@ -329,8 +329,8 @@ def test_a_pause_update_drains_no_longer_than_its_bound(replica, tiny_weights):
     assert [s.policy_version for s in out.version_spans()] == [before, before + 1]
     assert len(out.token_ids) == 1500 and out.finish_reason == "length"
     stats = gen.stats()
-    assert stats["continued"] == stats0["continued"] + 1
-    assert stats["drain_timeouts"] == stats0.get("drain_timeouts", 0) + 1
+    assert stats.continued == stats0.continued + 1
+    assert stats.drain_timeouts == stats0.drain_timeouts + 1
 
 
 def test_a_drain_bound_not_below_the_learners_ready_wait_is_refused(replica):

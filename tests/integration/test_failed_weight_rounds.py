@@ -82,7 +82,7 @@ def test_a_failed_keep_round_aborts_the_requests_in_flight_and_holds_the_replica
     gen, loop = replica
     loop.run(gen.update_weights(loop.run(_call(gen.policy_version)) + 1, tiny_weights))  # the old version, known
     before, new = loop.run(_call(gen.policy_version)), new_version(tiny_weights)
-    failed = gen.stats()["failed_updates"]
+    failed = gen.stats().failed_updates
     frozen = loop.submit(gen.generate([_req("frozen", 1500)], SamplingConfig(temperature=1.0, max_new_tokens=1500)))
     time.sleep(1.0)  # tokens under the old weights first (1500 take ~10 s here)
     mode, gen.update_mode = gen.update_mode, "keep"
@@ -92,11 +92,11 @@ def test_a_failed_keep_round_aborts_the_requests_in_flight_and_holds_the_replica
     finally:
         gen.update_mode = mode
     assert loop.run(_call(gen._engine.get_num_unfinished_requests)) == 0, "the frozen request went on on the mix"
-    assert gen.awaiting_weights() and gen.stats()["failed_updates"] == failed + 1
+    assert gen.awaiting_weights() and gen.stats().failed_updates == failed + 1
     held = loop.submit(gen.generate([_req("held", 8)], SamplingConfig(max_new_tokens=8)))
     assert_old_with_the_new_down_proj(loop.run(gen.prompt_logprobs(PROMPT)), tiny_path, tiny_weights, new)
     time.sleep(1.0)
-    assert not frozen.done() and not held.done() and gen.stats()["outstanding"] == 2
+    assert not frozen.done() and not held.done() and gen.stats().outstanding == 2
     loop.run(gen.update_weights(before + 1, new))  # what the fleet's restore sends
     out, after = frozen.result(300)[0], held.result(300)[0]
     assert [s.policy_version for s in out.version_spans()] == [before, before + 1], out.version_spans()

@@ -157,7 +157,7 @@ def test_an_abort_update_continues_a_request_on_the_new_adapter(replica, learner
     """update_mode abort (and keep) under adapters: the request in flight is aborted and continued on
     the new adapter, its tokens so far kept, each span with the adapter version that sampled it."""
     gen, loop = replica
-    old, continued = gen.policy_version(), gen.stats()["continued"]
+    old, continued = gen.policy_version(), gen.stats().continued
     new = old + 1
     tensors = trained(learner, tiny_path, new)  # before the request: the update must land while it runs
     long = loop.submit(
@@ -171,5 +171,5 @@ def test_an_abort_update_continues_a_request_on_the_new_adapter(replica, learner
     spans = out.version_spans()
     assert [s.policy_version for s in spans] in ([old, new], [new]), spans  # [new]: aborted before a token
     assert spans[-1].end == len(out.token_ids) == len(out.logprobs) > 0
-    assert gen.stats()["continued"] > continued  # aborted by the update and continued, not finished on the old one
+    assert gen.stats().continued > continued  # aborted by the update and continued, not finished on the old one
     assert gen.adapters.served.loaded() == [new]

@@ -238,7 +238,7 @@ def _kill_when_busy(p, target: str, killed: list):
             if not p.actors.generators.token_count.total:
                 continue
             stats = ray.get(handle.stats.remote(), timeout=30)
-            if not stats.get("outstanding"):
+            if not stats.outstanding:
                 continue
         else:
             handle = p.actors.env.get(busy[0])
@@ -271,7 +271,7 @@ def test_killed_actor_restarts_and_no_group_is_lost_or_doubled(tmp_path, target)
     killer.start()
     try:
         rows = p.run(4)
-        own = ray.get(p.actors.generator.stats.remote())["generated_tokens"]  # the replica process now serving
+        own = ray.get(p.actors.generator.stats.remote()).generated_tokens  # the replica process now serving
     finally:
         p.close()
     killer.join(timeout=5)
@@ -325,7 +325,7 @@ def test_weights_by_broadcast_group(tmp_path):
     finally:
         p.close()
     assert [r["policy_version"] for r in rows] == [1, 2] and p.publisher.group_meta
-    assert stats["updates"] >= 1 and stats["policy_version"] >= 1
+    assert stats.updates >= 1 and stats.policy_version >= 1
     assert_exactly_once(p, 2)
 
 

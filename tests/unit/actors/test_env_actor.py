@@ -13,11 +13,16 @@ import pytest
 
 from env_pool.interface.state import InterfaceState
 from env_pool.toy.env import ToyToolEnv
-from replay.control_messages import LOST_TOKENS_ATTR, GroupJob, InterfaceUpdate
+from replay.control_messages import LOST_TOKENS_ATTR, GroupJob, InterfaceStateMessage, InterfaceUpdate
 from replay.queue import ReplayQueue
 from replay.transport import ReplayServer, TransportConfig
 from rollout.generator import GenerationOutput, GeneratorUnavailable, SamplingConfig
 from tests.conftest import local_ray
+
+
+def message(state: InterfaceState) -> InterfaceStateMessage:
+    return InterfaceStateMessage.from_dict(state.to_dict())
+
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,7 +42,7 @@ class FakeCoordinator:
         self.version = version
 
     def interface(self) -> InterfaceUpdate:
-        return InterfaceUpdate(self.version, InterfaceState(version=self.version).to_dict())
+        return InterfaceUpdate(self.version, message(InterfaceState(version=self.version)))
 
 
 class FakeReplica:
@@ -120,8 +125,8 @@ def test_a_group_reaches_the_stream_whole_and_the_report_counts_it(actor):
 def test_an_interface_pushed_between_groups_is_the_next_groups(actor):
     env_actor, server = actor
     newer = InterfaceState(version=5, schema_lite=True)
-    assert env_actor.set_interface(InterfaceUpdate(5, newer.to_dict())) == 5
-    assert env_actor.set_interface(InterfaceUpdate(4, InterfaceState(version=4).to_dict())) == 5  # pushes may cross
+    assert env_actor.set_interface(InterfaceUpdate(5, message(newer))) == 5
+    assert env_actor.set_interface(InterfaceUpdate(4, message(InterfaceState(version=4)))) == 5  # pushes may cross
     report = env_actor.run_group(job(1))
     assert report.interface_version == 5
     assert wait_for(lambda: server.ready() == 1)

@@ -36,7 +36,7 @@ def test_round_trip_of_tags_weights_and_interface():
     assert weights["empty_turn_model_response"] > 1.0
     out = service.end_round()  # no env actors registered: nothing pushed
     assert (out.interface_version, out.active_guidelines, out.pushed_to) == (1, ("active_respond",), 0)
-    assert service.interface().version == 1 and service.interface().state["active_guidelines"] == ["active_respond"]
+    assert service.interface().version == 1 and service.interface().state.active_guidelines == ("active_respond",)
 
 
 def test_state_survives_a_restart_through_its_state():

@@ -70,7 +70,7 @@ def test_concurrent_callers_share_one_engine_batch_and_get_their_own_outputs():
         t.join(5)
     assert engine.calls[0] == ("generate", ["a0", "a1"])
     assert sorted(engine.calls[1][1]) == ["b0", "b1", "b2", "c0", "c1", "c2"]  # b and c merged
-    assert [o.request_id for o in results["b"]] == ["b0", "b1", "b2"] and server.stats()["batches"] == 2
+    assert [o.request_id for o in results["b"]] == ["b0", "b1", "b2"] and server.stats().batches == 2
 
 
 def test_updates_fall_between_batches_and_stamp_later_outputs():
@@ -120,9 +120,9 @@ def test_stats_count_the_requests_callers_wait_on_until_their_answers():
     ]
     for c in callers:
         c.start()
-    wait_until(lambda: server.stats()["outstanding"] == 5)
-    assert server.stats()["outstanding"] == 5  # queued and in the engine alike
+    wait_until(lambda: server.stats().outstanding == 5)
+    assert server.stats().outstanding == 5  # queued and in the engine alike
     engine.gate.set()
     for c in callers:
         c.join(timeout=5)
-    assert server.stats()["outstanding"] == 0 and server.stats()["requests"] == 5
+    assert server.stats().outstanding == 0 and server.stats().requests == 5

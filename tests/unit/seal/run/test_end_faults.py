@@ -10,12 +10,12 @@ from replay.queue import stand_in
 from seal.run.step_metrics import StepOutcome, StepWindow
 from seal.run.summary import infra_text
 from tests.unit.learner.step_results import step_result
-from tests.unit.seal.run.test_step_metrics import Group, facts, fault, report, traj
+from tests.unit.seal.run.test_step_metrics import RAW, Group, facts, fault, report, traj
 
 
 def test_faulted_episodes_of_groups_decided_after_the_last_step_are_in_the_closing_note():
     window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = RoundEnd(0, (), 0, {})
+    interface = RoundEnd(0, (), 0, RAW)
     good, bad = traj("g1", 1.0), fault(traj("g1", 0.0))
     g1 = Group([good, stand_in(good, bad)], faulted=(bad,))
     window.add_report(replace(report("g1"), faults=("", "generation_error")))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from actors.generation.replica_counters import ReplicaStats
-from replay.control_messages import GroupReport, GroupStats, RoundEnd
+from actors.generation.server import ServerCounters
+from env_pool.interface.state import InterfaceState
+from replay.control_messages import GroupReport, GroupStats, InterfaceStateMessage, RoundEnd
 from replay.messages import InfraFault, Segment, Trajectory
 from replay.queue import Group as QueueGroup
 from replay.queue import QueueStats, stand_in
@@ -13,7 +14,8 @@ from replay.transport import ReplayCounters, ServerStats
 from seal.run.step_metrics import RunFacts, StepOutcome, StepWindow, sum_token_books
 from tests.unit.learner.step_results import step_result
 
-STATS = {"policy_version": 1, "requests": 4, "updates": 1, "update_s": 0.1, "wall_s": 10.0}
+RAW = InterfaceStateMessage.from_dict(InterfaceState().to_dict())  # the interface of every round here
+
 SERVER = ServerStats(rejected=2, unauthorized=3, frames_by_peer={"10.0.0.2": 9})
 
 
@@ -67,7 +69,8 @@ def report(group: str, generated: int = 8) -> GroupReport:
 
 def facts(step: int, version: int, busy: float, generated: int | None = 0, lost: int = 0) -> RunFacts:
     """``generated``: the generator's count since the run started (GeneratorFleet.generated_tokens)."""
-    replicas = {"gen-0": ReplicaStats.of(STATS | {"busy_s": busy, "generated_tokens": generated or 0})}
+    counters = ServerCounters(requests=4, updates=1, update_s=0.1, busy_s=busy, generated_tokens=generated or 0)
+    replicas = {"gen-0": replace(counters.stats(policy_version=1), instance="", wall_s=10.0)}  # a blocking replica
     return RunFacts(
         step=step,
         policy_version=version,
@@ -94,10 +97,10 @@ def test_a_trained_step_and_a_skipped_one():
     batch = [Group([traj("g1", 1.0), traj("g1", 0.0)], staleness=1)]
     window.decide("trained", batch[0])  # when the learner took it (seal/run/learner_steps.py)
     result = step_result(sequence_tokens=24, loss=0.5, seconds=1.0)
-    interface = RoundEnd(0, (), 0, {"version": 0})
+    interface = RoundEnd(0, (), 0, RAW)
     record = window.row(StepOutcome(batch, result, interface, 1.5), facts(1, 1, busy=1.0), start + 4.0)
     row = record.row
-    assert record.interface == {"version": 0} and not any(k.startswith("_") for k in row)  # carried beside the row
+    assert record.interface == RAW and not any(k.startswith("_") for k in row)  # carried beside the row
     assert (row["step"], row["policy_version"], row["mode"], row["skipped"], row["trained_groups"]) == (
         1,
         1,
@@ -124,7 +127,7 @@ def test_a_trained_step_and_a_skipped_one():
 def test_generation_figures_belong_to_the_step_that_decided_the_group_whatever_the_report_order():
     """A report landing after its group trained (or before the group decided) counts in the deciding step."""
     window = StepWindow("sync", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = RoundEnd(0, (), 0, {})
+    interface = RoundEnd(0, (), 0, RAW)
     result = step_result(sequence_tokens=24, seconds=1.0)
     window.add_report(report("g2", generated=40))  # an early report: g2 is decided in step 2
     g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
@@ -145,7 +148,7 @@ def fault(t: Trajectory, kind: str = "generation_error") -> Trajectory:
 
 def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
     window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = RoundEnd(0, (), 0, {})
+    interface = RoundEnd(0, (), 0, RAW)
     good, bad = traj("g1", 1.0), fault(traj("g1", 0.0), "env_error")
     trained = Group([good, stand_in(good, bad)], faulted=(bad,))
     window.decide("trained", trained)
@@ -170,7 +173,7 @@ def test_infra_faults_are_counted_by_kind_and_never_enter_a_reward_figure():
 
 def test_the_token_books_add_up_and_close_with_what_the_end_left_open():
     window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = RoundEnd(0, (), 0, {})
+    interface = RoundEnd(0, (), 0, RAW)
     g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
     window.decide("trained", g1)
     window.decide("filtered", Group([traj("g2", 0.0), traj("g2", 0.0)]))
@@ -191,7 +194,7 @@ def test_the_token_books_add_up_and_close_with_what_the_end_left_open():
 
 def test_a_row_without_the_generators_count_leaves_its_tokens_to_the_next_rows():
     window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = RoundEnd(0, (), 0, {})
+    interface = RoundEnd(0, (), 0, RAW)
     rows = []
     for step, count in [(1, 10), (2, None), (3, 45)]:  # step 2: a replica did not answer (restarting)
         window.decide("filtered", Group([traj(f"g{step}", 0.0), traj(f"g{step}", 0.0)]))
@@ -201,7 +204,7 @@ def test_a_row_without_the_generators_count_leaves_its_tokens_to_the_next_rows()
 
 def test_a_report_later_than_its_groups_row_is_not_counted_in_flight_at_the_end():
     window = StepWindow("async", max_new_tokens=8, learner_world_size=1, generator_replicas=1, skipped_overlong=0)
-    interface = RoundEnd(0, (), 0, {})
+    interface = RoundEnd(0, (), 0, RAW)
     g1 = Group([traj("g1", 1.0), traj("g1", 0.0)])
     window.decide("trained", g1)  # its report did not come in time (the settle timed out)
     window.row(StepOutcome([g1], step_result(sequence_tokens=9), interface, 1.0), facts(1, 1, 1.0, 8), 1.0)
