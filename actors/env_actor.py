@@ -103,6 +103,7 @@ class EnvActor:
                 stats=stats,
                 lockstep=self.lockstep,
                 deadline_s=job.episode_deadline_s,
+                pinned=job.episode_version == "pinned",
             )
         except Exception as exc:
             # Nothing of the group was sent: the driver counts these tokens lost (seal/run/dispatch.py).

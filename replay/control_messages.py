@@ -114,6 +114,9 @@ class GroupJob:
     # Wall-clock budget of each episode (trainer.episode_deadline_s): past it the episode ends as an
     # infra fault of kind "deadline". None: no budget.
     episode_deadline_s: float | None = None
+    # trainer.episode_version: "latest" (each turn on the newest policy version) or "pinned" (each
+    # episode on the version its first turn ran on: actors/generation/episode_pins.py).
+    episode_version: str = "latest"
 
 
 # rollout/play.py (counted while a group plays) -> GroupReport.generation (seal/run/dispatch.py)

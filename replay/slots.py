@@ -69,6 +69,7 @@ class SlotLedger:
         max_attempts: int = 5,
         oversample: int = 0,
         episode_deadline_s: float | None = None,
+        episode_version: str = "latest",
     ) -> None:
         if not task_ids:
             raise ValueError("no tasks")
@@ -82,6 +83,7 @@ class SlotLedger:
         self.seed = seed
         self.max_attempts = max_attempts
         self.episode_deadline_s = episode_deadline_s  # travels with every job (GroupJob.episode_deadline_s)
+        self.episode_version = episode_version  # travels with every job (GroupJob.episode_version)
         self.next_slot = 0
         self.base = 0  # slots finished before this ledger started (resume)
         self.base_version = 0  # the policy version then
@@ -126,6 +128,7 @@ class SlotLedger:
             seed=self.seed * 1_000_003 + slot * 7919 + attempt * 104_729,
             attempt=attempt,
             episode_deadline_s=self.episode_deadline_s,
+            episode_version=self.episode_version,
         )
 
     def starts_epoch(self, job: GroupJob) -> bool:

@@ -37,6 +37,11 @@ class GenerationRequest:
     prompt_ids: Sequence[int]
     max_new_tokens: int
     seed: int | None = None  # per-request seed (reproducible groups)
+    # trainer.episode_version=pinned: the episode this request belongs to, served on the one policy
+    # version its first request ran on (actors/generation/episode_pins.py); ``pin_version`` that
+    # version once the episode has it from its first output (None before). None: the newest.
+    episode_id: str | None = None
+    pin_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,9 @@ class Generator(abc.ABC):
         (the learner's buckets in Ray's object store, loaded one at a time) or, for callers in
         the same process, a name -> tensor mapping; returns seconds taken. Later outputs carry
         ``version``."""
+
+    def end_episodes(self, episode_ids: Sequence[str]) -> None:  # noqa: B027 - optional
+        """Pinned episodes are over: the versions they held may go (an engine without pins holds none)."""
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

@@ -46,6 +46,7 @@ class _Episode:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     fault: InfraFault | None = None
+    pin: int | None = None  # pinned episodes: the policy version of its first output, kept to the end
 
     @property
     def active(self) -> bool:
@@ -70,6 +71,7 @@ def run_group(
     stats: GroupStats | None = None,
     lockstep: bool = True,
     deadline_s: float | None = None,
+    pinned: bool = False,
 ) -> list[Trajectory]:
     """n rollouts of ``task_id``; each ends with a record, whatever happens.
 
@@ -79,11 +81,24 @@ def run_group(
     with a continuous-batching engine no episode waits for its siblings' turns.
     ``deadline_s``: each episode's wall-clock budget; past it the episode ends as
     an infra fault of kind ``deadline`` (a generation call still waiting is left behind).
+    ``pinned`` (trainer.episode_version=pinned): every turn of an episode on the policy version its
+    first turn ran on (actors/generation/episode_pins.py); the generator is told when each is over.
     """
     if n < 1:
         raise ValueError(f"a group needs n >= 1 rollouts, got {n}")
     return run_episodes(
-        make_env, generator, chat, [task_id] * n, sampling, interface, group_id, seed, stats, lockstep, deadline_s
+        make_env,
+        generator,
+        chat,
+        [task_id] * n,
+        sampling,
+        interface,
+        group_id,
+        seed,
+        stats,
+        lockstep,
+        deadline_s,
+        pinned,
     )
 
 
@@ -99,6 +114,7 @@ def run_episodes(
     stats: GroupStats | None = None,
     lockstep: bool = True,
     deadline_s: float | None = None,
+    pinned: bool = False,
 ) -> list[Trajectory]:
     """One episode per entry of ``task_ids`` (a group repeats one task; a frozen
     evaluation plays many tasks), played together as run_group describes: with a
@@ -110,7 +126,9 @@ def run_episodes(
     group_id = group_id or uuid.uuid4().hex[:12]
     start_version = generator.policy_version
     t_start = time.perf_counter()
-    play = _Play(generator, chat, sampling, group_id, seed, None if deadline_s is None else t_start + deadline_s)
+    play = _Play(
+        generator, chat, sampling, group_id, seed, None if deadline_s is None else t_start + deadline_s, pinned
+    )
     episodes = []
     for i, task_id in enumerate(task_ids):
         ep = _Episode(env=make_env(), index=i)
@@ -137,6 +155,9 @@ def run_episodes(
         if stats is not None:
             stats.generated_tokens += sum(sum(ep.loss_mask) for ep in episodes)
         raise
+    finally:
+        if pinned:  # every episode is over, whatever ended it: the versions they held may go
+            generator.end_episodes([_episode_id(play, ep) for ep in episodes])
 
     total = time.perf_counter() - t_start
     trajectories = []
@@ -193,6 +214,7 @@ class _Play:
     group_id: str
     seed: int | None
     deadline: float | None  # perf_counter() past which an episode ends as an infra fault; None: no budget
+    pinned: bool = False  # trainer.episode_version=pinned: each episode on one policy version
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         """The generator's outputs, or _DeadlinePassed once the episodes' budget is spent
@@ -232,8 +254,17 @@ def _request(ep: _Episode, play: _Play, step: int) -> GenerationRequest | None:
         return None
     req_seed = None if play.seed is None else play.seed * 1_000_003 + ep.index * 1009 + step
     return GenerationRequest(
-        f"{play.group_id}-{ep.index}-{step}", ep.token_ids, min(play.sampling.max_new_tokens, room), req_seed
+        f"{play.group_id}-{ep.index}-{step}",
+        ep.token_ids,
+        min(play.sampling.max_new_tokens, room),
+        req_seed,
+        episode_id=_episode_id(play, ep) if play.pinned else None,
+        pin_version=ep.pin,
     )
+
+
+def _episode_id(play: _Play, ep: _Episode) -> str:
+    return f"{play.group_id}-{ep.index}"
 
 
 def _fault(ep: _Episode, kind: str, exc: BaseException | None) -> None:
@@ -298,6 +329,8 @@ def _apply(ep: _Episode, req: GenerationRequest, out: GenerationOutput, play: _P
     ep.prompt_tokens += out.prompt_tokens
     ep.cached_tokens += out.cached_prompt_tokens
     start = len(ep.token_ids)
+    if play.pinned and ep.pin is None:
+        ep.pin = out.policy_version  # the replica pinned the episode to the version of its first turn
     ep.add(out.token_ids, 1, out.logprobs)
     ep.segments.extend(Segment(start + s.start, start + s.end, s.policy_version) for s in out.version_spans())
     turn = chat.completion(out.token_ids)

@@ -151,6 +151,7 @@ class TrainerConfig:
     oversample: int = at_least(0)  # async mode only (admission_oversample)
     min_group_size: int | None = at_least(1, "null: the whole group")
     episode_deadline_s: float | None = field(metadata={"above": 0, "why": "null: no deadline"})
+    episode_version: Literal["latest", "pinned"]  # pinned: an episode's turns on its first turn's version
     fill_patience: int = at_least(1, "batches of filtered groups")
     unfilled: Literal["skip", "partial"]
     weight_canary: bool
@@ -270,6 +271,7 @@ class GeneratorConfig:
     update_timeout_s: float | None = field(metadata={"above": 0})
     drain_timeout_s: float | None = field(metadata={"above": 0})
     max_lora_rank: int | None  # set by hand only: the adapters' vLLM rank (None: the learner's, rounded up)
+    max_loras: int | None = at_least(1, "adapters a batch may use")  # set by hand only (None: the engine's, 2)
 
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "gpu_memory_utilization",
@@ -280,9 +282,10 @@ class GeneratorConfig:
         "update_timeout_s",
         "drain_timeout_s",
         "max_lora_rank",
+        "max_loras",
     )
     # Optional keys no option of configs/generator/ writes: a user adds them (+generator.KEY=...).
-    BY_HAND: ClassVar[tuple[str, ...]] = ("max_lora_rank",)
+    BY_HAND: ClassVar[tuple[str, ...]] = ("max_lora_rank", "max_loras")
 
     def __post_init__(self) -> None:
         check_fields(self, {f.name: f"generator.{'_target_' if f.name == 'target' else f.name}" for f in fields(self)})

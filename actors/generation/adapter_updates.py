@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.generation.adapters import ServedAdapters, read_adapter_files, write_adapter_files
+from actors.generation.episode_pins import EpisodePins
 from actors.generation.sources import as_tensors
 from weights.buckets import WeightManifest, fetch_bucket_async
 
@@ -59,6 +60,18 @@ class AdapterUpdates:
         self.replica, self.modes = replica, modes
         self.served = ServedAdapters(tempfile.mkdtemp(prefix=f"seal-adapters-{os.getpid()}-"))
         self.written_bytes = 0  # the last adapter's files
+        self.pins = EpisodePins()  # trainer.episode_version=pinned: each live episode's version
+
+    def version_for(self, req: Any, newest: int) -> int:
+        """The version a piece of ``req`` (a GenerationRequest of a pinned episode) runs on."""
+        who = f"generator replica pid {os.getpid()} (request {req.request_id})"
+        return self.pins.pin(req.episode_id, req.pin_version, newest, self.served.loaded(), who)
+
+    async def end_episodes(self, engine: Any, episode_ids: list[str]) -> int:
+        """Pinned episodes are over: their pins go, and with them any adapter nothing holds now."""
+        ended = self.pins.end(episode_ids)
+        await self.served.drop_unused(engine, self.pins.held())
+        return ended
 
     # ------------------------------------------------------------ requests
     async def stream(self, engine: Any, prompt: Any, params: Any, request_id: str, version: int):
@@ -73,7 +86,7 @@ class AdapterUpdates:
         finally:
             self.served.release(version)
             if version != self.served.newest and not self.served.users(version):
-                await self.served.drop_unused(engine)
+                await self.served.drop_unused(engine, self.pins.held())
 
     # ------------------------------------------------------------- updates
     async def from_source(self, version: int, source: Any, mode: str | None) -> float:
@@ -136,7 +149,7 @@ class AdapterUpdates:
                 r._abort_epoch += 1
                 await engine.pause_generation(mode="abort", clear_cache=False)
                 await engine.resume_generation()
-            await self.served.drop_unused(engine)
+            await self.served.drop_unused(engine, self.pins.held())
             seconds = time.perf_counter() - t0
             r.counters.updates += 1
             r.counters.update_s += seconds

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
+
+from actors.generation.episode_pins import droppable
 
 # vLLM's LoRAConfig.max_lora_rank accepts exactly these (vllm/config/lora.py MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -192,10 +194,11 @@ class ServedAdapters:
         else:
             self._users.pop(version, None)
 
-    async def drop_unused(self, engine: Any) -> list[int]:
-        """Remove every version but the newest that no request uses; returns them."""
-        newest, dropped = self.newest, []
-        for version in [v for v in self._requests if v != newest and not self._users.get(v)]:
+    async def drop_unused(self, engine: Any, pinned: Collection[int] = ()) -> list[int]:
+        """Remove every version but the newest that no request uses and no episode is ``pinned`` to
+        (actors/generation/episode_pins.py ``droppable``); returns them."""
+        dropped = []
+        for version in droppable(list(self._requests), self.newest, self._users, pinned):
             request = self._requests.pop(version)
             await engine.remove_lora(request.lora_int_id)
             shutil.rmtree(request.lora_path, ignore_errors=True)

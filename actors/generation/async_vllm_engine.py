@@ -200,7 +200,7 @@ class AsyncVllmGenerator(Generator):
                     stop_token_ids=self._stop_ids,
                     output_kind=RequestOutputKind.FINAL_ONLY,
                 )
-                epoch, version_now = self._abort_epoch, self._version
+                epoch, version_now = self._abort_epoch, self._request_version(req)
                 final = None
                 # The prefix cache is partitioned by weight version (module docstring).
                 prompt = TokensPrompt(prompt_token_ids=[*req.prompt_ids, *ids], cache_salt=f"seal-v{version_now}")
@@ -420,6 +420,20 @@ class AsyncVllmGenerator(Generator):
             await engine.pause_generation(mode="abort", clear_cache=True)
 
     # ------------------------------------------------------- diagnostics
+    def _request_version(self, req: GenerationRequest) -> int:
+        """The version a piece of ``req`` runs on: the newest, or its pinned episode's (episode_pins.py)."""
+        if req.episode_id is None:
+            return self._version
+        if self.adapters is None:
+            raise ValueError(
+                f"generator replica pid {os.getpid()}: episode {req.episode_id} is pinned, not served as LoRA"
+            )
+        return self.adapters.version_for(req, self._version)
+
+    async def end_episodes(self, episode_ids: Sequence[str]) -> int:  # type: ignore[override]  # a coroutine
+        """Pinned episodes are over (rollout/play.py): their adapters may go. Returns how many were pinned here."""
+        return 0 if self.adapters is None else await self.adapters.end_episodes(await self._ready(), list(episode_ids))
+
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """Logprob of each token after the first under the weights loaded now (between updates, as the
         blocking server answers): the canary the driver compares with the learner's after an update."""

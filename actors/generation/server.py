@@ -14,6 +14,7 @@ aborted episode.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -29,6 +30,9 @@ from actors.generation.replica_counters import ReplicaStats
 from actors.generation.sources import as_tensors, restarted_by_ray
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, GeneratorUnavailable, SamplingConfig
 from weights.buckets import WeightManifest
+
+log = logging.getLogger(__name__)
+END_EPISODES_TIMEOUT_S = 30.0  # a pinned episode's end, told to its replica (RemoteGenerator.end_episodes)
 
 
 class ReplicaEngineDead(RuntimeError):
@@ -270,3 +274,15 @@ class RemoteGenerator(Generator):
         import ray
 
         return self._call(lambda: ray.get(self._handle.update_weights.remote(version, source)))
+
+    def end_episodes(self, episode_ids: Sequence[str]) -> None:
+        """Tell the replica its pinned episodes are over, within ``END_EPISODES_TIMEOUT_S``. A replica
+        gone or slow keeps their pins until they idle out (actors/generation/episode_pins.py): the
+        episodes are finished either way, so nothing is raised."""
+        import ray
+        import ray.exceptions
+
+        try:
+            ray.get(self._handle.end_episodes.remote(list(episode_ids)), timeout=END_EPISODES_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            log.warning("generator replica: ending %d pinned episodes failed (%s)", len(episode_ids), exc)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actors.generation.engine_settings import EngineSettings
+from actors.generation.episode_pins import pinned_episodes_problem
 from replay.auth import RunKeys
 from replay.queue import ReplayQueue
 from replay.slots import SlotLedger
@@ -40,6 +42,7 @@ from seal.run.task_fit import select_tasks
 from seal.runtime.actor_set import ActorSet
 from seal.runtime.calls import COORDINATOR_TIMEOUT_S, bounded_get
 from seal.runtime.control import ControlServer
+from seal.runtime.generator_spec import is_async_engine
 from seal.runtime.placement import check_reachable, start_ray
 from seal.runtime.publisher import WeightPublisher
 from seal.runtime.ray_leftovers import end_leftovers, watch_session
@@ -86,6 +89,7 @@ class Pipeline:
             cfg.seed,
             oversample=t.admission_oversample,
             episode_deadline_s=t.episode_deadline_s,
+            episode_version=t.episode_version,
         )
         queue = replay_queue(cfg, t)
         self.window = StepWindow(
@@ -340,5 +344,15 @@ def check_pipeline_config(cfg) -> Settings:
         raise ValueError(
             f"learner.world_size={learners.world_size} needs a DeepSpeed learner (learner=zero2 or learner=zero3)"
         )
+    lora, gen = learners.cfg.lora, settings.generator
+    pinning = pinned_episodes_problem(
+        trainer.episode_version,
+        is_async_engine(gen.target),
+        lora.rank if lora is not None else None,
+        lora.publish if lora is not None else None,
+        gen.max_loras if gen.max_loras is not None else EngineSettings.max_loras,
+    )
+    if pinning:
+        raise ValueError(pinning)
     instantiate(cfg.guideline_policy)
     return settings
