@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from learner.ds_config import effective_zero_stage
 from seal.commands.preflight import one_line, preflight
 from seal.commands.rehearse_cluster import LocalCluster, MemorySampler, Watchdog, alive_nodes, node_specs
 from seal.commands.rehearse_probe import RehearsalPipeline
@@ -418,7 +419,8 @@ def _read_steps(report, pipeline, steps: int) -> None:
     if len(rows) < steps and not report.failures:
         report.failures.append(f"{len(rows)} of {steps} steps finished")
     if rows:
-        report.failures += checkpoint_problems(report.checkpoints, world, deepspeed)
+        zero_shards = effective_zero_stage(learner.cfg, world) > 0  # ZeRO-1/2 on one rank runs stage 0
+        report.failures += checkpoint_problems(report.checkpoints, world, deepspeed, zero_shards)
         report.snapshot = _snapshot(pipeline.run_dir, steps)
         if not report.snapshot.get("files") and len(rows) >= steps:
             report.failures.append(f"the closing snapshot has no weights ({report.snapshot.get('weights')})")
