@@ -140,12 +140,12 @@ def _sweep(args, levels, generate, label: str) -> dict[int, list[dict]]:
 
 def _continuous(args, levels: list[int]) -> tuple[dict[int, list[dict]], dict[str, Any], dict[str, Any]]:
     loops = [_Loop(), _Loop()]
-    gens = [AsyncVllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1)]
+    gens = [AsyncVllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1, update_timeout_s=600.0)]
     loops[0].run(gens[0].max_model_len())
     try:
         sweep = _sweep(args, levels, lambda reqs, s: loops[0].run(gens[0].generate(reqs, s)), "continuous")
         updates = _updates(args, gens[0], loops[0])
-        gens.append(AsyncVllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1))
+        gens.append(AsyncVllmGenerator(args.model, max_model_len=2048, cpu_kv_cache_gb=1, update_timeout_s=600.0))
         loops[1].run(gens[1].max_model_len())
         k = max(levels)
         replicas = {}

@@ -31,7 +31,6 @@ newest version: the label is dropped and the version the piece started on stands
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
@@ -42,6 +41,7 @@ from typing import Any
 from actors.generation.adapters import ServedAdapters, read_adapter_files, write_adapter_files
 from actors.generation.episode_pins import EpisodePins
 from actors.generation.sources import as_tensors
+from actors.generation.weight_updates import begin_update, count_update, within_update_timeout
 from weights.buckets import WeightManifest, fetch_bucket_async
 
 
@@ -55,9 +55,8 @@ def engine_stream(replica: Any, prompt: Any, params: Any, request_id: str, versi
 class AdapterUpdates:
     """The adapter side of one ``AsyncVllmGenerator`` (``replica``): its updates and its requests' LoRAs."""
 
-    def __init__(self, replica: Any, modes: Mapping[str, str]) -> None:
-        """``modes``: the replica's update modes (async_vllm_engine.py UPDATE_MODES)."""
-        self.replica, self.modes = replica, modes
+    def __init__(self, replica: Any) -> None:
+        self.replica = replica
         self.served = ServedAdapters(tempfile.mkdtemp(prefix=f"seal-adapters-{os.getpid()}-"))
         self.written_bytes = 0  # the last adapter's files
         self.pins = EpisodePins()  # trainer.episode_version=pinned: each live episode's version
@@ -129,31 +128,16 @@ class AdapterUpdates:
 
     async def _update(self, version: int, mode: str | None, write) -> float:
         r = self.replica
-        mode = mode or r.update_mode
-        if mode not in self.modes:
-            raise ValueError(f"update mode must be one of {sorted(self.modes)}, got {mode!r}")
-        if version < r._version:
-            raise ValueError(f"weight version {version} is older than the loaded {r._version}")
-        engine = await r._ready()
-        r._check_engine()
+        mode, engine = await begin_update(r, version, mode)
         async with r._update_lock:
             t0 = time.perf_counter()
-            try:
-                await asyncio.wait_for(self._load(engine, version, write), r.update_timeout_s)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"generator replica (pid {os.getpid()}): the adapter update to v{version} "
-                    f"did not finish within {r.update_timeout_s:.0f} s"
-                ) from None
+            await within_update_timeout(r, self._load(engine, version, write), f"adapter update to v{version}")
             if mode != "pause":  # in flight: aborted, continued on the new adapter (_complete)
                 r._abort_epoch += 1
                 await engine.pause_generation(mode="abort", clear_cache=False)
                 await engine.resume_generation()
-            await self.served.drop_unused(engine, self.pins.held())
-            seconds = time.perf_counter() - t0
-            r.counters.updates += 1
-            r.counters.update_s += seconds
-            return seconds
+            await self.served.drop_unused(engine)
+            return count_update(r, t0)
 
     async def _load(self, engine: Any, version: int, write) -> None:
         await write(engine)

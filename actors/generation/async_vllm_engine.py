@@ -11,7 +11,7 @@ Spans carry vLLM's per-token version label (``set_weight_version``); every reque
 version, so it never reads KV of other weights (counted: ``prefix_cache_reset_refused``). A load that fails part
 way leaves each module old or new: in-flight requests are aborted and all held (``awaiting_weights``) until a
 whole version lands. With ``max_lora_rank`` > 0 versions are LoRA adapters on the base and no update pauses the
-engine (actors/generation/adapter_updates.py).
+engine (actors/generation/adapter_updates.py). The swap under each mode: actors/generation/weight_updates.py.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from actors.generation.engine_settings import SEAL_TRANSFER_BACKENDS, EngineSett
 from actors.generation.replica_counters import ReplicaCounters, ReplicaStats, merge_spans, version_of
 from actors.generation.server import ReplicaEngineDead
 from actors.generation.sources import as_tensors, restarted_by_ray, send_weights_async
+from actors.generation.weight_updates import UPDATE_MODES, Load, WholeVersionUpdates
 from families.registry import turn_end_ids
 from replay.messages import Segment
 from rollout.generator import GenerationOutput, GenerationRequest, Generator, SamplingConfig
 from weights.buckets import WeightManifest
-
-UPDATE_MODES = {"pause": "wait", "keep": "keep", "abort": "abort"}  # ours -> vLLM's pause_generation mode
 
 
 class AsyncVllmGenerator(Generator):
@@ -45,6 +44,7 @@ class AsyncVllmGenerator(Generator):
     def __init__(
         self,
         model_path: str,
+        *,
         device: str = "cpu",
         dtype: str = "float32",
         max_model_len: int = 8192,
@@ -58,7 +58,7 @@ class AsyncVllmGenerator(Generator):
         initial_version: int = 0,
         update_mode: str = "pause",
         weight_sync: str = "reload",
-        update_timeout_s: float = 600.0,
+        update_timeout_s: float,  # generator.update_timeout_s (configs/generator/vllm_async_*.yaml)
         drain_timeout_s: float | None = None,
         await_weights: bool = False,
         setup: Callable[[], Any] | None = None,
@@ -120,7 +120,8 @@ class AsyncVllmGenerator(Generator):
         self._abort_epoch = 0  # bumped by each abort-mode update: an abort seen across it is ours
         self._group_ready = False
         self._awaiting_weights = await_weights or restarted_by_ray()
-        self.adapters = AdapterUpdates(self, UPDATE_MODES) if max_lora_rank else None
+        self.whole_updates = WholeVersionUpdates(self)
+        self.adapters = AdapterUpdates(self) if max_lora_rank else None
 
     # -------------------------------------------------------------- engine
     async def _ready(self) -> Any:
@@ -329,69 +330,9 @@ class AsyncVllmGenerator(Generator):
 
         return await self._update(version, mode, load)
 
-    async def _update(self, version: int, mode: str | None, load) -> float:
-        mode = mode or self.update_mode
-        if mode not in UPDATE_MODES:
-            raise ValueError(f"update mode must be one of {sorted(UPDATE_MODES)}, got {mode!r}")
-        if version < self._version:
-            raise ValueError(f"weight version {version} is older than the loaded {self._version}")
-        engine = await self._ready()
-        self._check_engine()
-        async with self._update_lock:
-            t0 = time.perf_counter()
-            was_serving = self._serving.is_set()
-            self._serving.clear()  # pieces continued after an abort wait here, not on the old weights
-            self._no_update.clear()
-            if mode == "abort":
-                self._abort_epoch += 1
-            try:
-                await asyncio.wait_for(self._swap(engine, version, mode, load), self.update_timeout_s)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"generator replica (pid {os.getpid()}): the {mode} update to v{version} "
-                    f"did not finish within {self.update_timeout_s:.0f} s"
-                ) from None
-            except BaseException:
-                if was_serving and not self._awaiting_weights:  # failed before the load: the model is whole
-                    self._serving.set()
-                raise
-            finally:
-                self._no_update.set()
-            self._version = version
-            self._awaiting_weights = False
-            self._serving.set()
-            seconds = time.perf_counter() - t0
-            self.counters.updates += 1
-            self.counters.update_s += seconds
-            return seconds
-
-    async def _swap(self, engine, version: int, mode: str, load) -> None:
-        await self._pause(engine, mode)
-        try:
-            await load(engine)
-            await engine.collective_rpc("refresh_tied_weights")
-            await engine.update_weight_version(str(version))
-            # Blocks cached under the old weights go now if nothing holds one (pause, abort); keep's
-            # frozen requests hold theirs and vLLM refuses. Either way no later request reads them:
-            # its cache_salt is the new version.
-            if not await engine.reset_prefix_cache():
-                self.counters.prefix_cache_reset_refused += 1
-        except BaseException:  # a cancelled load too (the update's bound)
-            await self._hold(engine)
-            raise
-        finally:
-            await engine.resume_generation()
-
-    async def _hold(self, engine) -> None:
-        """After a load that failed part way (the model a mix of two versions: module docstring): the
-        requests in flight are aborted and go on, as every request, once a whole version lands."""
-        self._awaiting_weights = True
-        self._abort_epoch += 1  # their pieces go on (in _complete) under the next whole version
-        self.counters.failed_updates += 1
-        try:
-            await engine.pause_generation(mode="abort", clear_cache=True)
-        except Exception:  # a dead engine: the fleet replaces the replica (ReplicaEngineDead)
-            pass
+    async def _update(self, version: int, mode: str | None, load: Load) -> float:
+        """A whole version in under ``mode`` (actors/generation/weight_updates.py); seconds taken."""
+        return await self.whole_updates.run(version, mode, load)
 
     def drain_timeout_s(self) -> float:
         """How long a pause-mode update waits for requests in flight to finish."""
@@ -405,19 +346,6 @@ class AsyncVllmGenerator(Generator):
             else min(self.update_timeout_s, self._group_timeout_s * READY_FRACTION)
         )
         return bound / 2
-
-    async def _pause(self, engine, mode: str) -> None:
-        if mode != "pause":  # keep: the frozen requests' KV cache must survive the pause
-            await engine.pause_generation(mode=UPDATE_MODES[mode], clear_cache=mode != "keep")
-            return
-        try:
-            await asyncio.wait_for(engine.pause_generation(mode="wait", clear_cache=True), self.drain_timeout_s())
-        except TimeoutError:
-            # What is still running is aborted and continued on the new weights (abort mode), so the
-            # update (and the learner's send, by broadcast) never waits out a long request.
-            self._abort_epoch += 1
-            self.counters.drain_timeouts += 1
-            await engine.pause_generation(mode="abort", clear_cache=True)
 
     # ------------------------------------------------------- diagnostics
     def _request_version(self, req: GenerationRequest) -> int:

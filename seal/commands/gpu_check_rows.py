@@ -98,7 +98,13 @@ def failed_round_row(name: str, device: str) -> Row:
         return fn()
 
     gen = AsyncVllmGenerator(
-        path, device=device, dtype="float32", max_model_len=8192, cpu_kv_cache_gb=1, gpu_memory_utilization=0.3
+        path,
+        device=device,
+        dtype="float32",
+        max_model_len=8192,
+        cpu_kv_cache_gb=1,
+        gpu_memory_utilization=0.3,
+        update_timeout_s=600.0,
     )
     try:
         run(gen.max_model_len())

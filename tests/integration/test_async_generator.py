@@ -43,7 +43,14 @@ def replica(tiny_path):
     from actors.generation.async_vllm_engine import AsyncVllmGenerator
 
     loop = Loop()
-    gen = AsyncVllmGenerator(tiny_path, max_model_len=2048, cpu_kv_cache_gb=1, dtype="float32", weight_sync="broadcast")
+    gen = AsyncVllmGenerator(
+        tiny_path,
+        max_model_len=2048,
+        cpu_kv_cache_gb=1,
+        dtype="float32",
+        weight_sync="broadcast",
+        update_timeout_s=600.0,
+    )
     loop.run(gen.max_model_len())
     yield gen, loop
     loop.run(gen.close())

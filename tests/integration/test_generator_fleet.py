@@ -252,6 +252,7 @@ def test_a_replica_whose_engine_core_died_is_restarted_not_restored_for_ever(tin
         "cpu_kv_cache_gb": 0.25,
         "dtype": "float32",
         "tensor_parallel_size": 1,
+        "update_timeout_s": 300.0,
         "replicas": 1,
     }
     fleet = GeneratorFleet(spec, ActorResources(num_cpus=1), "dead-engine", max_restarts=2, update_timeout_s=300)

@@ -58,6 +58,7 @@ def test_async_replica_takes_weights_through_the_seal_nccl_engine(tp):
         tensor_parallel_size=tp,
         gpu_memory_utilization=0.3,
         weight_sync="broadcast",
+        update_timeout_s=600.0,
     )
     run(gen.max_model_len())
     with socket.socket() as s:

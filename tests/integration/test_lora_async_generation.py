@@ -50,6 +50,7 @@ def replica(tiny_path):
         weight_sync="broadcast",
         max_lora_rank=8,
         update_mode="pause",
+        update_timeout_s=600.0,
     )
     loop.run(gen.max_model_len())
     yield gen, loop

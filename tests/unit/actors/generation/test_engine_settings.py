@@ -190,7 +190,12 @@ def test_the_async_generator_is_a_generator_and_starts_no_engine_when_built(mode
     from rollout.generator import Generator
 
     gen = AsyncVllmGenerator(
-        model_dir, max_model_len="1024", cpu_kv_cache_gb=0.25, weight_sync="broadcast", initial_version=3
+        model_dir,
+        max_model_len="1024",
+        cpu_kv_cache_gb=0.25,
+        weight_sync="broadcast",
+        initial_version=3,
+        update_timeout_s=600.0,
     )
     assert isinstance(gen, Generator) and gen.policy_version() == 3 and gen.dtype() == "float32"
     assert gen.settings.engine == "async" and gen.settings.max_model_len == 1024
@@ -213,7 +218,7 @@ def test_the_async_generator_refuses_bad_values_before_resolving_the_model(kwarg
     from actors.generation.async_vllm_engine import AsyncVllmGenerator
 
     with pytest.raises(ValueError, match=message):
-        AsyncVllmGenerator("no/such/model", **kwargs)
+        AsyncVllmGenerator("no/such/model", **{"update_timeout_s": 600.0, **kwargs})
 
 
 def test_the_generator_modules_import_neither_vllm_nor_torch():
