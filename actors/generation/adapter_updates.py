@@ -136,7 +136,7 @@ class AdapterUpdates:
                 r._abort_epoch += 1
                 await engine.pause_generation(mode="abort", clear_cache=False)
                 await engine.resume_generation()
-            await self.served.drop_unused(engine)
+            await self.served.drop_unused(engine, self.pins.held())
             return count_update(r, t0)
 
     async def _load(self, engine: Any, version: int, write) -> None:

@@ -37,7 +37,7 @@ from evaluation.views import schedule_record, validation_task_ids
 from seal.chat_setup import chat_tokenizer
 from seal.commands.evaluate_progress import EvalProgress
 from seal.commands.rehearse_report import REPORT_JSON
-from seal.config import LearnerGroupConfig, TrainerConfig, config_dir, instantiate
+from seal.config import LearnerGroupConfig, TrainerConfig, config_dir, instantiate, target_of
 from seal.console import output_to_file, stdout_to_stderr
 from seal.console import results as result_stream
 from seal.errors import CliError
@@ -306,7 +306,8 @@ def _described(cfg, eval_cfg, all_records, records, views, env_of, pool, names: 
             snapshot_every=trainer.snapshot_every,
         ),
         "view_tasks": {
-            v.name: {"role": v.role, "tasks": len(v.task_ids), "env": env_of[v.name].get("_target_")} for v in runnable
+            v.name: {"role": v.role, "tasks": len(v.task_ids), "env": target_of(env_of[v.name], "env")}
+            for v in runnable
         },
         "views_unavailable": {
             **unavailable_views(names),
