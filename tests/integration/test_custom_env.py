@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "custom-environment.md"
 # What makes a run short here, none of which changes what the page's command does.

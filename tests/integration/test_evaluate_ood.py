@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from omegaconf import OmegaConf
 
 from seal.config import compose
