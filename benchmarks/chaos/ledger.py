@@ -18,6 +18,7 @@ from typing import Any
 
 _GROUP = re.compile(r"^g(\d+)a(\d+)$")
 GIVEN_UP = re.compile(r"\(slot (\d+)\) given up after")
+DROPPED = re.compile(r"\(slot (\d+)\): staleness \d+ past trainer\.max_staleness")  # seal/run/progress.py
 
 
 def slot_of(group_id: str) -> int:
@@ -46,22 +47,26 @@ def account(
     low: int,
     done: Iterable[int],
     given_up: Iterable[int],
+    dropped: Iterable[int] = (),
 ) -> dict[str, Any]:
-    """Trained, trained twice, lost, given up, over the lineage; ``low``/``done``: the final checkpoint's
-    task-stream position; ``given_up``: slots the run logged as given up (any invocation)."""
+    """Trained, trained twice, lost, given up, dropped, over the lineage; ``low``/``done``: the final
+    checkpoint's task-stream position; ``given_up``/``dropped``: slots the run logged as given up or
+    dropped past the staleness bound (any invocation): finished by design without training."""
     kept = lineage(records, starts, final_step)
     steps = Counter(r["step"] for r in kept)
     per_slot = Counter(slot_of(g) for r in kept for g in r["groups"])
     finished = set(range(low)) | set(done)
     gave_up = set(given_up) & finished
     trained = set(per_slot)
+    stale = (set(dropped) & finished) - trained - gave_up
     return {
         "lineage_steps": len(kept),
         "lineage_gaps": [s for s in range(1, final_step + 1) if steps[s] != 1],
         "groups_trained": len(trained),
         "groups_trained_twice": sorted(s for s, n in per_slot.items() if n > 1),
-        "groups_lost": sorted(finished - trained - gave_up),
+        "groups_lost": sorted(finished - trained - gave_up - stale),
         "groups_given_up": len(gave_up),
+        "groups_dropped_stale": len(stale),
         "trained_not_finished": sorted(trained - finished),
         "discarded_steps": len(records) - len(kept),  # trained after the checkpoint a rewind went back to
     }
@@ -69,3 +74,7 @@ def account(
 
 def given_up_slots(lines: Iterable[str]) -> set[int]:
     return {int(m.group(1)) for line in lines if (m := GIVEN_UP.search(line))}
+
+
+def dropped_slots(lines: Iterable[str]) -> set[int]:
+    return {int(m.group(1)) for line in lines if (m := DROPPED.search(line))}

@@ -96,8 +96,9 @@ class LearnerSteps:
         t = self.trainer
         groups = self.replay.take_batch()
         for g in self.replay.drain_dropped():
-            self.ledger.dropped(g.group_id)
+            slot = self.ledger.dropped(g.group_id)
             self.window.decide("stale_dropped", g)
+            self.progress.group_dropped(g.group_id, slot, g.staleness, t.max_staleness)
         self._drain_filtered()
         partial = False
         if groups is None and self.window.filtered_count >= t.fill_patience * t.groups_per_step:

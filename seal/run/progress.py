@@ -234,6 +234,15 @@ class Progress:
             )
             self._batch, self._batch_started = [], now
 
+    def group_dropped(self, group_id: str, slot: int, staleness: int, max_staleness: int) -> None:
+        """A group past the staleness bound (trainer.stale_policy=drop): its slot is done without
+        training, so every one is said, whatever the group lines (the soak's books read it)."""
+        self.emit(
+            "group",
+            f"{group_id} dropped (slot {slot}): staleness {staleness} past trainer.max_staleness "
+            f"{max_staleness}; its slot is done, never trained",
+        )
+
     def learner_train(self, step: int, work: str) -> None:
         self.emit("learner", f"step {step}/{self.target}: {work}")
 

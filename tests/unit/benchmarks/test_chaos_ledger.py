@@ -3,7 +3,7 @@ groups lost and trained twice, and the seeded schedule."""
 
 from __future__ import annotations
 
-from benchmarks.chaos.ledger import account, given_up_slots, lineage
+from benchmarks.chaos.ledger import account, dropped_slots, given_up_slots, lineage
 from benchmarks.chaos.schedule import KINDS, RUN_ENDING, one_each, random_schedule
 
 
@@ -65,3 +65,13 @@ def test_a_steady_tail_draws_no_run_ending_fault_and_keeps_the_rest():
         assert "survives in place" in str(exc)
     else:
         raise AssertionError("a tail with only run-ending kinds must be refused")
+
+
+def test_a_slot_dropped_past_the_staleness_bound_is_accounted_not_lost():
+    # Slots 0-7 finished (low 8); 6 was never trained: the run said it was dropped as stale.
+    run = [rec(0, step, slot) for step, slot in enumerate([0, 1, 2, 3, 4, 5, 7], start=1)]
+    lines = ["[0:03:24] group    g0000006a0 dropped (slot 6): staleness 2 past trainer.max_staleness 1; ..."]
+    said = account(run, {0: 0}, final_step=7, low=8, done=[], given_up=[], dropped=dropped_slots(lines))
+    assert said["groups_lost"] == [] and said["groups_dropped_stale"] == 1
+    unsaid = account(run, {0: 0}, final_step=7, low=8, done=[], given_up=[])
+    assert unsaid["groups_lost"] == [6] and unsaid["groups_dropped_stale"] == 0  # nothing said it: lost

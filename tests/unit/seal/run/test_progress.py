@@ -188,3 +188,13 @@ def test_many_groups_per_step_print_a_line_per_batch_not_per_group():
         p.group_done(report(group_id=f"g{i}"), filtered=False, in_flight=3)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and all(" groups " in x and "16 groups done (mean reward 0.50)" in x for x in lines)
+
+
+def test_a_dropped_group_is_said_even_when_group_lines_are_off():
+    out = io.StringIO()
+    p = Progress(stream=out)
+    p.run_started(target=2, groups_per_step=64, guidelines=[])  # too many groups for a line each
+    p.group_dropped("g0000006a0", 6, staleness=2, max_staleness=1)
+    [said] = out.getvalue().splitlines()
+    assert LINE.fullmatch(said) and said.split()[1] == "group"
+    assert "g0000006a0 dropped (slot 6): staleness 2 past trainer.max_staleness 1" in said
