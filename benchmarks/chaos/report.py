@@ -11,10 +11,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos.ledger import account, given_up_slots
+from benchmarks.chaos.ledger import account, dropped_slots, given_up_slots
 
 MEASURES = ("rss_kb", "fds", "threads")
 OOM = "were killed due to the node running low on memory"
+EDGE_S = 180.0  # RSS at either end of a window: the median of this many seconds of samples
+WARM_S = 600.0  # a process's first minutes (start-up, first steps) are not counted as settled growth
 
 
 def _slope(points: list[tuple[float, float]]) -> float | None:
@@ -54,17 +56,29 @@ def processes(
         late = [v for v in late if len(v) >= 2]
         if late:
             v = max(late, key=lambda v: v[-1]["t"] - v[0]["t"])
-            row["rss_tail"] = {
-                "pid": v[0]["pid"],
-                "from_s": round(tail_from, 1),
-                "minutes": round((v[-1]["t"] - v[0]["t"]) / 60, 1),
-                "from_kb": v[0]["rss_kb"],
-                "to_kb": v[-1]["rss_kb"],
-                "max_kb": max(x["rss_kb"] for x in v),
-                "growth": v[-1]["rss_kb"] / v[0]["rss_kb"] - 1 if v[0]["rss_kb"] else None,
-            }
+            life_start = next(life[0]["t"] for life in lives if life[0]["pid"] == v[0]["pid"])
+            row["rss_tail"] = {"pid": v[0]["pid"], "from_s": round(tail_from, 1), **_growth(v)}
+            # Start-up fills caches and allocator arenas for minutes: growth after that is the leak signal.
+            settled = [x for x in v if x["t"] >= life_start + WARM_S]
+            if len(settled) >= 2:
+                row["rss_tail"]["settled"] = _growth(settled)
         out[kind] = row
     return out
+
+
+def _growth(v: list[dict[str, Any]]) -> dict[str, Any]:
+    """RSS from the median of the first EDGE_S of ``v`` to the median of its last EDGE_S (one
+    sample's transient peak is not growth), and the peak."""
+    head = [x["rss_kb"] for x in v if x["t"] <= v[0]["t"] + EDGE_S]
+    tail = [x["rss_kb"] for x in v if x["t"] >= v[-1]["t"] - EDGE_S]
+    a, b = statistics.median(head), statistics.median(tail)
+    return {
+        "minutes": round((v[-1]["t"] - v[0]["t"]) / 60, 1),
+        "from_kb": a,
+        "to_kb": b,
+        "max_kb": max(x["rss_kb"] for x in v),
+        "growth": b / a - 1 if a else None,
+    }
 
 
 def fault_recovery(injected: list[dict], rows: list[dict]) -> dict[str, dict[str, Any]]:
@@ -187,6 +201,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
             int(final["slots"]["low"]),
             final["slots"]["done"],
             given_up_slots(logs),
+            dropped_slots(logs),
         )
         if final
         else {"error": "no checkpoint at the end"}
@@ -232,6 +247,7 @@ def render(report: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in sorted(report["faults"].items()))
         + (f" (disk_full not hit: {report['disk_full_not_hit']})" if report["disk_full_not_hit"] else ""),
         f"groups: trained {g.get('groups_trained')}, re-issued {report['reissued']}, given up {g.get('groups_given_up')}, "
+        f"dropped as stale {g.get('groups_dropped_stale')}, "
         f"lost {len(g.get('groups_lost', []))}, trained twice {len(g.get('groups_trained_twice', []))}, "
         f"trained but not finished {len(g.get('trained_not_finished', []))}; steps discarded by rewinds {g.get('discarded_steps')}",
         f"tokens: unattributed {t['unattributed']} of {t['generated']} in {t['closed_invocations']} closed invocation(s); "
@@ -243,15 +259,14 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{kind:<16}{report['faults'].get(kind, 0):>6}{_f(rec['median_s']):>28}{_f(rec['max_s']):>8}")
     lines += [
         "",
-        f"{'process':<18}{'n':>3}{'RSS MB start/end':>18}{'KB/step':>9}{'fds':>10}{'/step':>7}{'threads':>9}{'/step':>7}{'RSS over the tail':>22}",
+        f"{'process':<18}{'n':>3}{'RSS MB start/end':>18}{'KB/step':>9}{'fds':>10}{'/step':>7}{'threads':>9}{'/step':>7}  RSS over the tail (settled: after {WARM_S / 60:.0f} min of life)",
     ]
     for kind, p in report["processes"].items():
         r, f, th = p["rss_kb"], p["fds"], p["threads"]
-        tail = p.get("rss_tail")
-        tail_s = f"{tail['growth']:+.1%} over {tail['minutes']} min" if tail and tail["growth"] is not None else "-"
+        tail_s = _tail_text(p.get("rss_tail"))
         lines.append(
             f"{kind:<18}{p['processes']:>3}{r['start'] / 1024:>9.0f}/{r['end'] / 1024:<8.0f}{_f(r['per_step']):>9}"
-            f"{f['start']:>5}/{f['end']:<4}{_f(f['per_step'], 3):>7}{th['start']:>5}/{th['end']:<3}{_f(th['per_step'], 3):>7}{tail_s:>22}"
+            f"{f['start']:>5}/{f['end']:<4}{_f(f['per_step'], 3):>7}{th['start']:>5}/{th['end']:<3}{_f(th['per_step'], 3):>7}  {tail_s}"
         )
     st = report["storage"]
     lines += [
@@ -268,6 +283,14 @@ def render(report: dict[str, Any]) -> str:
             f"{inv['ended_by'] or '-'}, {inv['leftover_processes']} left; {inv['last_line'][:160]}"
         )
     return "\n".join(lines)
+
+
+def _tail_text(tail: dict[str, Any] | None) -> str:
+    if not tail or tail["growth"] is None:
+        return "-"
+    said = f"{tail['growth']:+.1%} over {tail['minutes']} min"
+    settled = tail.get("settled")
+    return said + (f" (settled {settled['growth']:+.1%} over {settled['minutes']} min)" if settled else "")
 
 
 def _checkpoints(found: dict[str, dict]) -> str:

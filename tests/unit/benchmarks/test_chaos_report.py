@@ -14,8 +14,10 @@ def test_growth_is_a_slope_per_step_and_the_last_half_of_the_longest_life():
     got = processes(samples, end_t=400.0)
     learner = got["learner"]
     assert abs(learner["rss_kb"]["per_step"] - 10.0) < 1e-9 and learner["fds"]["per_step"] == 0
-    assert learner["rss_tail"]["from_kb"] == 1200 and learner["rss_tail"]["to_kb"] == 1400
-    assert abs(learner["rss_tail"]["growth"] - 1 / 6) < 1e-9
+    # Each end is the median of 3 minutes of samples (t 200-380 and 220-400 of the tail from 200).
+    assert learner["rss_tail"]["from_kb"] == 1290 and learner["rss_tail"]["to_kb"] == 1310
+    assert abs(learner["rss_tail"]["growth"] - (1310 / 1290 - 1)) < 1e-9
+    assert "settled" not in learner["rss_tail"]  # the process is younger than WARM_S
     assert got["env"]["rss_kb"]["per_step"] is None  # lived 4 steps: no slope claimed
     assert "rss_tail" not in got["env"]  # gone before the last half
 
@@ -59,3 +61,21 @@ def test_the_tail_window_starts_where_the_soak_said_and_takes_the_longest_life_i
     tail = processes(first + second, end_t=400.0, tail_from_t=240.0)["learner"]["rss_tail"]
     assert tail["pid"] == 8 and tail["from_s"] == 240.0 and tail["minutes"] == round(160 / 60, 1)
     assert tail["growth"] == 0.0 and tail["max_kb"] == 1050  # a passing peak shows in max, not in growth
+
+
+def test_settled_growth_leaves_out_a_process_s_first_minutes():
+    # RSS climbs for the first 10 minutes (start-up), then stays flat for 20: settled growth is 0.
+    v = [
+        {
+            "t": 30.0 * i,
+            "step": i,
+            "pid": 5,
+            "kind": "learner",
+            "rss_kb": 1000 + 20 * min(i, 20),
+            "fds": 1,
+            "threads": 1,
+        }
+        for i in range(61)
+    ]
+    tail = processes(v, end_t=1800.0, tail_from_t=0.0)["learner"]["rss_tail"]
+    assert tail["growth"] > 0.3 and tail["settled"]["growth"] == 0.0 and tail["settled"]["minutes"] == 20.0
