@@ -93,6 +93,7 @@ def main(argv: list[str]) -> int:
     with soak:
         soak.run()
         recorded = raw(soak)  # read from the tmpfs before it goes
+        recorded.update(seed=args.seed, command="seal chaos " + " ".join(argv))  # for --report
     (out / "raw.json").write_text(json.dumps(recorded, default=str))
     report = summarise(recorded)
     report.update(

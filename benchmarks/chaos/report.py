@@ -212,6 +212,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     taken = Counter(p.name.split("-")[0] for p in (out / "triggers").glob("*.taken-*"))
     return {
         "seconds": raw["seconds"],
+        "seed": raw.get("seed"),  # soaks recorded before 2026-12-07 kept it in chaos.json only
         "faults": dict(Counter(f["kind"] for f in injected)),
         "faults_total": len(injected),
         "disk_full_not_hit": sum(bool(f.get("not_hit")) for f in injected),
