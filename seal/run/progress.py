@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
@@ -173,9 +174,10 @@ def step_text(
 
 # ------------------------------------------------------------------ the printer
 class Progress:
-    def __init__(self, quiet: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(self, quiet: bool = False, stream: TextIO | None = None, heartbeat_s: float = 30.0) -> None:
         self.quiet = quiet
         self.stream = stream
+        self.heartbeat_s = heartbeat_s  # a line at least this often while a timed wait lasts
         self.started = time.monotonic()
         self.group_lines, self.groups_per_step = True, 1
         self.target = 0
@@ -192,10 +194,23 @@ class Progress:
 
     @contextlib.contextmanager
     def timed(self, kind: str, starting: str, done: str) -> Iterator[None]:
-        """A start line now (the wait may be minutes) and ``done in N s`` after."""
+        """A start line now (the wait may be minutes: 3.5 of them to start the engines under load),
+        a line every ``heartbeat_s`` while it lasts, and ``done in N s`` after."""
         self.emit(kind, starting)
         t0 = time.monotonic()
-        yield
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_s):
+                self.emit(kind, f"still {starting}: {duration(time.monotonic() - t0)} so far")
+
+        beating = threading.Thread(target=beat, name="seal-progress-heartbeat", daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beating.join(timeout=5.0)
         self.emit(kind, f"{done} in {duration(time.monotonic() - t0)}")
 
     # --------------------------------------------------------- the loop's events

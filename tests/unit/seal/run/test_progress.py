@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 from replay.control_messages import GroupJob, GroupReport, GroupStats
 from seal.run.progress import (
@@ -198,3 +199,16 @@ def test_a_dropped_group_is_said_even_when_group_lines_are_off():
     [said] = out.getvalue().splitlines()
     assert LINE.fullmatch(said) and said.split()[1] == "group"
     assert "g0000006a0 dropped (slot 6): staleness 2 past trainer.max_staleness 1" in said
+
+
+def test_a_timed_wait_says_it_is_still_waiting_every_heartbeat():
+    out = io.StringIO()
+    p = Progress(stream=out, heartbeat_s=0.05)
+    with p.timed("engine", "starting the generator", "generator ready"):
+        time.sleep(0.3)
+    lines = out.getvalue().splitlines()
+    still = [x for x in lines if "still starting the generator:" in x and x.endswith("so far")]
+    assert lines[0].endswith("starting the generator") and lines[-1].split()[-4:-2] == ["ready", "in"]
+    assert len(still) >= 2 and all(LINE.fullmatch(x) for x in lines), lines
+    time.sleep(0.15)
+    assert out.getvalue().splitlines() == lines  # the beat stops with the wait
