@@ -250,8 +250,9 @@ def test_each_recipe_has_the_papers_hyperparameters_and_fits_its_hardware(name):
     assert cfg.model.path.endswith("Instruct") and cfg.model.spec == model
     hw = cfg.cluster.hardware
     assert (hw.nodes, hw.gpus_per_node, hw.gpu_gb) == (nodes, gpus, 80)
-    _check_signatures(cfg)  # generator and learner take every key the recipe sets
-    _check_batch_split(cfg, Settings.of(cfg))
+    settings = Settings.of(cfg)
+    _check_signatures(cfg, settings)  # generator and learner take every key the recipe sets
+    _check_batch_split(cfg, settings)
     plan = build_plan(cfg, query=False)
     assert plan.fits, plan.problems
     assert plan.model.name == model and not plan.layout.unplaced
