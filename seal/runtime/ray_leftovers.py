@@ -177,7 +177,8 @@ def end_leftovers(run_dir: Path, say: Callable[[str], None] = print) -> list[Lef
         for p in left:
             _signal(p, signal.SIGKILL)
         names = ", ".join(f"{p.title.split(' ')[0].rsplit('/', 1)[-1]} ({p.pid})" for p in left)
-        say(f"ended {len(left)} processes a killed driver's Ray session left running ({session}): {names}")
+        count = f"{len(left)} process" + ("" if len(left) == 1 else "es")
+        say(f"ended {count} a killed driver's Ray session left running ({session}): {names}")
     (run_dir / RECORD).unlink(missing_ok=True)
     return left
 

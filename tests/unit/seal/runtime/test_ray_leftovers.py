@@ -55,7 +55,7 @@ def test_a_dead_drivers_writers_are_ended_and_no_one_else(sessions):
         ended = end_leftovers(run_dir, say=said.append)
         assert [p.pid for p in ended] == [writer.pid]
         assert writer.wait(timeout=10) != 0  # ended by its SIGTERM
-        assert said == [f"ended 1 processes a killed driver's Ray session left running ({a}): python ({writer.pid})"]
+        assert said == [f"ended 1 process a killed driver's Ray session left running ({a}): python ({writer.pid})"]
         assert reader.poll() is None and other.poll() is None
         assert not (run_dir / RECORD).exists()
     finally:
