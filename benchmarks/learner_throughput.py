@@ -6,7 +6,7 @@ samples/s, tokens/s, and the snapshot latency (``save_snapshot``: full weights t
 safetensors snapshot; ``publish_s`` in the report). Backends alternate round by round so they see the same load.
 Then the two ways weights reach vLLM, per backend, with vLLM CPU in a child
 process: the saved snapshot reloaded from disk, and the weight group
-(weights/group.py, gloo): seconds from the learner's first send to the
+(weights/broadcast_group.py, gloo): seconds from the learner's first send to the
 last, seconds until vLLM has loaded them, and the first token after it (a
 prompt of --prompt-tokens, the prefix cache just reset, so a full prefill).
 Prints tables and writes JSON (default benchmarks/results/learner_throughput.json).

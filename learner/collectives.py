@@ -36,7 +36,7 @@ def collective_device():
 
 def all_reduce_values(values: Sequence[float], op: str, dtype=None) -> list[float]:
     """``values`` reduced element-wise over the training group (``op``: sum | max), back on the host.
-    Bounded by the group's timeout (set when it was formed: learner/group.py join_group)."""
+    Bounded by the group's timeout (set when it was formed: learner/rank_shards.py join_group)."""
     import torch
     import torch.distributed as dist
 

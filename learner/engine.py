@@ -24,13 +24,13 @@ from learner.batch import Sample, build_samples
 from learner.checkpoints import load_learner, save_learner
 from learner.config import LearnerConfig
 from learner.ds_config import deepspeed_config
-from learner.group import agree_on_mini_batches, assigned_mini_batches, is_padding, recompute_choices
 from learner.lora import add_adapter, lora_on, trainable_parameters
 from learner.micro_batches import MicroBatch, collate, packs, plan_mini_batches
 from learner.objective import MicroForwards, MiniBatchShare, micro_objective
 from learner.optimizer import StepBox, make_optimizer
 from learner.packing import pack_shared_prefix, use_shared_prefix_attention
 from learner.process_group import init_distributed, release_distributed
+from learner.rank_shards import agree_on_mini_batches, assigned_mini_batches, is_padding, recompute_choices
 from learner.reference import build_reference
 from learner.scoring_head import check_plain_head, scoring_head
 from learner.step_result import LearnerStepResult
@@ -42,7 +42,7 @@ from weights.precision import choose_dtype
 
 
 class Learner:
-    """``world_size`` ranks train together (learner/group.py forms their group before this is built);
+    """``world_size`` ranks train together (learner/rank_shards.py forms their group before this is built);
     ``timeout_s`` bounds every collective and every call the driver makes to a rank."""
 
     def __init__(
@@ -201,7 +201,7 @@ class Learner:
     def _logprobs(self, model, micro: Sequence[Sample], batch: MicroBatch, recompute: bool | None = None):
         """(log p, entropy, tokens forwarded) of one micro-batch: [B, T] each (0 where not scored;
         entropy None for the reference). Packed when its samples share a group (learner/packing.py).
-        ``recompute``: the group's choice of gradient checkpointing for it (learner/group.py recompute_choices);
+        ``recompute``: the group's choice of gradient checkpointing for it (learner/rank_shards.py recompute_choices);
         None, on one learner, chooses from this micro-batch's own length.
 
         Only the scored tokens meet the output head: the forward keeps the hidden states of the
@@ -358,7 +358,7 @@ class Learner:
         ``group_weights`` scales stale groups' advantages (replay queue); ``policy_version``
         is the version the learner's weights are now (the logprob-mismatch metrics compare
         only trajectories generated at it); ``allow_partial`` accepts a last, smaller mini-batch.
-        In a group (world_size > 1) ``mini_groups`` is this rank's share of each mini-batch (learner/group.py)."""
+        In a group (world_size > 1) ``mini_groups`` is this rank's share of each mini-batch (learner/rank_shards.py)."""
         import torch
 
         t0 = time.perf_counter()
@@ -369,7 +369,7 @@ class Learner:
         if mini_groups is None:
             if self.world_size > 1:
                 raise ValueError(
-                    "a learner group rank trains on its shard: pass mini_groups (learner/group.py shard_batch)"
+                    "a learner group rank trains on its shard: pass mini_groups (learner/rank_shards.py shard_batch)"
                 )
             plan = self._mini_batch_plan(samples, allow_partial)
         else:

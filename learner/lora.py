@@ -227,7 +227,7 @@ def adapter_manifest(peft_model: Any, dtype: str | None, bucket_mb: float) -> An
 
 def adapter_metadata(peft_model: Any, dtype: Any = None) -> list[Any]:
     """What ``adapter_tensors`` sends over the broadcast group, cast to ``dtype`` (a torch dtype)."""
-    from weights.group import WeightMeta
+    from weights.broadcast_group import WeightMeta
 
     return [WeightMeta.of(n, t.shape, dtype or t.dtype) for n, t in adapter_tensors(peft_model).items()]
 

@@ -39,7 +39,7 @@ class MiniBatchShare:
     """Where the micro-batch sits in its mini-batch: the mini-batch's scored tokens and sequences
     over every rank (the loss is normalised by the whole mini-batch, whatever the split), and
     ``loss_scale``: the world size (DeepSpeed averages gradients over ranks), 0 for a padding
-    micro-batch (learner/group.py), which makes the same calls as the other ranks' and adds nothing."""
+    micro-batch (learner/rank_shards.py), which makes the same calls as the other ranks' and adds nothing."""
 
     tokens: int
     sequences: int

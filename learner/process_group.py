@@ -1,6 +1,6 @@
 """The learner's process group: the one-process rendezvous a lone learner forms for DeepSpeed (and
 destroys when the last learner on it closes), and what DeepSpeed's comm backend must not do on
-start (learner/group.py forms multi-rank groups)."""
+start (learner/rank_shards.py forms multi-rank groups)."""
 
 from __future__ import annotations
 

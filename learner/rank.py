@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from learner.call_order import CallOrder
 from learner.engine import Learner
-from learner.group import RankShard, Rendezvous, join_group
+from learner.rank_shards import RankShard, Rendezvous, join_group
 from learner.step_result import LearnerStepResult
 
 if TYPE_CHECKING:

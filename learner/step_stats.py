@@ -80,7 +80,7 @@ class StepStats:
     def result(self) -> dict[str, Any]:
         """The step's loss terms and statistics, as ``LearnerStepResult`` (learner/step_result.py) names them."""
         # A rank that ran only padding micro-batches (fewer groups than ranks) adds nothing to the
-        # step's summed loss terms: zeros, not missing fields (learner/group.py pads, step_result.py sums).
+        # step's summed loss terms: zeros, not missing fields (learner/rank_shards.py pads, step_result.py sums).
         out: dict[str, Any] = dict.fromkeys(LOSS_TERMS, 0.0)
         keys = {k for m in self._minis for k in m}
         for key in sorted(keys):

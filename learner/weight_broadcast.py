@@ -1,6 +1,6 @@
 """The learner's end of the weight group (rank 0): broadcast weights to the vLLM workers.
 
-See weights/group.py for the group, actors/generation/weight_worker.py for the worker side. The group is
+See weights/broadcast_group.py for the group, actors/generation/weight_worker.py for the worker side. The group is
 not the DeepSpeed training group: only the learner's rank 0 is in it, with
 the vLLM workers as ranks 1..N. Metadata (name, dtype, shape per tensor)
 goes to the workers by whatever carries control messages; it is fixed for a
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch  # noqa: TID253 - this module is itself in banned-module-level-imports: imported lazily
 
+from weights.broadcast_group import OP_TIMEOUT_S, WeightGroup, WeightGroupError, WeightMeta  # noqa: TID253 - a torch module too
 from weights.buckets import bucket_bounds
-from weights.group import OP_TIMEOUT_S, WeightGroup, WeightGroupError, WeightMeta  # noqa: TID253 - a torch module too
 
 
 def _loaded_in_another_layout(model: Any) -> bool:  # a transformers PreTrainedModel
@@ -116,7 +116,7 @@ class WeightBroadcaster:
     first), waited for at most half of ``timeout_s``; each tensor then waits up to
     ``op_timeout_s``; a receiver silent, gone or
     stalled fails the round with ``WeightGroupError`` naming the members, and the
-    group is aborted (weights/group.py): the caller re-forms it.
+    group is aborted (weights/broadcast_group.py): the caller re-forms it.
     """
 
     def __init__(

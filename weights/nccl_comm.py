@@ -1,4 +1,4 @@
-"""The weight group's NCCL communicator (weights/group.py), formed within a bound.
+"""The weight group's NCCL communicator (weights/broadcast_group.py), formed within a bound.
 
 vLLM's ``PyNcclCommunicator`` forms its communicator with a blocking ``ncclCommInitRank``, then runs a
 warm-up all-reduce and a stream synchronize, none of them bounded (vLLM 0.32,

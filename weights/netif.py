@@ -5,8 +5,8 @@ hostname unless GLOO_SOCKET_IFNAME names one. Where the hostname resolves to 127
 /etc/hosts maps it so; and in the two-host test's namespaces) every rank then advertises the
 loopback, and a rank on another node fails to connect ("Connection refused, remote=[127.0.0.1]").
 The address a rank must be reached at is its node's IP in the Ray cluster, so the interface is
-the one that holds that IP. Shared by the learner (learner/group.py) and the generators'
-weight receivers (weights/group.py).
+the one that holds that IP. Shared by the learner (learner/rank_shards.py) and the generators'
+weight receivers (weights/broadcast_group.py).
 """
 
 from __future__ import annotations

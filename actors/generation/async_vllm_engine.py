@@ -4,7 +4,7 @@ actors/generation/engine_settings.py; weights in: actors/generation/sources.py a
 
 Updates pause the engine (vLLM's ``pause_generation``); ``update_mode`` (docs/generator-fleet.md) says what
 requests in flight do: ``pause``, finish on the old weights first, for at most ``drain_timeout_s`` (default half
-the update timeout, or of a broadcast's "ready" wait, weights/group.py ``READY_FRACTION``), then as ``abort``
+the update timeout, or of a broadcast's "ready" wait, weights/broadcast_group.py ``READY_FRACTION``), then as ``abort``
 (counted ``drain_timeouts``); ``keep``, freeze with their KV cache and go on under the new weights; ``abort``,
 continue on the new weights as new requests holding their tokens so far (AReaL's interruptible rollouts).
 Spans carry vLLM's per-token version label (``set_weight_version``); every request's ``cache_salt`` is its
@@ -284,7 +284,7 @@ class AsyncVllmGenerator(Generator):
         transfer_backend = cpu_or_cuda_backend(self.device)
         if backend != SEAL_TRANSFER_BACKENDS[transfer_backend]:
             raise ValueError(f"this replica transfers weights over {transfer_backend}; the learner asked for {backend}")
-        from weights.group import READY_FRACTION
+        from weights.broadcast_group import READY_FRACTION
 
         if self._drain_timeout_s is not None and self._drain_timeout_s >= float(timeout_s) * READY_FRACTION:
             raise ValueError(
@@ -308,7 +308,7 @@ class AsyncVllmGenerator(Generator):
 
     async def update_weights_from_group(self, version: int, metadata: list, mode: str | None = None) -> float:
         """Receive one broadcast round (the learner sends concurrently) under ``mode``."""
-        from weights.group import WeightMeta
+        from weights.broadcast_group import WeightMeta
 
         if not self._group_ready:
             raise RuntimeError("update_weights_from_group before join_weight_group")
@@ -338,7 +338,7 @@ class AsyncVllmGenerator(Generator):
         """How long a pause-mode update waits for requests in flight to finish."""
         if self._drain_timeout_s is not None:
             return self._drain_timeout_s
-        from weights.group import READY_FRACTION
+        from weights.broadcast_group import READY_FRACTION
 
         bound = (
             self.update_timeout_s

@@ -187,11 +187,11 @@ class VllmGenerator(Generator):
     def update_weights_from_group(self, version: int, metadata: Sequence[Any], bucket_mb: float = 1024) -> float:
         """Receive one broadcast round (the learner sends concurrently) and load it in place; seconds.
 
-        ``metadata``: weights.group.WeightMeta records, in the order the
+        ``metadata``: weights.broadcast_group.WeightMeta records, in the order the
         learner sends. ``bucket_mb``: received ahead of loading (a transient
         extra on the worker's device); 0 = one tensor at a time.
         """
-        from weights.group import WeightMeta
+        from weights.broadcast_group import WeightMeta
 
         if not self._group_ready:
             raise RuntimeError("update_weights_from_group before init_weight_group")

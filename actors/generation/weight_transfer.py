@@ -6,7 +6,7 @@ by ``WeightTransferEngineFactory`` from ``weight_transfer_config.backend``,
 driven by ``init_weight_transfer_engine`` / ``start_weight_update`` /
 ``update_weights`` / ``finish_weight_update`` on the engine. Its NCCL backend
 needs CUDA, waits a fixed 300 s for the rendezvous and receives with no bound;
-so this module registers its own: the trainer-rooted broadcast of ``weights/group.py``
+so this module registers its own: the trainer-rooted broadcast of ``weights/broadcast_group.py``
 (a TCPStore, the learner's rank 0 as root, each worker at ``rank_offset`` + its
 worker rank; gloo or NCCL), bounded per operation, with the round's "ready"
 handshake, and with the NCCL backend's update info (names, dtype names,
@@ -69,7 +69,7 @@ def init_info(
 
 def update_info(metadata) -> dict:
     """The payload of ``update_weights``: the round's tensors in sending order (NCCL's field names)."""
-    from weights.group import WeightMeta
+    from weights.broadcast_group import WeightMeta
 
     metas = [WeightMeta.from_wire(m) for m in metadata]
     return {
@@ -80,7 +80,7 @@ def update_info(metadata) -> dict:
 
 
 if TYPE_CHECKING:
-    from weights.group import WeightGroup
+    from weights.broadcast_group import WeightGroup
 
 try:  # the engine classes need vLLM; the helpers above do not
     from vllm.distributed.weight_transfer.base import (
@@ -129,7 +129,7 @@ class GlooWeightTransferEngine(WeightTransferEngine):
         self.group: WeightGroup | None = None
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
-        from weights.group import WeightGroup
+        from weights.broadcast_group import WeightGroup
 
         p = self.parallel_config
         rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank

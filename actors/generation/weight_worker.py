@@ -1,6 +1,6 @@
 """The engine side of the weight group: vLLM's worker extension (``worker_extension_cls``).
 
-The learner's rank 0 broadcasts (learner/weight_broadcast.py) over the group in weights/group.py;
+The learner's rank 0 broadcasts (learner/weight_broadcast.py) over the group in weights/broadcast_group.py;
 each vLLM worker joins it here and feeds what arrives to vLLM's in-place reload, bucket by bucket.
 Weights that come instead as records (Ray's object store, a file) go through the same reload via
 ``begin_weight_records`` / ``load_weight_records`` / ``finish_weight_records``; ``weight_records``
@@ -18,7 +18,7 @@ import torch  # noqa: TID253 - this module is itself in banned-module-level-impo
 
 from actors.generation.adapters import write_adapter_files
 from actors.generation.weight_transfer import abort_layerwise_reload, refresh_tied_cpu_weights, register  # noqa: TID253 - a torch module too
-from weights.group import WeightGroup, WeightMeta  # noqa: TID253 - a torch module too
+from weights.broadcast_group import WeightGroup, WeightMeta  # noqa: TID253 - a torch module too
 
 
 def weight_records(tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:

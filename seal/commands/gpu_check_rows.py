@@ -199,7 +199,7 @@ def _receiver(port: int, rank: int, backend: str, device: str, report: Any) -> N
     """Rank 1 begins round 1 and reports how it ended; rank 2 joins and then stays silent."""
     import torch
 
-    from weights.group import WeightGroup, WeightGroupError
+    from weights.broadcast_group import WeightGroup, WeightGroupError
 
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
@@ -219,7 +219,7 @@ def _receiver(port: int, rank: int, backend: str, device: str, report: Any) -> N
 def silent_receiver_row(name: str, device: str) -> Row:
     import torch
 
-    from weights.group import WeightGroup, WeightGroupError
+    from weights.broadcast_group import WeightGroup, WeightGroupError
 
     if device == "cuda" and torch.cuda.device_count() < 3:
         return Row(

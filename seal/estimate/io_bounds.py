@@ -13,7 +13,7 @@ writes the model states, the fp32 weights whole (DeepSpeed's ``save_non_zero_che
 data-parallel writer's; ZeRO-3 partitions them), while the others, their own partitions written,
 wait in the barrier that closes DeepSpeed's ``save_checkpoint`` (deepspeed/runtime/engine.py).
 That barrier is a collective of the training group, bounded by its timeout, ``learner.timeout_s``
-(learner/group.py ``join_group``), not by the checkpoint's bound: when rank 0's extra write takes
+(learner/rank_shards.py ``join_group``), not by the checkpoint's bound: when rank 0's extra write takes
 longer at the slowest storage, the waiting ranks are torn down. ``closing_barrier_problem`` says so
 for `seal plan` and the preflight (``seal train`` refuses such a run in one line).
 """

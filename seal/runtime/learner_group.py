@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learner.group import Rendezvous, shard_batch
 from learner.rank import LearnerRank
+from learner.rank_shards import Rendezvous, shard_batch
 from learner.step_result import LearnerStepResult, merge_results
 from seal.cluster_config import ActorResources
 from seal.config import LearnerGroupConfig
@@ -355,7 +355,7 @@ class LearnerGroup:
     def broadcast_weights(self) -> None:
         """Every rank joins the bucketed gathers, rank 0 sends. Not waited for: the ranks run their
         next call after it (tickets), and its failure surfaces at the driver's next call."""
-        from weights.group import WeightGroupError
+        from weights.broadcast_group import WeightGroupError
 
         self._check_pending()
         # A receiver gone or stalled fails the round on rank 0 only (it still walks every ZeRO-3

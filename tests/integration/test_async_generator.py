@@ -187,7 +187,7 @@ def _one_round_over_a_new_group(gen, loop, weights) -> tuple[int, int]:
     import socket
 
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import weight_metadata
+    from weights.broadcast_group import weight_metadata
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -371,7 +371,7 @@ def _receive_then_exit(port: int, metadata: list, after: int) -> None:
 
     import torch
 
-    from weights.group import WeightGroup, WeightMeta
+    from weights.broadcast_group import WeightGroup, WeightMeta
 
     group = WeightGroup("127.0.0.1", port, 2, 3, "gloo", "cpu", 3600.0, label="test receiver (dies)")
     group.begin_round()
@@ -389,7 +389,7 @@ def test_a_round_rank_0_abandons_ends_the_surviving_replicas_update_and_frees_it
     import socket
 
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import WeightGroupError, weight_metadata
+    from weights.broadcast_group import WeightGroupError, weight_metadata
 
     gen, loop = replica
     new = _perturbed(tiny_weights, 1.04)

@@ -139,7 +139,7 @@ def test_a_failed_broadcast_receive_leaves_each_module_old_or_new(blocking, tiny
     import threading
 
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import weight_metadata
+    from weights.broadcast_group import weight_metadata
 
     blocking.update_weights(blocking.policy_version + 1, tiny_weights)
     version, new = blocking.policy_version, new_version(tiny_weights)

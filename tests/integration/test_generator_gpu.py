@@ -43,7 +43,7 @@ def test_async_replica_takes_weights_through_the_seal_nccl_engine(tp):
 
     from actors.generation.async_vllm_engine import AsyncVllmGenerator
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import weight_metadata
+    from weights.broadcast_group import weight_metadata
     from weights.model_assets import prepare_tiny_model
 
     path = str(prepare_tiny_model())

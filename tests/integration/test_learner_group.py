@@ -110,7 +110,7 @@ def generator_end(g: LearnerGroup):
     the receiver and the metadata of what each round sends."""
     import ray
 
-    from weights.group import WeightGroup, WeightMeta
+    from weights.broadcast_group import WeightGroup, WeightMeta
 
     host, port = g.weight_group_address()
     meta_ref = g.join_weight_group(host, port, 2, "gloo")
@@ -293,7 +293,7 @@ def test_a_broadcast_not_waited_for_runs_before_the_next_checkpoint_and_step_on_
 
 def _join_then_exit(host: str, port: int, world_size: int) -> None:
     """A replica's worker that joins the weight group and then its process ends (a crash)."""
-    from weights.group import WeightGroup
+    from weights.broadcast_group import WeightGroup
 
     WeightGroup(host, port, 1, world_size, "gloo", "cpu", TIMEOUT_S)
     os._exit(0)
@@ -340,7 +340,7 @@ def test_a_round_whose_receiver_stays_silent_fails_alone_before_the_gathers_time
     gathers without sending: the round fails alone (counted) and the next step trains."""
     import ray
 
-    from weights.group import WeightGroup
+    from weights.broadcast_group import WeightGroup
 
     short = 45.0  # the training group's collectives and rank 0's weight group alike (learner.timeout_s)
     make = functools.partial(Learner, tiny_path, config(3), group_size=N, world_size=2, timeout_s=short)

@@ -101,7 +101,7 @@ def test_an_adapter_through_the_records_path_is_the_learners(replica, learner, t
 
 def test_an_adapter_through_the_broadcast_group_is_the_learners(replica, learner, tiny_path):
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import weight_metadata
+    from weights.broadcast_group import weight_metadata
 
     gen, loop = replica
     base = learner_base_logprobs(learner)

@@ -67,7 +67,7 @@ def test_the_object_store_path_carries_the_adapter_alone(learner, ray_local, dty
 
 def test_the_broadcast_group_carries_the_adapter_alone(learner):
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import WeightGroup, WeightMeta
+    from weights.broadcast_group import WeightGroup, WeightMeta
 
     want = adapter_tensors(learner.model, torch.bfloat16)
     metadata = learner.weights_out.weight_metadata(torch.bfloat16)

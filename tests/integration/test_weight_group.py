@@ -1,4 +1,4 @@
-"""The weight group's watchdog on gloo (weights/group.py WeightGroup, learner/weight_broadcast.py).
+"""The weight group's watchdog on gloo (weights/broadcast_group.py WeightGroup, learner/weight_broadcast.py).
 
 The learner's rank 0 (here: this process) broadcasts to receivers in processes
 of their own; one of them dies or stalls mid-round. Rank 0's round must end
@@ -33,7 +33,7 @@ def receiver(port: int, rank: int, world: int, tensors: int, fate: str, after: i
 
     import torch
 
-    from weights.group import WeightGroup, WeightGroupError
+    from weights.broadcast_group import WeightGroup, WeightGroupError
 
     group = WeightGroup(
         HOST,
@@ -89,7 +89,7 @@ def walk(n: int, seen: list[int]):
 @pytest.mark.parametrize("fate", ["exit", "stall"])
 def test_a_receiver_gone_mid_round_fails_the_round_naming_the_members(fate):
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import WeightGroupError
+    from weights.broadcast_group import WeightGroupError
 
     port, tensors = free_port(), 40
     procs = start_receivers(port, ["ok", fate], tensors, after=5)
@@ -137,7 +137,7 @@ def test_a_receiver_that_never_begins_the_round_fails_it_before_anything_is_sent
     the full timeout): without the handshake it waited the full timeout on its first tensor. Issue 46
     item 7: the receiver that was ready ends its round with rank 0's reason, read from the store."""
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import WeightGroupError
+    from weights.broadcast_group import WeightGroupError
 
     port, tensors, timeout_s, report = free_port(), 8, 20.0, tmp_path / "ready-receiver.txt"
     procs = start_receivers(port, ["ok", "silent"], tensors, after=-1, report=str(report))
@@ -171,7 +171,7 @@ def test_rank_0s_word_ends_a_receivers_wait_where_the_transport_says_nothing():
 
     import torch
 
-    from weights.group import ABORT_POLL_S, WeightGroup, WeightGroupError
+    from weights.broadcast_group import ABORT_POLL_S, WeightGroup, WeightGroupError
 
     port, box = free_port(), {}
     opener = threading.Thread(target=lambda: box.update(g0=WeightGroup(HOST, port, 0, 2, "gloo", "cpu", timeout_s=300)))
@@ -213,7 +213,7 @@ def test_forming_the_group_is_bounded_when_a_member_stops_after_the_rendezvous()
 
     from torch.distributed import TCPStore
 
-    from weights.group import WeightGroup, WeightGroupError
+    from weights.broadcast_group import WeightGroup, WeightGroupError
 
     port, box = free_port(), {}
 

@@ -115,7 +115,7 @@ def test_broadcast_equals_the_reload_path_and_an_hf_forward(generator, tiny_path
     from transformers import AutoModelForCausalLM
 
     from tests.integration.hf_logprobs import sequence_logprobs
-    from weights.group import WeightMeta
+    from weights.broadcast_group import WeightMeta
 
     new_dir = write_perturbed(tiny_path, tmp_path)
     _, before = greedy(generator)
@@ -175,7 +175,7 @@ def test_a_round_the_loader_rejects_leaves_the_group_in_step(generator, tiny_pat
     from safetensors.torch import load_file
 
     from learner.weight_broadcast import WeightBroadcaster
-    from weights.group import weight_metadata
+    from weights.broadcast_group import weight_metadata
 
     port, box = free_port(), {}
     opener = threading.Thread(target=lambda: box.update(b=WeightBroadcaster(HOST, port, 2, "gloo", timeout_s=20)))
@@ -202,7 +202,7 @@ def test_a_round_the_loader_rejects_leaves_the_group_in_step(generator, tiny_pat
 
 def test_group_calls_need_the_broadcast_setting():
     from actors.generation.vllm_engine import VllmGenerator
-    from weights.group import WeightGroup, WeightMeta
+    from weights.broadcast_group import WeightGroup, WeightMeta
 
     with pytest.raises(ValueError, match="weight_sync"):
         VllmGenerator("tiny", weight_sync="nccl")  # refused before any engine starts

@@ -10,7 +10,7 @@ from learner.batch import Sample
 from learner.checkpoints import tags_to_prune
 from learner.ds_config import deepspeed_config
 from learner.engine import LearnerConfig
-from learner.group import (
+from learner.rank_shards import (
     PAD_SAMPLE,
     agree_on_mini_batches,
     assign_groups,
@@ -202,7 +202,7 @@ def test_weight_manifest_is_checked_and_describes_itself():
 
 
 def test_recomputation_is_chosen_per_micro_batch_from_its_length_on_one_rank():
-    from learner.group import agree_on_recompute
+    from learner.rank_shards import agree_on_recompute
 
     assert agree_on_recompute([[30, 2], [5]], 3, 1) == [[True, False], [True]]
     assert agree_on_recompute([[30, 2], []], 0, 1) == [[True, True], []]  # 0: always, nothing to agree on
@@ -211,7 +211,7 @@ def test_recomputation_is_chosen_per_micro_batch_from_its_length_on_one_rank():
 def _recompute_in_group(rank: int, port: int, forwarded, out) -> None:
     import torch.distributed as dist
 
-    from learner.group import agree_on_recompute
+    from learner.rank_shards import agree_on_recompute
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

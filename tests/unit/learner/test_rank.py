@@ -13,8 +13,8 @@ import torch
 
 import learner.rank as rank_module
 from learner.call_order import CallOrderError
-from learner.group import RankShard, Rendezvous
 from learner.rank import LearnerRank
+from learner.rank_shards import RankShard, Rendezvous
 from tests.unit.learner.step_results import step_result
 
 

@@ -73,7 +73,7 @@ class Replica:
         return "float32"
 
     def join_weight_group(self, host: str, port: int, world: int, backend: str, rank: int, timeout_s=600.0):
-        from weights.group import WeightGroup
+        from weights.broadcast_group import WeightGroup
 
         self.group = WeightGroup(host, port, rank, world, backend, "cpu", REPLICA_JOIN_S)
         return [rank]
