@@ -1,7 +1,7 @@
 """seal/runtime/ray_leftovers.py without Ray: real processes that hold files of a session directory
 open, as Ray's processes hold their logs. Only a dead driver's session is ended, only its writers,
 never a session whose name merely starts the same, nor one whose driver lives.
-(tests/integration/test_ray_leftovers.py: a real Ray session, its driver SIGKILLed.)"""
+(tests/integration/test_killed_driver_session.py: a real Ray session, its driver SIGKILLed.)"""
 
 from __future__ import annotations
 
