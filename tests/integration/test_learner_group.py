@@ -65,7 +65,9 @@ def config(stage: int, kl_coef: float = 0.1, bucket_mb: float = BUCKET_MB) -> Le
 
 
 def group(tiny_path, cfg: LearnerConfig, world_size: int = 2, storage=None) -> LearnerGroup:
-    make = functools.partial(Learner, tiny_path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S)
+    make = functools.partial(
+        Learner, tiny_path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S, step_timeout_s=3600.0
+    )
     settings = settings_of(cfg, world_size, TIMEOUT_S, TIMEOUT_S)
     return LearnerGroup(make, settings, ActorResources(num_cpus=1, threads=1), storage=storage)
 
@@ -343,7 +345,9 @@ def test_a_round_whose_receiver_stays_silent_fails_alone_before_the_gathers_time
     from weights.broadcast_group import WeightGroup
 
     short = 45.0  # the training group's collectives and rank 0's weight group alike (learner.timeout_s)
-    make = functools.partial(Learner, tiny_path, config(3), group_size=N, world_size=2, timeout_s=short)
+    make = functools.partial(
+        Learner, tiny_path, config(3), group_size=N, world_size=2, timeout_s=short, step_timeout_s=3600.0
+    )
     g = LearnerGroup(make, settings_of(config(3), 2, short, TIMEOUT_S), ActorResources(num_cpus=1, threads=1))
     silent = None
     try:

@@ -68,7 +68,9 @@ def _group(path: str, stage: int, world_size: int, dtype: str = "float32"):
         mini_batch_groups=2,
         micro_batch_size=1,
     )
-    make = functools.partial(Learner, path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S)
+    make = functools.partial(
+        Learner, path, cfg, group_size=N, world_size=world_size, timeout_s=TIMEOUT_S, step_timeout_s=3600.0
+    )
     return LearnerGroup(
         make,
         LearnerGroupConfig(  # a CUDA learner: its ranks' group is NCCL
