@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from learner.batch import APatchConfig
-from learner.lora import LoraConfig, check_lora_backend
+from learner.lora import LoraConfig
 from learner.loss import LOSS_AGGS, LossConfig
 from weights.precision import check_dtype
 
@@ -84,7 +84,5 @@ class LearnerConfig:
             raise ValueError("offload_optimizer needs backend=deepspeed with zero_stage >= 1")
         if self.weight_bucket_mb <= 0:
             raise ValueError(f"weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
-
-        check_lora_backend(self)
 
         check_dtype(self.dtype)

@@ -13,13 +13,19 @@ load) are the base with the adapter merged, under the base's names (``merged_mod
 
 Adapter dropout must be 0: the first mini-batch's pi_old is its own training forward's detached
 log-probabilities (learner/engine.py), and the weight-sync canary compares the learner's
-log-probabilities with the generator's; both need a deterministic forward. ZeRO-3 is refused for
-now: the adapter's parameters are created after ``from_pretrained`` has partitioned the base.
+log-probabilities with the generator's; both need a deterministic forward.
+
+Under ZeRO-3 ``from_pretrained`` partitions the base as it loads it; peft then adds the adapter's
+matrices whole on every rank (the same seed, so the same initial A everywhere), and
+``deepspeed.initialize`` partitions those too (DeepSpeedZeRoOffload converts the parameters not yet
+partitioned). Whatever reads the adapter or the base whole then gathers it, every rank in step
+(``gathered``): the adapter (megabytes) for a publish, the whole model for a merged one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,13 +71,36 @@ def lora_on(cfg: Any) -> bool:
     return cfg.lora is not None and cfg.lora.rank is not None
 
 
-def check_lora_backend(cfg: Any) -> None:
-    """Refuse the settings LoRA does not run under yet (raised when the LearnerConfig is built)."""
-    if lora_on(cfg) and cfg.backend == "deepspeed" and cfg.zero_stage == 3:
-        raise ValueError(
-            "learner.cfg.lora with zero_stage=3 is not supported yet: the adapter is created after "
-            "ZeRO-3 partitioned the base weights; use learner=zero2 or learner=torch"
-        )
+@contextlib.contextmanager
+def gathered(model: Any, zero3: bool, adapter_only: bool = True) -> Iterator[None]:
+    """Under ZeRO-3, ``model``'s adapter (``adapter_only``) or every parameter gathered whole for the
+    block, then partitioned again: a collective of the training group, so every rank enters it in
+    step. Without ZeRO-3 every rank holds the whole model: nothing to do."""
+    if not zero3:
+        yield
+        return
+    import deepspeed
+
+    params = [p for p in model.parameters() if p.requires_grad] if adapter_only else list(model.parameters())
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
+
+
+@contextlib.contextmanager
+def plain_loading() -> Iterator[None]:
+    """``from_pretrained`` loading whole weights in this block even where a ZeRO-3 learner keeps
+    transformers' DeepSpeed config active (it would partition the model as it loads, a collective):
+    the merged model is a plain one, built on one rank."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    active = ref() if ref is not None else None
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if active is not None:
+            hf_deepspeed.set_hf_deepspeed_config(active)
 
 
 def add_adapter(model: Any, lora: LoraConfig) -> Any:
@@ -173,13 +202,25 @@ def merged_model(peft_model: Any, model_path: str, on_host: bool = False) -> Any
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with plain_loading():
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     device: Any = "cpu" if on_host else next(peft_model.parameters()).device
     weights = merged_weights(peft_model, device="cpu" if on_host else None)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"merged LoRA weights do not fit {model_path}: missing {missing}, unexpected {unexpected}")
     return model.to(device).eval()
+
+
+def merged_skeleton(model_path: str) -> Any:
+    """``model_path``'s model on the meta device, fp32: the names and shapes ``merged_model`` has,
+    with no weights read (what the broadcast group's metadata needs, on rank 0 alone)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with plain_loading(), torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def adapter_tensors(peft_model: Any, dtype: Any = None) -> dict[str, Any]:
@@ -226,16 +267,32 @@ def adapter_manifest(peft_model: Any, dtype: str | None, bucket_mb: float) -> An
 
 
 def adapter_metadata(peft_model: Any, dtype: Any = None) -> list[Any]:
-    """What ``adapter_tensors`` sends over the broadcast group, cast to ``dtype`` (a torch dtype)."""
+    """What ``adapter_tensors`` sends over the broadcast group, cast to ``dtype`` (a torch dtype). Rank 0
+    alone asks, so nothing is gathered: a ZeRO-3 parameter keeps its whole shape as ``ds_shape``."""
+    from peft.utils import get_peft_model_state_dict
+
     from weights.broadcast_group import WeightMeta
 
-    return [WeightMeta.of(n, t.shape, dtype or t.dtype) for n, t in adapter_tensors(peft_model).items()]
+    # peft's saved names are the parameters' without the adapter's name (".default").
+    shapes = {
+        n.replace(f".{ADAPTER}.", "."): getattr(p, "ds_shape", p.shape)
+        for n, p in peft_model.named_parameters()
+        if p.requires_grad
+    }
+    names = list(get_peft_model_state_dict(peft_model, adapter_name=ADAPTER))  # no collective: names only
+    if set(names) != set(shapes):
+        raise RuntimeError(
+            f"the adapter's saved names {sorted(names)[:2]} do not match its parameters {sorted(shapes)[:2]}"
+        )
+    dtypes = {n.replace(f".{ADAPTER}.", "."): p.dtype for n, p in peft_model.named_parameters() if p.requires_grad}
+    return [WeightMeta.of(n, shapes[n], dtype or dtypes[n]) for n in names]
 
 
-def broadcast_adapter(peft_model: Any, broadcaster: Any) -> float:
+def broadcast_adapter(peft_model: Any, broadcaster: Any, zero3: bool = False) -> float:
     """Send ``adapter_tensors`` over the weight group (rank 0; the broadcaster casts to the generator's
-    dtype, as ``adapter_metadata`` said); seconds. Other ranks pass None: ZeRO-2 ranks each hold the
-    whole adapter, so there is no gather to walk in step (LoRA with ZeRO-3 is refused)."""
-    if broadcaster is None:
-        return 0.0
-    return broadcaster.broadcast(adapter_tensors(peft_model))
+    dtype, as ``adapter_metadata`` said); seconds. Other ranks pass None: under ZeRO-3 they join the
+    adapter's gather, under ZeRO-2 each holds it whole and has nothing to do."""
+    with gathered(peft_model, zero3):
+        if broadcaster is None:
+            return 0.0
+        return broadcaster.broadcast(adapter_tensors(peft_model))

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from learner.lora import adapter_manifest, adapter_metadata, broadcast_adapter, lora_on, merged_model, publishes_adapter
+from learner.lora import (
+    adapter_manifest,
+    adapter_metadata,
+    broadcast_adapter,
+    gathered,
+    lora_on,
+    merged_model,
+    merged_skeleton,
+    publishes_adapter,
+)
 from learner.safetensors_out import DTYPES, ShardedWriter, TensorSpec
 from weights.buckets import put_buckets
 
@@ -67,10 +76,16 @@ class WeightsOut:
         self.rank, self.zero3 = rank, zero3
         self.last_stats = WeightsOutStats()  # what this rank's last weights-out call took
 
-    def _full_cpu(self, named_tensors) -> dict[str, Any]:
+    @property
+    def out_zero3(self) -> bool:
+        """Whether the model ``_out_model`` yields is partitioned (ZeRO-3 without LoRA; under LoRA it
+        is a merged model, plain and whole)."""
+        return self.zero3 and not lora_on(self.cfg)
+
+    def _full_cpu(self, named_tensors, zero3: bool) -> dict[str, Any]:
         """name -> full (gathered) fp32 tensor on CPU, whatever the ZeRO stage;
         ``named_tensors`` is called inside the gather."""
-        if self.zero3:
+        if zero3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
@@ -81,8 +96,21 @@ class WeightsOut:
     def _out_model(self, on_host: bool = False):
         """The model weights leave from: the policy, or under LoRA the base with the adapter merged,
         under the base's names, built for this call and dropped after (learner/lora.py); ``on_host``:
-        the call copies every weight to the host anyway, so the merged model is built there."""
-        yield merged_model(self.model, self.model_path, on_host) if lora_on(self.cfg) else self.model
+        the call copies every weight to the host anyway, so the merged model is built there. Under ZeRO-3
+        every rank joins the whole model's gather (one collective) and rank 0 alone builds the merged
+        model, a plain one: the other ranks get a model without parameters, nothing left to walk."""
+        if not lora_on(self.cfg):
+            yield self.model
+            return
+        import torch
+
+        with gathered(self.model, self.zero3, adapter_only=False):
+            merged = (
+                merged_model(self.model, self.model_path, on_host)
+                if self.rank == 0 or not self.zero3
+                else torch.nn.Module()
+            )
+        yield merged
 
     @property
     def bucket_bytes(self) -> int:
@@ -94,8 +122,9 @@ class WeightsOut:
         bucket to the generator's ``dtype`` (None: fp32 as trained), puts it into the store as
         its own object and drops its host copy before the next gather. Rank 0 returns the
         ``WeightManifest`` (weights/buckets.py), the other ranks None."""
-        if publishes_adapter(self.cfg):  # the adapter alone (learner/lora.py): every ZeRO-2 rank holds it whole
-            return adapter_manifest(self.model, dtype, self.cfg.weight_bucket_mb) if self.rank == 0 else None
+        if publishes_adapter(self.cfg):  # the adapter alone (learner/lora.py), gathered under ZeRO-3
+            with gathered(self.model, self.zero3):
+                return adapter_manifest(self.model, dtype, self.cfg.weight_bucket_mb) if self.rank == 0 else None
         import torch
 
         from learner.weight_broadcast import model_weight_buckets
@@ -105,8 +134,8 @@ class WeightsOut:
         # bucket on the device nor the object in the store exceeds the bucket size.
         element_size = torch.empty((), dtype=target).element_size() if target is not None else 0
         with self._out_model(on_host=True) as model:
-            buckets = model_weight_buckets(model, self.zero3, self.bucket_bytes, element_size)
-            stats = _Tally(self.zero3)
+            buckets = model_weight_buckets(model, self.out_zero3, self.bucket_bytes, element_size)
+            stats = _Tally(self.out_zero3)
             if self.rank != 0:
                 for bucket in buckets:
                     stats.gathered(bucket)
@@ -125,7 +154,7 @@ class WeightsOut:
 
     def full_state_dict(self) -> dict[str, Any]:
         """Full (gathered) fp32 weights on CPU, whatever the ZeRO stage."""
-        return self._full_cpu(lambda: self.model.state_dict().items())
+        return self._full_cpu(lambda: self.model.state_dict().items(), self.zero3)
 
     def generator_weights(self, dtype: str | None = None) -> dict[str, Any]:
         """What a weight update carries to the generator: full parameters on
@@ -141,7 +170,8 @@ class WeightsOut:
             weights = self._full_cpu(  # under the checkpoint's names, as vLLM loads them (checkpoint_tensors)
                 lambda: (
                     pair for name, p in model.named_parameters() for pair in checkpoint_tensors(model, name, p.data)
-                )
+                ),
+                self.out_zero3,
             )
         if dtype is None:
             return weights
@@ -164,8 +194,8 @@ class WeightsOut:
         from learner.weight_broadcast import model_weight_buckets
 
         tmp = out.with_name(out.name + ".tmp")
-        buckets = model_weight_buckets(model, self.zero3, self.bucket_bytes)
-        stats = _Tally(self.zero3)
+        buckets = model_weight_buckets(model, self.out_zero3, self.bucket_bytes)
+        stats = _Tally(self.out_zero3)
         if self.rank != 0:
             for bucket in buckets:
                 stats.gathered(bucket)
@@ -233,14 +263,14 @@ class WeightsOut:
         """Weights to vLLM over the weight group (learner/weight_broadcast.py), gathered per parameter
         under ZeRO-3 (ranks other than 0 pass None); seconds. ``weight_metadata`` says what is sent."""
         if publishes_adapter(self.cfg):
-            return broadcast_adapter(self.model, broadcaster)
+            return broadcast_adapter(self.model, broadcaster, self.zero3)
         from learner.weight_broadcast import broadcast_model
 
         with self._out_model() as model:
             return broadcast_model(
                 model,
                 broadcaster,
-                zero3=self.zero3,
+                zero3=self.out_zero3,
                 bucket_bytes=self.bucket_bytes,
             )
 
@@ -249,5 +279,6 @@ class WeightsOut:
             return adapter_metadata(self.model, dtype)
         from learner.weight_broadcast import model_metadata
 
-        with self._out_model() as model:
-            return model_metadata(model, dtype)
+        if lora_on(self.cfg):  # the merged model's names and shapes: the base's, read without weights
+            return model_metadata(merged_skeleton(self.model_path), dtype)
+        return model_metadata(self.model, dtype)

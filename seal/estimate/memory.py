@@ -22,14 +22,16 @@ names the phase). Held throughout:
   ZeRO-3 the reduce bucket;
 - runtime: 3 GB per CUDA process (context, NCCL, allocator slack), 1 GB per CPU process.
 
-Under LoRA (``lora_rank`` R; learner/lora.py) the base's 4P stays whole and frozen (ZeRO-3 with LoRA
-is refused): gradients, master partition and optimizer state count the adapter's A parameters only
+Under LoRA (``lora_rank`` R; learner/lora.py) the base's 4P stays frozen (whole, or 4P/N under ZeRO-3,
+where the adapter is partitioned too): gradients, master partition and optimizer state count the
+adapter's A parameters only
 (``ModelSpec.lora_params``: R x (in + out) of every linear layer but the head), there is no reference
 copy (the reference is the base with the adapter off), the policy forward's autocast caches casts of
 the adapter alone (the base's one weight at a time, as the reference's), and a snapshot for the
 evaluators builds the merged model for the call: another 4P, in host memory (a phase holding one
 weight, its delta and their sum on the device), or on the device when publishes broadcast merged
-weights (``lora_merge_on_device``: lora.publish merged with weight_sync broadcast).
+weights (``lora_merge_on_device``: lora.publish merged with weight_sync broadcast). Under ZeRO-3 that
+merge first gathers the whole model on every rank's device (4P, one collective: learner/weights_out.py).
 
 Phases of a step (T tokens forwarded in a micro-batch: micro_batch_size x seq_len, or, packed
 with shared_prefix and micro_batch_size >= 2, prompt + micro_batch_size x response; K =
@@ -324,7 +326,7 @@ def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
     trained = p  # what gets gradients and optimizer state: every weight, or the adapter alone
     if s.lora_rank:
         trained = m.lora_params(s.lora_rank)
-        put("adapter", 4 * trained, s.offload_param)
+        put("adapter", 4 * trained / (n if stage == 3 else 1), s.offload_param)
     put("gradients", 4 * trained / (n if stage >= 2 else 1), s.offload_optimizer)
     if stage in (1, 2) or (stage == 3 and s.offload_optimizer):
         put("master", 4 * trained / n, s.offload_optimizer)
@@ -340,6 +342,8 @@ def learner_memory(m: ModelSpec, s: LearnerSetup) -> Estimate:
         largest = max(m.embedding_params(), m.hidden * m.intermediate)
         # On the host: the device holds one weight's delta and their sum at a time (learner/lora.py merged_weights).
         phases["snapshot_merge"] = {"merge_weight": 8.0 * largest} if on_host else {"merged_weights": 4.0 * p}
+        if stage == 3:  # the merge reads the base whole: every rank gathers the model (learner/weights_out.py)
+            phases["snapshot_merge"]["gathered_model"] = 4.0 * p
         put("merged_model", 4.0 * p if on_host else 0, True)
     peak = max(phases, key=lambda name: sum(phases[name].values()))
     for term, value in phases[peak].items():

@@ -69,3 +69,13 @@ def test_the_generator_counts_vllms_adapter_slots_out_of_its_kv_budget():
 )
 def test_slots_only_where_the_learner_publishes_adapters(lora, rank):
     assert with_adapter_slots(GeneratorSetup(), lora).max_lora_rank == rank  # vLLM's smallest rank >= 4: 8
+
+
+def test_zero3_partitions_the_adapter_and_a_snapshot_gathers_the_whole_model():
+    two = LearnerSetup(backend="deepspeed", zero_stage=3, world_size=2, device="cuda", dtype="bfloat16", lora_rank=16)
+    e, p = learner_memory(QWEN7, two), QWEN7.params()
+    assert e.device["weights"] == 4 * p / 2 and e.device["adapter"] == 4 * A7 / 2  # both partitioned
+    assert e.device["optimizer"] == 8 * A7 / 2
+    # The merge reads the base whole: every rank gathers the model (learner/weights_out.py _out_model).
+    largest = max(QWEN7.embedding_params(), QWEN7.hidden * QWEN7.intermediate)
+    assert e.phases["snapshot_merge"] == 8 * largest + 4 * p
