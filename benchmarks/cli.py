@@ -11,6 +11,7 @@ Parts (one module each, benchmarks/bench_*.py):
   learner-scale  the same global batch on 1 and 2 learner ranks: samples/s, comm share, peak memory per rank
   learner        one learner step by phase; FLOP/s against the bf16 matmul peak; --baseline: another commit side by side
   generator      blocking vs continuous batching on uneven multi-turn episodes; 1 vs 2 replicas; update latency per mode
+  reference      LoRA's KL reference from the generator's prompt log-probs vs the learner's forward: gap and seconds
   all            every part in turn, defaults plus the given options and overrides
 
 Each part prints a table (or, with --json, one JSON object per part on
@@ -46,6 +47,7 @@ PARTS = {
     "learner-scale": "bench_learner_scale",
     "generator": "bench_generator",
     "learner": "bench_learner",
+    "reference": "bench_reference",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

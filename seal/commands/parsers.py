@@ -31,6 +31,7 @@ BENCH_PARTS = (
     "learner-scale",
     "generator",
     "learner",
+    "reference",
 )
 WRITES_NOTHING = "Writes: nothing (prints to the terminal only)."
 
