@@ -27,6 +27,7 @@ from learner.ds_config import deepspeed_config
 from learner.lora import add_adapter, lora_on, trainable_parameters
 from learner.micro_batches import MicroBatch, collate, packs, plan_mini_batches
 from learner.objective import MicroForwards, MiniBatchShare, micro_objective
+from learner.onednn_caches import bound_caches
 from learner.optimizer import StepBox, make_optimizer
 from learner.packing import pack_shared_prefix, use_shared_prefix_attention
 from learner.process_group import init_distributed, release_distributed
@@ -54,6 +55,7 @@ class Learner:
         timeout_s: float,
         step_timeout_s: float,
     ) -> None:
+        bound_caches()  # before the first bf16 op: a learner's new shapes each step would fill them (learner/onednn_caches.py)
         import torch
         from transformers import AutoModelForCausalLM
 

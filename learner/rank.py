@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from learner.call_order import CallOrder
 from learner.engine import Learner
+from learner.onednn_caches import bound_caches
 from learner.rank_shards import RankShard, Rendezvous, join_group
 from learner.step_result import LearnerStepResult
 
@@ -63,6 +64,7 @@ def _free_port_here() -> tuple[str, int]:
 
 class LearnerRank:
     def __init__(self, threads: int | None = None) -> None:  # the learner comes in start
+        bound_caches()  # this process's first torch use is below: before any bf16 op (learner/onednn_caches.py)
         if threads:
             import torch
 
