@@ -80,12 +80,14 @@ def run(args) -> int:
         if resume is not None:
             progress.emit("run", f"resumed at step {pipeline.state.step}, policy version {pipeline.state.version}")
         progress.emit("run", f"scale env actors while it runs: .venv/bin/seal scale {run_dir} env=N")
-        history = pipeline.run(trainer.steps)
+        first = pipeline.state.step
+        pipeline.run(trainer.steps)
+        steps_done = pipeline.state.step - first
     finally:
         pipeline.close()
 
     run_final_evaluation(cfg, run_dir, progress.emit)
-    text = close_run(run_dir, time.monotonic() - progress.started, len(history), bool(trainer.checkpoint_every))
+    text = close_run(run_dir, time.monotonic() - progress.started, steps_done, bool(trainer.checkpoint_every))
     if quiet:  # the one line a script needs
         print(text.splitlines()[0], flush=True)
     else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ from seal.runtime.placement import check_reachable, start_ray
 from seal.runtime.publisher import WeightPublisher
 from seal.runtime.ray_leftovers import end_leftovers, watch_session
 from seal.runtime.storage import record_storage, resume_checkpoint, run_storage
+
+RECENT_ROWS = 100  # step rows Pipeline.run returns (tests read them); the run's record is metrics.jsonl
 
 
 class Pipeline:
@@ -207,7 +210,11 @@ class Pipeline:
 
     # ------------------------------------------------------------ main loop
     def run(self, steps: int) -> list[dict[str, Any]]:
-        runlog, history, t = RunLog(self.run_dir), [], self.trainer
+        """Train ``steps`` steps; returns the last ``RECENT_ROWS`` step rows (every row is in metrics.jsonl).
+        A row is ~16 KB in memory: all of them kept, the driver grew 18 MB over a 45-minute soak's
+        1850 steps, without bound on a long run."""
+        runlog, t = RunLog(self.run_dir), self.trainer
+        history: deque[dict[str, Any]] = deque(maxlen=RECENT_ROWS)
         target = self.state.step + steps
         guidelines = None  # the step lines show guideline changes against the interface the run starts with
         if not self.progress.quiet:
@@ -245,7 +252,7 @@ class Pipeline:
                     self.state.snapshot(metrics=row)
         finally:
             runlog.close()
-        return history
+        return list(history)
 
     def _wait_some(self) -> None:
         """Until a job, an update or the learner's call ends (at most 0.1 s), then what expired."""
