@@ -15,7 +15,6 @@ from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.lora import LoraConfig
 from learner.loss import LossConfig
-from tests.conftest import local_ray
 from tests.integration.test_learner_engine import assert_same_update, make_batch
 from tests.integration.test_learner_group import (
     GROUPS,
@@ -24,23 +23,12 @@ from tests.integration.test_learner_group import (
     generator_end,
     group,
     manifest_weights,
+    ray_session,  # noqa: F401  (the module's Ray session: an autouse fixture)
     receive_round,
+    tiny_path,  # noqa: F401  (fixture)
 )
 
 RANK = 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    with local_ray(num_cpus=4, object_store_bytes=2**30):
-        yield
-
-
-@pytest.fixture(scope="module")
-def tiny_path():
-    from weights.model_assets import prepare_tiny_model
-
-    return str(prepare_tiny_model())
 
 
 @pytest.fixture(scope="module")
