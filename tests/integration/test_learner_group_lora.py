@@ -1,7 +1,8 @@
 """LoRA under 2-rank ZeRO-3 on CPU (real Ray actors, DeepSpeed over gloo, the tiny model): the base and
 the adapter both partitioned, two steps equal to one rank's, the adapter out through the object store
 and the broadcast group, the merged snapshot, and a checkpoint that resumes exactly. One Ray session
-and one 2-rank group for the module."""
+and one 2-rank group for the module: about a minute here (2.7 under load), so slow; ZeRO-2 LoRA's
+cheaper tests (test_learner_lora.py) stay in the default suite."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from tests.integration.test_learner_group import (
     receive_round,
     tiny_path,  # noqa: F401  (fixture)
 )
+
+pytestmark = pytest.mark.slow
 
 RANK = 8
 
