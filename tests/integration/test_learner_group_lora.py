@@ -15,12 +15,12 @@ import torch
 from env_pool.tags import RELEASED_BASE_WEIGHTS
 from learner.engine import Learner, LearnerConfig
 from learner.lora import LoraConfig
-from learner.loss import LossConfig
 from tests.integration.test_learner_engine import assert_same_update, make_batch
 from tests.integration.test_learner_group import (
     GROUPS,
     TIMEOUT_S,
     N,
+    config,
     generator_end,
     group,
     manifest_weights,
@@ -41,21 +41,10 @@ def batches(tiny_path):
 
 
 def lora_config(stage: int) -> LearnerConfig:
-    # SGD at lr 1: the update is the clipped gradient, compared across ranks with the learner group's
-    # tolerance. The KL term on, so the reference (the base, adapter off) runs under ZeRO-3 too.
-    return LearnerConfig(
-        backend="deepspeed",
-        zero_stage=stage,
-        lr=1.0,
-        optimizer="sgd",
-        weight_decay=0.0,
-        mini_batch_groups=GROUPS,
-        micro_batch_size=1,
-        loss=LossConfig(kl_coef=0.1),
-        weight_bucket_mb=0.1,
-        dtype="float32",
-        lora=LoraConfig(rank=RANK, alpha=16),
-    )
+    """The learner group test's config (SGD at lr 1: the update is the clipped gradient, compared across
+    ranks with its tolerance; the KL term on, so the reference, the base with the adapter off, runs
+    under ZeRO-3 too), in fp32, with a rank-8 adapter."""
+    return dataclasses.replace(config(stage), dtype="float32", lora=LoraConfig(rank=RANK, alpha=16))
 
 
 @pytest.fixture(scope="module")
