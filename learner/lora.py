@@ -274,18 +274,13 @@ def adapter_metadata(peft_model: Any, dtype: Any = None) -> list[Any]:
     from weights.broadcast_group import WeightMeta
 
     # peft's saved names are the parameters' without the adapter's name (".default").
-    shapes = {
-        n.replace(f".{ADAPTER}.", "."): getattr(p, "ds_shape", p.shape)
-        for n, p in peft_model.named_parameters()
-        if p.requires_grad
-    }
+    params = {n.replace(f".{ADAPTER}.", "."): p for n, p in peft_model.named_parameters() if p.requires_grad}
     names = list(get_peft_model_state_dict(peft_model, adapter_name=ADAPTER))  # no collective: names only
-    if set(names) != set(shapes):
+    if set(names) != set(params):
         raise RuntimeError(
-            f"the adapter's saved names {sorted(names)[:2]} do not match its parameters {sorted(shapes)[:2]}"
+            f"the adapter's saved names {sorted(names)[:2]} do not match its parameters {sorted(params)[:2]}"
         )
-    dtypes = {n.replace(f".{ADAPTER}.", "."): p.dtype for n, p in peft_model.named_parameters() if p.requires_grad}
-    return [WeightMeta.of(n, shapes[n], dtype or dtypes[n]) for n in names]
+    return [WeightMeta.of(n, getattr(params[n], "ds_shape", params[n].shape), dtype or params[n].dtype) for n in names]
 
 
 def broadcast_adapter(peft_model: Any, broadcaster: Any, zero3: bool = False) -> float:
