@@ -226,9 +226,9 @@ def _run_all(args, names, seeds, shared, plan, out: Path, calls: ChildCommands, 
                     )
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 calls.run(["train", *train], out / f"{tag}.train.log")
+                marker.write_text(json.dumps(train))
             else:
                 calls.skip()  # trained already with the same arguments
-                marker.write_text(json.dumps(train))
             if args.no_views:
                 continue
             evaluate = ["evaluate", str(run_dir), "--json"]

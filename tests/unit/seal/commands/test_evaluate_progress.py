@@ -6,9 +6,13 @@ from __future__ import annotations
 import io
 import re
 import time
+from pathlib import Path
+
+import pytest
 
 from seal.commands.evaluate_progress import HEARTBEAT_S, EvalProgress
 from seal.console import Heartbeat
+from seal.errors import CliError
 
 
 class FakeClock:
@@ -107,3 +111,33 @@ def test_ablate_reports_each_child_command_and_the_time_left_at_its_pace():
         "ablate: seal evaluate DIR/full (its output: DIR/full.evaluate.log): 40 s so far; "
         "2 of 3 commands left, about 2 min 40 s left"
     )
+
+
+def test_ablate_trains_a_run_once_and_skips_it_when_asked_again(tmp_path):
+    """A finished training run leaves its marker, so the same ablation asked again (say, with one
+    more arm or seed) evaluates it without training it again or refusing its directory."""
+    from argparse import Namespace
+
+    from seal.commands.ablate import ChildCommands, _run_all
+
+    class Recorded(ChildCommands):
+        def __init__(self) -> None:
+            super().__init__(2, stream=io.StringIO())
+            self.argvs: list[list[str]] = []
+
+        def run(self, argv, log, capture=False):
+            self.argvs.append(argv)
+            run_dir = Path(next(a for a in argv if a.startswith("run_dir=")).split("=", 1)[1])
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "run.json").write_text("{}")  # what a finished `seal train` leaves
+            return ""
+
+    args = Namespace(no_views=True, limit=None, views=None)
+    plan = {"changes": {"lora": "x"}}
+    first, again = Recorded(), Recorded()
+    _run_all(args, ["lora"], [0], ["trainer.steps=1"], plan, tmp_path, first, [], {}, {})
+    _run_all(args, ["lora"], [0], ["trainer.steps=1"], plan, tmp_path, again, [], {}, {})
+    assert [a[0] for a in first.argvs] == ["train"] and again.argvs == []
+    changed = Recorded()
+    with pytest.raises(CliError, match="holds a run made with other arguments"):
+        _run_all(args, ["lora"], [0], ["trainer.steps=2"], plan, tmp_path, changed, [], {}, {})
