@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.generation.episode_pins import droppable
+from weights.layer_names import linear_layer_names
 
 # vLLM's LoRAConfig.max_lora_rank accepts exactly these (vllm/config/lora.py MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -39,12 +40,19 @@ def check_lora_slots(max_lora_rank: int, max_loras: int) -> None:
         raise ValueError(f"max_loras must be >= 1, got {max_loras}")
 
 
-def lora_engine_args(max_lora_rank: int, max_loras: int) -> dict[str, Any]:
-    """vLLM's engine keywords for LoRA serving; none when ``max_lora_rank`` is 0."""
+def lora_engine_args(max_lora_rank: int, max_loras: int, model_dir: str | Path) -> dict[str, Any]:
+    """vLLM's engine keywords for LoRA serving of ``model_dir``; none when ``max_lora_rank`` is 0.
+    Adapters go on the model's linear layers only: with the output head wrapped too, prompt
+    log-probs (the weight canary) beside other requests kill the engine (weights/layer_names.py)."""
     check_lora_slots(max_lora_rank, max_loras)
     if not max_lora_rank:
         return {}
-    return {"enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": max_loras}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": max_lora_rank,
+        "max_loras": max_loras,
+        "lora_target_modules": linear_layer_names(model_dir),
+    }
 
 
 def adapter_request(version: int, directory: str | Path) -> Any:

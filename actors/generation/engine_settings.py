@@ -149,7 +149,7 @@ def engine_setup(settings: EngineSettings) -> EngineSetup:
         tensor_parallel_size=s.tensor_parallel_size,
         worker_extension_cls=WORKER_EXTENSION,
     )
-    kwargs.update(lora_engine_args(s.max_lora_rank, s.max_loras))
+    kwargs.update(lora_engine_args(s.max_lora_rank, s.max_loras, s.model_path))
     if s.max_num_seqs is not None:
         kwargs["max_num_seqs"] = s.max_num_seqs
     if s.engine == "async" and s.weight_sync == "broadcast":

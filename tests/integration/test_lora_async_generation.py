@@ -174,3 +174,24 @@ def test_an_abort_update_continues_a_request_on_the_new_adapter(replica, learner
     assert spans[-1].end == len(out.token_ids) == len(out.logprobs) > 0
     assert gen.stats().continued > continued  # aborted by the update and continued, not finished on the old one
     assert gen.adapters.served.loaded() == [new]
+
+
+def test_the_canary_scores_beside_requests_on_the_adapter(replica, learner, tiny_path):
+    """The canary asks for prompt log-probs while episodes run (the main job's case). vLLM computes
+    them through the output head's LoRA wrapper with the batch's mapping, one entry per request:
+    with other requests in the batch its length differs from the canary's tokens and the engine
+    core died (einsum shape error). The engine wraps only the adapter's layers, never the head."""
+    gen, loop = replica
+    base = learner_base_logprobs(learner)
+    version = gen.policy_version() + 1
+    loop.run(gen.update_weights(version, trained(learner, tiny_path, version)))
+    busy = loop.submit(
+        gen.generate(
+            [GenerationRequest(f"busy{i}", list(TOKENS), 200, 10 + i) for i in range(3)],
+            SamplingConfig(temperature=1.0, seed=4),
+        )
+    )
+    while gen.adapters.served.users(version) < 3:  # all three in the engine, decoding
+        loop.run(_noop())
+    assert_serves_the_learner(gen, loop, learner, base)
+    assert all(len(out.token_ids) > 0 and out.policy_version == version for out in busy.result(300))

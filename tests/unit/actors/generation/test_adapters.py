@@ -11,7 +11,12 @@ from actors.generation.engine_settings import EngineSettings, engine_setup
 
 @pytest.fixture
 def model_dir(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     (tmp_path / "config.json").write_text("{}")
+    layers = ("model.embed_tokens", "model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj", "lm_head")
+    save_file({f"{name}.weight": torch.zeros(2, 2) for name in layers}, str(tmp_path / "model.safetensors"))
     return str(tmp_path)
 
 
@@ -24,7 +29,10 @@ def test_lora_serving_adds_vllms_lora_keywords_only_when_asked(model_dir):
         "max_lora_rank": 16,
         "max_loras": 3,
     }
-    assert {k: v for k, v in lora.items() if k not in ("enable_lora", "max_lora_rank", "max_loras")} == plain
+    # the adapter's layers, never the output head (weights/layer_names.py)
+    assert lora["lora_target_modules"] == ["down_proj", "q_proj"]
+    added = ("enable_lora", "max_lora_rank", "max_loras", "lora_target_modules")
+    assert {k: v for k, v in lora.items() if k not in added} == plain
 
 
 @pytest.mark.parametrize(
