@@ -64,6 +64,12 @@ class LoraConfig:
             raise ValueError(f"lora.publish must be one of {PUBLISH_MODES}, got {self.publish!r}")
         if isinstance(self.target_modules, str) and not self.target_modules:
             raise ValueError("lora.target_modules is empty")
+        if self.publish == "adapter" and not isinstance(self.target_modules, str) and "lm_head" in self.target_modules:
+            raise ValueError(
+                "lora.target_modules has lm_head, which generators serving adapters leave out (an adapter "
+                "on the output head breaks vLLM's prompt log-probs: weights/layer_names.py); drop it or "
+                "set lora.publish=merged"
+            )
 
 
 def lora_on(cfg: Any) -> bool:

@@ -135,6 +135,9 @@ def test_lora_settings_are_checked():
         LoraConfig(rank=8, dropout=0.05)
     with pytest.raises(ValueError, match="rank must be >= 1"):
         LoraConfig(rank=0)
+    with pytest.raises(ValueError, match="lm_head, which generators serving adapters leave out"):
+        LoraConfig(rank=8, target_modules=["q_proj", "lm_head"])
+    assert LoraConfig(rank=8, target_modules=["q_proj", "lm_head"], publish="merged").rank == 8  # whole weights
     assert LearnerConfig(backend="deepspeed", zero_stage=3, lora=LoraConfig(rank=8)).lora.rank == 8  # ZeRO-3 too
     assert LearnerConfig(lora=LoraConfig(rank=None)).lora is not None  # rank null: full training
 
