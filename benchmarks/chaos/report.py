@@ -68,7 +68,10 @@ def processes(
 
 def _growth(v: list[dict[str, Any]]) -> dict[str, Any]:
     """RSS from the median of the first EDGE_S of ``v`` to the median of its last EDGE_S (one
-    sample's transient peak is not growth), and the peak."""
+    sample's transient peak is not growth), and the peak. Also the floor's growth, from the least
+    reading of the first EDGE_S to the least of the last: a learner's RSS swings by a step's
+    activations (hundreds of MB, freed after each step), so where a sample falls in a step moves
+    the medians; what the process keeps between steps is the floor, the leak signal."""
     head = [x["rss_kb"] for x in v if x["t"] <= v[0]["t"] + EDGE_S]
     tail = [x["rss_kb"] for x in v if x["t"] >= v[-1]["t"] - EDGE_S]
     a, b = statistics.median(head), statistics.median(tail)
@@ -78,6 +81,7 @@ def _growth(v: list[dict[str, Any]]) -> dict[str, Any]:
         "to_kb": b,
         "max_kb": max(x["rss_kb"] for x in v),
         "growth": b / a - 1 if a else None,
+        "floor_growth": min(tail) / min(head) - 1 if min(head) else None,
     }
 
 
@@ -291,7 +295,11 @@ def _tail_text(tail: dict[str, Any] | None) -> str:
         return "-"
     said = f"{tail['growth']:+.1%} over {tail['minutes']} min"
     settled = tail.get("settled")
-    return said + (f" (settled {settled['growth']:+.1%} over {settled['minutes']} min)" if settled else "")
+    if not settled:
+        return said
+    floor = settled.get("floor_growth")
+    floor_text = f", floor {floor:+.1%}" if floor is not None else ""
+    return said + f" (settled {settled['growth']:+.1%}{floor_text} over {settled['minutes']} min)"
 
 
 def _checkpoints(found: dict[str, dict]) -> str:

@@ -79,3 +79,18 @@ def test_settled_growth_leaves_out_a_process_s_first_minutes():
     ]
     tail = processes(v, end_t=1800.0, tail_from_t=0.0)["learner"]["rss_tail"]
     assert tail["growth"] > 0.3 and tail["settled"]["growth"] == 0.0 and tail["settled"]["minutes"] == 20.0
+
+
+def test_the_floor_is_what_a_process_keeps_between_its_steps():
+    # A learner's RSS swings by a step's activations; samples land at random points of a step. The
+    # floor (least reading at either end) stays flat while the medians follow where samples fell.
+    swing = [0, 400, 0, 400, 0, 400, 400, 400, 0, 400]  # early samples mostly between steps
+    swing += [400] * 8 + [0, 400]  # late ones mostly mid-step
+    v = [
+        {"t": 700.0 + 90 * i, "step": i, "pid": 5, "kind": "learner", "rss_kb": 1000 + x, "fds": 1, "threads": 1}
+        for i, x in enumerate(swing)
+    ]
+    tail = processes(v, end_t=v[-1]["t"], tail_from_t=0.0)["learner"]["rss_tail"]
+    assert tail["growth"] > 0.3 and tail["floor_growth"] == 0.0
+    leak = [{**x, "rss_kb": x["rss_kb"] + 5 * x["step"]} for x in v]  # 5 KB kept every step: the floor rises
+    assert processes(leak, end_t=v[-1]["t"], tail_from_t=0.0)["learner"]["rss_tail"]["floor_growth"] > 0
