@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from weights.buckets import put_buckets
+from weights.layer_names import OUTPUT_HEAD
 
 ADAPTER = "default"  # peft's name for the one adapter
 PUBLISH_MODES = ("adapter", "merged")
@@ -64,9 +65,13 @@ class LoraConfig:
             raise ValueError(f"lora.publish must be one of {PUBLISH_MODES}, got {self.publish!r}")
         if isinstance(self.target_modules, str) and not self.target_modules:
             raise ValueError("lora.target_modules is empty")
-        if self.publish == "adapter" and not isinstance(self.target_modules, str) and "lm_head" in self.target_modules:
+        if (
+            self.publish == "adapter"
+            and not isinstance(self.target_modules, str)
+            and OUTPUT_HEAD in self.target_modules
+        ):
             raise ValueError(
-                "lora.target_modules has lm_head, which generators serving adapters leave out (an adapter "
+                f"lora.target_modules has {OUTPUT_HEAD}, which generators serving adapters leave out (an adapter "
                 "on the output head breaks vLLM's prompt log-probs: weights/layer_names.py); drop it or "
                 "set lora.publish=merged"
             )
