@@ -7,6 +7,9 @@ learner.weights() (gathered bucket by bucket, each bucket into Ray's object stor
 a manifest of them returned) -> generator update_weights(version, manifest)
 (buckets fetched and loaded one at a time: vLLM reload in place, prefix cache reset) ->
 a 1-token greedy request whose output must carry the new version.
+With --lora R each model is measured twice, in one run: training every weight, and as a rank-R
+LoRA learner whose publishes carry the adapter alone to replicas serving it on the base
+(``learner.cfg.lora.rank=R``); the report gives LoRA against full in bytes and seconds.
 The memory-copy bound is measured in the same run on the same bytes: the
 published arrays cloned once (torch) in this process. One warm-up publish
 comes first; the repeats alternate with nothing else running.
@@ -33,6 +36,9 @@ PROBE_TOKENS = 32
 def add_arguments(parser) -> None:
     parser.add_argument(
         "--models", default="tiny,embedded", help="embedded, tiny or model directories, comma-separated"
+    )
+    parser.add_argument(
+        "--lora", type=int, default=None, metavar="RANK", help="each model also as a rank-RANK LoRA learner"
     )
 
 
@@ -114,12 +120,19 @@ def run(args) -> dict[str, Any]:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:
         raise ValueError("--models names no model")
+    lora = getattr(args, "lora", None)
+    systems: list[tuple[str, list[str]]] = [("", [])] + (
+        [(f"+lora{lora}", [f"learner.cfg.lora.rank={lora}"])] if lora is not None else []
+    )
     per_model = {}
     with ray_session(compose_cfg(args.overrides)):
         for model in models:
-            cfg = compose_cfg([*args.overrides, *_model_overrides(model)])
-            log(f"[{NAME}] {model}: starting generator and learner actors")
-            per_model[model] = _measure_model(cfg, args.repeats)
+            for suffix, extra in systems:
+                cfg = compose_cfg([*args.overrides, *_model_overrides(model), *extra])
+                log(f"[{NAME}] {model}{suffix}: starting generator and learner actors")
+                per_model[model + suffix] = _measure_model(cfg, args.repeats)
+    plain = models
+    models = [m + suffix for m in plain for suffix, _ in systems]
     report: dict[str, Any] = {
         "models": models,
         "publish_s": [per_model[m]["publish_s"]["median"] for m in models],
@@ -145,7 +158,26 @@ def run(args) -> dict[str, Any]:
     embedded = [p for m, p in zip(models, report["publish_s"]) if m == "embedded"]
     if embedded:
         report["targets"] = [target("weight publish, embedded model (s)", embedded[0], "<", 2.0)]
+    if lora is not None:
+        report["lora_rank"] = lora
+        report["lora_vs_full"] = {m: lora_ratios(per_model[m], per_model[f"{m}+lora{lora}"]) for m in plain}
+        ratios = report["lora_vs_full"][plain[-1]]  # issue 49's targets, on the largest model measured last
+        report.setdefault("targets", []).extend(
+            [
+                target(f"full / LoRA publish bytes ({plain[-1]})", ratios["publish_bytes_ratio"], ">=", 20.0),
+                target(f"full / LoRA publish seconds ({plain[-1]})", ratios["publish_s_ratio"], ">=", 10.0),
+            ]
+        )
     return report
+
+
+def lora_ratios(full: dict[str, Any], lora: dict[str, Any]) -> dict[str, float]:
+    """Full against LoRA for one model: bytes published, and seconds from the learner to the first
+    token at the new version (medians)."""
+    return {
+        "publish_bytes_ratio": full["model_bytes"] / max(lora["model_bytes"], 1),
+        "publish_s_ratio": full["publish_s"]["median"] / lora["publish_s"]["median"],
+    }
 
 
 def render(report: dict[str, Any]) -> str:
@@ -164,7 +196,13 @@ def render(report: dict[str, Any]) -> str:
                 b["first_token_s"],
             )
         )
-    return table(rows, ["model", "MiB", "publish s", "memcpy s", "x memcpy", "gather s", "update s", "1st token s"])
+    text = table(rows, ["model", "MiB", "publish s", "memcpy s", "x memcpy", "gather s", "update s", "1st token s"])
+    for m, r in report.get("lora_vs_full", {}).items():
+        text += (
+            f"\nLoRA rank {report['lora_rank']} vs full, {m}: publish {r['publish_bytes_ratio']:.1f}x fewer bytes, "
+            f"{r['publish_s_ratio']:.1f}x shorter to the first token at the new version"
+        )
+    return text
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> Path:

@@ -118,6 +118,20 @@ def test_weights_publish_against_memcpy(tmp_path):
     assert r["breakdown"]["tiny"]["first_token_s"] > 0
 
 
+@pytest.mark.slow  # two publish measurements, each with its own engine
+def test_weights_with_lora_publish_the_adapter_against_the_whole_model(tmp_path):
+    r = bench(tmp_path, "weights", "--models", "tiny", "--lora", "8", *TINY)
+    assert r["models"] == ["tiny", "tiny+lora8"] and r["lora_rank"] == 8
+    full, lora = r["model_bytes"]
+    assert lora < full / 20  # the adapter's tensors alone, not the model
+    ratios = r["lora_vs_full"]["tiny"]
+    assert ratios["publish_bytes_ratio"] == full / lora and positive(ratios["publish_s_ratio"])
+    assert {t["name"] for t in r["targets"]} >= {
+        "full / LoRA publish bytes (tiny)",
+        "full / LoRA publish seconds (tiny)",
+    }
+
+
 @pytest.mark.slow  # about a minute on 2 cores (measured 2026-12-03); scripts/test.sh --all runs it
 def test_sync_async_reports_step_times_overlap_and_staleness(tmp_path):
     r = bench(tmp_path, "sync-async", "--steps", "1", *TINY)
