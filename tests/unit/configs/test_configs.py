@@ -234,7 +234,8 @@ LORA_RECIPES = {"qwen7b_lora_1x1": 1.0e-5}
 
 def test_lr_is_written_once_where_it_belongs_and_each_composition_ends_with_its_own():
     """The paper's lr in the learner base, the CPU default's in configs/learner/sizes/cpu.yaml (which
-    the root config selects and the recipes leave out): no other file writes one to drift."""
+    the root config selects and the recipes leave out): no other file writes one to drift, but
+    LoRA's own (its recipes, and the LoRA ablation arm: LoRA trains at about 10x full training's lr)."""
     import yaml
 
     writers = {
@@ -242,9 +243,10 @@ def test_lr_is_written_once_where_it_belongs_and_each_composition_ends_with_its_
         for p in config_dir().rglob("*.yaml")
         if any(leaf == "lr" or leaf.endswith(".lr") for leaf in _leaves(yaml.safe_load(p.read_text()) or {}))
     }
-    assert writers == {"learner/base/learner.yaml", "learner/sizes/cpu.yaml"} | {
+    assert writers == {"learner/base/learner.yaml", "learner/sizes/cpu.yaml", "ablation/lora.yaml"} | {
         f"recipe/{r}.yaml" for r in LORA_RECIPES
     }
+    assert compose(["ablation=lora"]).learner.cfg.lr == 1.0e-4  # the main job's LoRA sweep's pick
     assert compose([]).learner.cfg.lr == 1.0e-5  # the CPU default
     for extra in ([], ["algo=seal_paper"], ["algo=seal_release"], ["ablation=vanilla_rl"]):
         assert compose(extra).learner.cfg.lr == 1.0e-5, extra
