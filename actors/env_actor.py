@@ -104,6 +104,7 @@ class EnvActor:
                 lockstep=self.lockstep,
                 deadline_s=job.episode_deadline_s,
                 pinned=job.episode_version == "pinned",
+                reference=job.reference_logprobs == "generator",
             )
         except Exception as exc:
             # Nothing of the group was sent: the driver counts these tokens lost (seal/run/dispatch.py).

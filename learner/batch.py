@@ -41,6 +41,8 @@ class Sample:
     num_tokens: int  # unmasked tokens
     group_id: str = ""  # samples of one group share a prompt (shared-prefix packing)
     policy_versions: tuple[int, ...] = ()  # of its generated segments (mismatch metrics compare same-version ones)
+    # The KL reference's log-probs from the generator (Trajectory.reference_logprobs); None: the learner forwards it.
+    reference_logprobs: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ def build_samples(
                     sum(t.loss_mask),
                     t.group_id,
                     tuple(t.policy_versions),
+                    # A stand-in scores nothing: its reference is never read.
+                    [0.0] * len(t.token_ids) if t.padding else t.reference_logprobs,
                 )
             )
     played_rewards = [t.reward for g in groups for t in g if not t.padding]

@@ -31,7 +31,13 @@ from learner.onednn_caches import bound_caches
 from learner.optimizer import StepBox, make_optimizer
 from learner.packing import pack_shared_prefix, use_shared_prefix_attention
 from learner.process_group import init_distributed, release_distributed
-from learner.rank_shards import agree_on_mini_batches, assigned_mini_batches, is_padding, recompute_choices
+from learner.rank_shards import (
+    agree_on_mini_batches,
+    agree_on_reference,
+    assigned_mini_batches,
+    is_padding,
+    recompute_choices,
+)
 from learner.reference import build_reference
 from learner.scoring_head import check_plain_head, scoring_head
 from learner.step_result import LearnerStepResult
@@ -303,16 +309,23 @@ class Learner:
         is_last: bool,
         loss_scale: float = 1.0,
         recompute: bool | None = None,
+        carried_reference: bool = False,
     ) -> int:
         """Forward, loss and backward of one micro-batch; returns the tokens forwarded. ``loss_scale``:
-        the world size (DeepSpeed averages gradients over ranks), 0 for a padding micro-batch."""
+        the world size (DeepSpeed averages gradients over ranks), 0 for a padding micro-batch.
+        ``carried_reference``: the KL reference comes with the samples (learner/rank_shards.py
+        agree_on_reference), and the reference model is not forwarded."""
         import torch
 
         with self.phases.phase("collate"):
             batch = self._collate(micro)
         logp, entropy, forwarded = self._logprobs(self.model, micro, batch, recompute)
-        with torch.no_grad():
-            ref_logp = self._logprobs(self.ref, micro, batch)[0] if self.cfg.loss.kl_coef else None
+        ref_logp = None
+        if self.cfg.loss.kl_coef and carried_reference:
+            ref_logp = batch.reference if batch.reference is not None else torch.zeros_like(batch.mask)
+        elif self.cfg.loss.kl_coef:
+            with torch.no_grad():
+                ref_logp = self._logprobs(self.ref, micro, batch)[0]
         with self.phases.phase("loss"):
             proximal_old = None
             if id(micro[0]) in proximal:  # pi_old from before the step's first optimizer step
@@ -379,6 +392,9 @@ class Learner:
         # Global scored-token and sequence counts per mini-batch; padding so every rank makes the same calls.
         plan, mini_token_counts, mini_seq_counts = agree_on_mini_batches(plan, self.world_size)
         recompute = recompute_choices(plan, self.cfg, self.world_size)  # the same choice on every rank
+        # Where the trajectories carry the KL reference (trainer.reference_logprobs=generator), on every rank alike.
+        carried = agree_on_reference(plan, self.world_size) if self.cfg.loss.kl_coef else None
+        carried_tokens = 0
         proximal = self._proximal_logprobs(plan, recompute)
         step_stats = StepStats(policy_version)
         tokens = forward_tokens = 0
@@ -396,7 +412,10 @@ class Learner:
                     is_last=k == len(mini) - 1,
                     loss_scale=scale,
                     recompute=recompute[m][k] if recompute else None,
+                    carried_reference=bool(carried and carried[m][k]),
                 )
+                if carried and carried[m][k] and scale:
+                    carried_tokens += sum(s.num_tokens for s in micro)
             if self.engine is None:
                 with self.phases.phase("zero_bookkeeping"):
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -424,6 +443,7 @@ class Learner:
             mean_scale=stats.mean_scale,
             reward_mean=stats.reward_mean,
             mini_batches=len(plan),
+            reference_carried_tokens=carried_tokens,
             **step_stats.result(),
         )
 

@@ -14,7 +14,8 @@ class MicroBatch(NamedTuple):
     """One micro-batch's tensors, right-padded to its longest sample: ``ids``/``attention`` [B, W];
     ``mask`` (1 where token j + 1 is scored), ``behaviour`` (the generator's logprob of token
     j + 1) [B, W - 1]; ``advantages`` [B, 1]; ``packed``: the shared-prefix rows (learner/packing.py)
-    when the learner packs this micro-batch, else None."""
+    when the learner packs this micro-batch, else None; ``reference`` [B, W - 1]: the KL reference's
+    logprob of token j + 1 from the generator when every sample carries it, else None."""
 
     ids: Any
     attention: Any
@@ -22,6 +23,7 @@ class MicroBatch(NamedTuple):
     behaviour: Any
     advantages: Any
     packed: Any = None
+    reference: Any = None
 
 
 def packs(samples: Sequence[Sample], shared_prefix: bool) -> bool:
@@ -46,6 +48,8 @@ def collate(samples: Sequence[Sample], device: Any) -> MicroBatch:
     mask = torch.zeros((len(samples), width - 1))
     old = torch.zeros((len(samples), width - 1))
     adv = torch.zeros((len(samples), 1))
+    carried = all(s.reference_logprobs is not None for s in samples)
+    ref = torch.zeros((len(samples), width - 1)) if carried else None
     for i, s in enumerate(samples):
         n = len(s.token_ids)
         ids[i, :n] = torch.tensor(s.token_ids)
@@ -53,7 +57,16 @@ def collate(samples: Sequence[Sample], device: Any) -> MicroBatch:
         mask[i, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
         old[i, : n - 1] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
         adv[i, 0] = s.advantage
-    return MicroBatch(ids.to(device), attention.to(device), mask.to(device), old.to(device), adv.to(device))
+        if ref is not None:
+            ref[i, : n - 1] = torch.tensor(s.reference_logprobs[1:], dtype=torch.float32)  # type: ignore[index]
+    return MicroBatch(
+        ids.to(device),
+        attention.to(device),
+        mask.to(device),
+        old.to(device),
+        adv.to(device),
+        reference=None if ref is None else ref.to(device),
+    )
 
 
 def plan_mini_batches(

@@ -37,6 +37,7 @@ PAD_SAMPLE = Sample(
     scale=1.0,
     num_tokens=0,
     group_id="<pad>",
+    reference_logprobs=[0.0, 0.0],
 )
 
 
@@ -151,6 +152,25 @@ def agree_on_mini_batches(
     most = all_reduce_values(counts, "max")
     n = len(plan)
     return pad_plan(plan, [int(v) for v in most]), [int(v) for v in sums[:n]], [int(v) for v in sums[n:]]
+
+
+def agree_on_reference(plan: list[list[list[Sample]]], world_size: int) -> list[list[bool]]:
+    """Per micro-batch of the (padded) plan: take the KL reference the trajectories carry (from the
+    generator) instead of forwarding the reference model? Only where every sample of that micro-batch
+    on every rank carries it (padding always does): under ZeRO-3 the reference forward gathers the
+    layers' parameters, so a rank that skips it while another forwards leaves the group's collectives
+    unmatched. One all-reduce over the training group when it has more than one rank."""
+    forward = [
+        [0.0 if all(s.reference_logprobs is not None for s in micro) else 1.0 for micro in mini] for mini in plan
+    ]
+    flat = [v for mini in forward for v in mini]
+    if world_size > 1 and flat:
+        flat = all_reduce_values(flat, "max")
+    out, k = [], 0
+    for mini in forward:
+        out.append([not flat[k + j] for j in range(len(mini))])
+        k += len(mini)
+    return out
 
 
 def agree_on_recompute(forwarded: list[list[int]], min_tokens: int, world_size: int) -> list[list[bool]]:

@@ -52,6 +52,9 @@ class LearnerStepResult:
     # Mini-batches whose gradient norm was not finite: their update was not applied (learner/optimizer.py);
     # grad_norm is the mean over the others. The same on every rank (the norm is the group's).
     nonfinite_grad_steps: int = 0
+    # Scored tokens whose KL reference came with the trajectory (trainer.reference_logprobs=generator),
+    # not from the learner's reference forward.
+    reference_carried_tokens: int = 0
 
 
 # Loss terms come normalised by the global mini-batch: the ranks' values add up to the step's.
@@ -66,7 +69,15 @@ _SUMMED = (
     "clip_frac_dual",
     "ratio_mean",
 )
-_COUNTS = ("sequence_tokens", "forward_tokens", "scored_tokens", "groups", "zero_variance_groups", "mismatch_tokens")
+_COUNTS = (
+    "sequence_tokens",
+    "forward_tokens",
+    "scored_tokens",
+    "groups",
+    "zero_variance_groups",
+    "mismatch_tokens",
+    "reference_carried_tokens",
+)
 
 
 def merge_results(results: Sequence[LearnerStepResult]) -> LearnerStepResult:
@@ -115,6 +126,7 @@ ROW_FIELDS = (
     "ess",
     "mini_batches",
     "nonfinite_grad_steps",
+    "reference_carried_tokens",
     "tag_weights",
 )
 # ... and its throughput under the learner's name (the row holds the generator's too).

@@ -117,6 +117,9 @@ class GroupJob:
     # trainer.episode_version: "latest" (each turn on the newest policy version) or "pinned" (each
     # episode on the version its first turn ran on: actors/generation/episode_pins.py).
     episode_version: str = "latest"
+    # trainer.reference_logprobs: "learner" (the learner's own reference forward) or "generator" (each
+    # trajectory carries its base-model log-probs from the replica that played it: LoRA only).
+    reference_logprobs: str = "learner"
 
 
 # rollout/play.py (counted while a group plays) -> GroupReport.generation (seal/run/dispatch.py)
@@ -129,6 +132,8 @@ class GroupStats:
     cached_prompt_tokens: int = 0  # prefix-cache hits
     generated_tokens: int = 0
     generate_s: float = 0.0  # waiting for the generator
+    reference_s: float = 0.0  # waiting for the replica's reference log-probs (trainer.reference_logprobs=generator)
+    reference_tokens: int = 0  # tokens the replica scored for them
 
     @property
     def prefix_cache_hit_rate(self) -> float:

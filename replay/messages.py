@@ -79,6 +79,10 @@ class Trajectory:
     # the rest: the prompt alone, nothing generated, outside the group's statistics (learner/batch.py).
     padding: bool = False
     schema_version: int = SCHEMA_VERSION
+    # trainer.reference_logprobs=generator (LoRA): the KL reference's log-prob of each generated token,
+    # from a replica's base model (no adapter), 0.0 where loss_mask is 0; the learner then skips its
+    # reference forward. None: the learner computes it. Optional within schema 2 (absent reads None).
+    reference_logprobs: list[float] | None = None
 
     @property
     def error(self) -> str | None:
@@ -116,6 +120,12 @@ class Trajectory:
             raise ValueError(f"{self.task_id}: loss mask does not match the generated segments")
         if any(m == 0 and lp != 0.0 for m, lp in zip(self.loss_mask, self.logprobs)):
             raise ValueError(f"{self.task_id}: logprobs set on masked tokens")
+        ref = self.reference_logprobs
+        if ref is not None:
+            if len(ref) != n:
+                raise ValueError(f"{self.task_id}: {len(ref)} reference logprobs for {n} tokens")
+            if any(m == 0 and lp != 0.0 for m, lp in zip(self.loss_mask, ref)):
+                raise ValueError(f"{self.task_id}: reference logprobs set on masked tokens")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

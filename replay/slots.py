@@ -70,6 +70,7 @@ class SlotLedger:
         oversample: int = 0,
         episode_deadline_s: float | None = None,
         episode_version: str = "latest",
+        reference_logprobs: str = "learner",
     ) -> None:
         if not task_ids:
             raise ValueError("no tasks")
@@ -84,6 +85,7 @@ class SlotLedger:
         self.max_attempts = max_attempts
         self.episode_deadline_s = episode_deadline_s  # travels with every job (GroupJob.episode_deadline_s)
         self.episode_version = episode_version  # travels with every job (GroupJob.episode_version)
+        self.reference_logprobs = reference_logprobs  # and so does this (GroupJob.reference_logprobs)
         self.next_slot = 0
         self.base = 0  # slots finished before this ledger started (resume)
         self.base_version = 0  # the policy version then
@@ -129,6 +131,7 @@ class SlotLedger:
             attempt=attempt,
             episode_deadline_s=self.episode_deadline_s,
             episode_version=self.episode_version,
+            reference_logprobs=self.reference_logprobs,
         )
 
     def starts_epoch(self, job: GroupJob) -> bool:

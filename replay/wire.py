@@ -1,8 +1,8 @@
 """msgpack encoding of the messages in replay/messages.py (and the control socket's ``Control``).
 
 Every frame is a map {"v": schema version, "kind": message kind, "body": ...}.
-Token ids, masks and logprobs travel as raw little-endian arrays (bin), not
-lists of ints. ``decode`` raises WireError with a reason for anything
+Token ids, masks and logprobs (and reference logprobs, when a trajectory carries them)
+travel as raw little-endian arrays (bin), not lists of ints. ``decode`` raises WireError with a reason for anything
 malformed or of another schema version; receivers count and log those and
 carry on.
 """
@@ -27,7 +27,9 @@ KINDS: dict[str, type] = {
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}
 # (field, numpy dtype) of the arrays sent as raw bytes
 _ARRAYS = (("token_ids", "<i4"), ("loss_mask", "<u1"), ("logprobs", "<f4"))
-_ARRAY_NAMES = {name for name, _ in _ARRAYS}
+# ... and those a trajectory may leave out (None travels as nil)
+_OPTIONAL_ARRAYS = (("reference_logprobs", "<f4"),)
+_ARRAY_NAMES = {name for name, _ in _ARRAYS + _OPTIONAL_ARRAYS}
 
 
 class WireError(ValueError):
@@ -46,6 +48,9 @@ def encode(message: Any) -> bytes:
         body["infra_fault"] = None if message.infra_fault is None else asdict(message.infra_fault)
         for name, dtype in _ARRAYS:
             body[name] = np.asarray(getattr(message, name), dtype=dtype).tobytes()
+        for name, dtype in _OPTIONAL_ARRAYS:
+            value = getattr(message, name)
+            body[name] = None if value is None else np.asarray(value, dtype=dtype).tobytes()
     else:
         body = asdict(message)
     return msgpack.packb({"v": SCHEMA_VERSION, "kind": kind, "body": body}, use_bin_type=True)
@@ -73,6 +78,12 @@ def decode(frame: bytes) -> Any:
                 if not isinstance(raw, bytes) or len(raw) % np.dtype(dtype).itemsize:
                     raise WireError(f"{name} must be raw {dtype} bytes")
                 body[name] = np.frombuffer(raw, dtype=dtype).tolist()
+            for name, dtype in _OPTIONAL_ARRAYS:
+                raw = body.get(name)
+                if raw is not None and (not isinstance(raw, bytes) or len(raw) % np.dtype(dtype).itemsize):
+                    raise WireError(f"{name} must be raw {dtype} bytes or nil")
+                if raw is not None:
+                    body[name] = np.frombuffer(raw, dtype=dtype).tolist()
             body["segments"] = [Segment(**s) for s in body["segments"]]
             if body.get("infra_fault") is not None:  # a map {kind, message}; an unknown kind is refused
                 body["infra_fault"] = InfraFault(**body["infra_fault"])

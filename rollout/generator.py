@@ -90,6 +90,15 @@ class Generator(abc.ABC):
         the same process, a name -> tensor mapping; returns seconds taken. Later outputs carry
         ``version``."""
 
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-prob of each token after the first of every sequence under the base model, no adapter
+        (trainer.reference_logprobs=generator: under LoRA the base is the KL reference). Only an engine
+        serving LoRA adapters has a base apart from the policy; the others refuse."""
+        raise NotImplementedError(
+            f"{type(self).__name__} serves no base model apart from the policy: trainer.reference_logprobs=generator "
+            "needs a vLLM replica serving LoRA adapters"
+        )
+
     def end_episodes(self, episode_ids: Sequence[str]) -> None:  # noqa: B027 - optional
         """Pinned episodes are over: the versions they held may go (an engine without pins holds none)."""
 

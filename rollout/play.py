@@ -72,6 +72,7 @@ def run_group(
     lockstep: bool = True,
     deadline_s: float | None = None,
     pinned: bool = False,
+    reference: bool = False,
 ) -> list[Trajectory]:
     """n rollouts of ``task_id``; each ends with a record, whatever happens.
 
@@ -83,6 +84,9 @@ def run_group(
     an infra fault of kind ``deadline`` (a generation call still waiting is left behind).
     ``pinned`` (trainer.episode_version=pinned): every turn of an episode on the policy version its
     first turn ran on (actors/generation/episode_pins.py); the generator is told when each is over.
+    ``reference`` (trainer.reference_logprobs=generator): once the group is played, the generator scores
+    each trajectory on its base model, the KL reference under LoRA, and the trajectory carries the
+    scores (``Trajectory.reference_logprobs``; learner/engine.py then skips its reference forward).
     """
     if n < 1:
         raise ValueError(f"a group needs n >= 1 rollouts, got {n}")
@@ -99,6 +103,7 @@ def run_group(
         lockstep,
         deadline_s,
         pinned,
+        reference,
     )
 
 
@@ -115,6 +120,7 @@ def run_episodes(
     lockstep: bool = True,
     deadline_s: float | None = None,
     pinned: bool = False,
+    reference: bool = False,
 ) -> list[Trajectory]:
     """One episode per entry of ``task_ids`` (a group repeats one task; a frozen
     evaluation plays many tasks), played together as run_group describes: with a
@@ -149,6 +155,7 @@ def run_episodes(
             _play_lockstep(episodes, play)
         else:
             _play_independently(episodes, play)
+        references = _reference_logprobs(episodes, generator, stats) if reference else {}
     except BaseException:
         # The group is lost (GeneratorUnavailable: re-issued), but what the generator made for it
         # was generated all the same: the caller reports it, so the token books count it lost.
@@ -193,6 +200,7 @@ def run_episodes(
             infra_fault=ep.fault,
             start_version=start_version,
             num_parse_errors=res.num_parse_errors,
+            reference_logprobs=references.get(ep.index),
         )
         traj.validate()
         trajectories.append(traj)
@@ -202,6 +210,34 @@ def run_episodes(
             stats.generated_tokens += traj.num_generated_tokens
             stats.generate_s += ep.generate_s
     return trajectories
+
+
+def _reference_logprobs(
+    episodes: list[_Episode], generator: Generator, stats: GroupStats | None
+) -> dict[int, list[float]]:
+    """Episode index -> the base model's log-prob of each of its tokens (0.0 where not generated), for
+    every episode the policy played that the generator can score whole: one call for the group. An
+    episode left out (an infra fault: it trains as a stand-in; or as long as the model's context,
+    with no room for the one token a scoring request asks) has its reference forwarded by the learner.
+    A replica that fails or times out raises (GeneratorUnavailable: the group is re-issued)."""
+    scored = [
+        ep
+        for ep in episodes
+        if ep.fault is None and any(ep.loss_mask) and len(ep.token_ids) < generator.max_model_len
+    ]
+    if not scored:
+        return {}
+    t0 = time.perf_counter()
+    answers = generator.reference_logprobs([ep.token_ids for ep in scored])
+    if stats is not None:
+        stats.reference_s += time.perf_counter() - t0
+        stats.reference_tokens += sum(len(ep.token_ids) for ep in scored)
+    out = {}
+    for ep, lps in zip(scored, answers, strict=True):
+        if len(lps) != len(ep.token_ids) - 1:
+            raise ValueError(f"{len(lps)} reference log-probs for the {len(ep.token_ids) - 1} tokens after the first")
+        out[ep.index] = [0.0] + [lp if m else 0.0 for m, lp in zip(ep.loss_mask[1:], lps)]
+    return out
 
 
 @dataclass(frozen=True)

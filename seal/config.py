@@ -152,6 +152,7 @@ class TrainerConfig:
     min_group_size: int | None = at_least(1, "null: the whole group")
     episode_deadline_s: float | None = field(metadata={"above": 0, "why": "null: no deadline"})
     episode_version: Literal["latest", "pinned"]  # pinned: an episode's turns on its first turn's version
+    reference_logprobs: Literal["learner", "generator"]  # generator: the KL reference from the replicas (LoRA)
     fill_patience: int = at_least(1, "batches of filtered groups")
     unfilled: Literal["skip", "partial"]
     weight_canary: bool

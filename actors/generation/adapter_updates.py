@@ -31,11 +31,12 @@ newest version: the label is dropped and the version the piece started on stands
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.generation.adapters import ServedAdapters, read_adapter_files, write_adapter_files
@@ -43,6 +44,19 @@ from actors.generation.episode_pins import EpisodePins
 from actors.generation.sources import as_tensors
 from actors.generation.weight_updates import begin_update, count_update, within_update_timeout
 from weights.buckets import WeightManifest, fetch_bucket_async
+
+BASE_LOGPROB_TRIES = 3  # a reference request aborted by this many keep/abort-mode updates in a row fails
+
+
+def scored_prompt(token_ids: Sequence[int], output: Any, who: str) -> list[float]:
+    """The log-prob of each token after the first from a vLLM output asked for ``prompt_logprobs=0``."""
+    steps = getattr(output, "prompt_logprobs", None)
+    if not steps or len(steps) != len(token_ids):
+        raise RuntimeError(
+            f"{who}: vLLM returned {len(steps or [])} prompt log-probs for {len(token_ids)} tokens "
+            f"(finish: {getattr(getattr(output, 'outputs', [None])[0], 'finish_reason', None)})"
+        )
+    return [float(step[tok].logprob) for tok, step in zip(list(token_ids)[1:], steps[1:])]
 
 
 def engine_stream(replica: Any, prompt: Any, params: Any, request_id: str, version: int):
@@ -86,6 +100,31 @@ class AdapterUpdates:
             self.served.release(version)
             if version != self.served.newest and not self.served.users(version):
                 await self.served.drop_unused(engine, self.pins.held())
+
+    async def base_logprobs(self, engine: Any, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Prompt log-probs of each sequence on the base model (no adapter), all submitted at once so the
+        engine batches them beside the episodes it is decoding. The base never changes (adapter updates
+        leave it), so no update is waited for; one of ``update_mode`` keep or abort aborts whatever is
+        in flight, and a request it aborted is asked again (at most ``BASE_LOGPROB_TRIES`` times)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        tag = f"reference-{os.getpid()}-{time.monotonic_ns()}"
+        base = await self.served.base(engine)  # not None: see ServedAdapters.base
+
+        async def one(i: int, ids: Sequence[int]) -> list[float]:
+            who = f"generator replica pid {os.getpid()} (reference {tag}-{i})"
+            for attempt in range(BASE_LOGPROB_TRIES):
+                epoch, final = self.replica._abort_epoch, None
+                prompt = TokensPrompt(prompt_token_ids=list(ids))
+                async for out in engine.generate(prompt, params, request_id=f"{tag}-{i}-{attempt}", lora_request=base):
+                    final = out
+                if self.replica._abort_epoch == epoch or getattr(final, "prompt_logprobs", None):
+                    break  # scored, or failed on its own (scored_prompt says how)
+            return scored_prompt(ids, final, who)
+
+        return list(await asyncio.gather(*(one(i, ids) for i, ids in enumerate(sequences))))
 
     # ------------------------------------------------------------- updates
     async def from_source(self, version: int, source: Any, mode: str | None) -> float:

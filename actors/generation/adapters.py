@@ -55,6 +55,10 @@ def lora_engine_args(max_lora_rank: int, max_loras: int, model_dir: str | Path) 
     }
 
 
+# The zero adapter's LoRA id (ServedAdapters.base): above any version's (version + 1).
+BASE_ADAPTER_ID = 2**30
+
+
 def adapter_request(version: int, directory: str | Path) -> Any:
     """The LoRARequest of policy ``version``, whose adapter lies in ``directory``."""
     from vllm.lora.request import LoRARequest
@@ -162,6 +166,32 @@ class ServedAdapters:
         self.root = Path(root)
         self._requests: dict[int, Any] = {}  # version -> LoRARequest, oldest first
         self._users: dict[int, int] = {}  # version -> requests using it now
+        self._base: Any = None  # the zero adapter (``base``), once one is needed
+
+    async def base(self, engine: Any) -> Any:
+        """The LoRARequest that serves the base model exactly, for requests that must not see any
+        adapter (the KL reference): None while no adapter was ever loaded, else a zero adapter.
+
+        Why not None throughout: vLLM's CPU LoRA kernels (``vllm/lora/ops/torch_ops``) pick each
+        token's adapter by indexing the stacked slots with its LoRA index, and a token without an
+        adapter has index -1, which torch reads as the last slot (skipped only where a prefill batch
+        is one run of -1). Measured on the tiny model: prompt log-probs asked with no adapter once one
+        had been loaded came back 0.44 nats per token off the base; a request decoding on the base
+        across the first publish stayed on it (tests/integration/test_lora_async_generation.py). An
+        adapter of zeros in the newest's shapes adds exactly 0 to every layer. Loaded once, never dropped."""
+        newest = self.newest
+        if newest is None:
+            return None
+        if self._base is None:
+            zeros = {name: t.new_zeros(t.shape) for name, t in read_adapter_files(self.directory(newest)).items()}
+            directory, _ = write_adapter_files(self.root / "base", zeros)
+            from vllm.lora.request import LoRARequest
+
+            request = LoRARequest(lora_name="base-zero", lora_int_id=BASE_ADAPTER_ID, lora_path=str(directory))
+            if not await engine.add_lora(request):
+                raise RuntimeError(f"vLLM did not load the zero adapter from {directory}")
+            self._base = request
+        return self._base
 
     @property
     def newest(self) -> int | None:

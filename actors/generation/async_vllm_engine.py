@@ -380,6 +380,17 @@ class AsyncVllmGenerator(Generator):
         steps = final.prompt_logprobs or []
         return [float(step[tok].logprob) for tok, step in zip(token_ids[1:], steps[1:])]
 
+    async def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:  # type: ignore[override]
+        """The base model's log-prob of each token after the first of every sequence (no adapter): the KL
+        reference under LoRA (trainer.reference_logprobs=generator). A coroutine."""
+        if self.adapters is None:
+            raise ValueError(
+                f"generator replica pid {os.getpid()} serves whole weights, not adapters on a base: "
+                "trainer.reference_logprobs=generator needs learner.cfg.lora (publish: adapter)"
+            )
+        self._check_engine()
+        return await self.adapters.base_logprobs(await self._ready(), sequences)
+
     async def max_model_len(self) -> int:  # type: ignore[override]
         """Starts the engine if needed (what the pipeline's start waits on): a coroutine, not the
         interface's attribute, because an actor handle reaches methods only."""

@@ -32,6 +32,9 @@ from rollout.generator import GenerationOutput, GenerationRequest, Generator, Ge
 from weights.buckets import WeightManifest
 
 log = logging.getLogger(__name__)
+# A group's reference log-probs (trainer.reference_logprobs=generator): one prefill per trajectory,
+# batched beside the replica's decoding; minutes mean the replica is stuck (RemoteGenerator.reference_logprobs).
+REFERENCE_TIMEOUT_S = 300.0
 END_EPISODES_TIMEOUT_S = 30.0  # a pinned episode's end, told to its replica (RemoteGenerator.end_episodes)
 
 
@@ -147,6 +150,10 @@ class GeneratorServer:
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The weight-sync canary, between batches like every engine call."""
         return self._on_engine("call", lambda: self.generator.prompt_logprobs(token_ids))  # type: ignore[attr-defined]
+
+    def reference_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """The base model's log-probs (trainer.reference_logprobs=generator), between batches."""
+        return self._on_engine("call", lambda: self.generator.reference_logprobs(sequences))
 
     def dtype(self) -> str:
         """The generator's resolved dtype (bfloat16 | float32): the learner sends weights in it."""
@@ -274,6 +281,21 @@ class RemoteGenerator(Generator):
         import ray
 
         return self._call(lambda: ray.get(self._handle.update_weights.remote(version, source)))
+
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The replica's base-model log-probs of ``sequences``, within ``REFERENCE_TIMEOUT_S``: a replica
+        gone or past it is unavailable (the group is re-issued, as when it fails mid-episode)."""
+        import ray
+        import ray.exceptions
+
+        ref = self._handle.reference_logprobs.remote([list(s) for s in sequences])
+        try:
+            return self._call(lambda: ray.get(ref, timeout=REFERENCE_TIMEOUT_S))
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref)
+            raise GeneratorUnavailable(
+                f"generator replica: no reference log-probs for {len(sequences)} sequences in {REFERENCE_TIMEOUT_S:.0f} s"
+            ) from None
 
     def end_episodes(self, episode_ids: Sequence[str]) -> None:
         """Tell the replica its pinned episodes are over, within ``END_EPISODES_TIMEOUT_S``. A replica

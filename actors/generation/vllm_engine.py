@@ -248,6 +248,24 @@ class VllmGenerator(Generator):
         # The first prompt token has no logprob (None); every later one has its dict.
         return [float(step[tok].logprob) for tok, step in zip(list(token_ids)[1:], steps[1:]) if step is not None]
 
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The base model's log-prob of each token after the first of every sequence, one batch with no
+        adapter: the KL reference under LoRA (trainer.reference_logprobs=generator)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from actors.generation.adapter_updates import scored_prompt
+
+        if not self.settings.max_lora_rank:
+            raise ValueError(
+                "this engine serves whole weights, not adapters on a base: trainer.reference_logprobs=generator "
+                "needs learner.cfg.lora (publish: adapter)"
+            )
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in sequences]
+        results = self._llm.generate(prompts, params, use_tqdm=False, lora_request=None)
+        return [scored_prompt(ids, res, "generator (reference log-probs)") for ids, res in zip(sequences, results)]
+
     def reset_prefix_cache(self) -> None:
         self._llm.reset_prefix_cache()
 

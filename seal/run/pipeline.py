@@ -93,6 +93,7 @@ class Pipeline:
             oversample=t.admission_oversample,
             episode_deadline_s=t.episode_deadline_s,
             episode_version=t.episode_version,
+            reference_logprobs=t.reference_logprobs,
         )
         queue = replay_queue(cfg, t)
         self.window = StepWindow(
@@ -339,6 +340,29 @@ def replay_queue(cfg, t: TrainerConfig) -> ReplayQueue:
     )
 
 
+def reference_problem(
+    reference_logprobs: str, lora_rank: int | None, lora_publish: str | None, kl_coef: float
+) -> str | None:
+    """Why ``trainer.reference_logprobs=generator`` cannot work with these settings (None: it can, or
+    it is not asked for): one line saying what to set."""
+    if reference_logprobs != "generator":
+        return None
+    head = "trainer.reference_logprobs=generator takes the KL reference from the replicas' base model"
+    if lora_rank is None:
+        return (
+            f"{head}, which is the reference only under LoRA (learner.cfg.lora.rank=R): with full training "
+            "the replicas serve the trained weights, not the frozen reference"
+        )
+    if lora_publish != "adapter":
+        return (
+            f"{head}, which needs learner.cfg.lora.publish=adapter: with publish={lora_publish} the replicas "
+            "load merged weights and no longer serve the base"
+        )
+    if not kl_coef:
+        return f"{head}, but learner.cfg.loss.kl_coef is 0: there is no KL term to take it for"
+    return None
+
+
 def check_pipeline_config(cfg) -> Settings:
     """The checks no component makes of its own: the typed groups (seal/config.py), the learner
     group's size against its backend, and the guideline policy (built in the coordinator actor: it
@@ -361,5 +385,13 @@ def check_pipeline_config(cfg) -> Settings:
     )
     if pinning:
         raise ValueError(pinning)
+    reference = reference_problem(
+        trainer.reference_logprobs,
+        lora.rank if lora is not None else None,
+        lora.publish if lora is not None else None,
+        learners.cfg.loss.kl_coef,
+    )
+    if reference:
+        raise ValueError(reference)
     instantiate(cfg.guideline_policy)
     return settings

@@ -222,6 +222,8 @@ class StepWindow:
             "publish_s": facts.publish_s,
             "wait_s": {
                 "generate": sum(r.generation.generate_s for r in reports),
+                # the replicas scoring the KL reference (trainer.reference_logprobs=generator); 0 otherwise
+                "reference": sum(r.generation.reference_s for r in reports),
                 "env": env_s,
                 "send": sum(r.send_s for r in reports),
                 "learner": outcome.t_learn,

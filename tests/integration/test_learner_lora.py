@@ -163,3 +163,56 @@ def test_weights_out_of_a_lora_learner_are_the_base_with_the_adapter_merged(tiny
     assert sent.keys() == {n for n, _ in plain.named_parameters()}  # a tied head once, as for full training
     assert all(torch.equal(sent[k], v) for k, v in snapshot.state_dict().items() if k in sent)
     # What publishes send (publish: adapter, the default, or merged): tests/integration/test_lora_publish_paths.py.
+
+
+def carrying_reference(trajectories, tiny_path, shift=0.0):
+    """The trajectories as trainer.reference_logprobs=generator delivers them: each with the base
+    model's log-prob of its generated tokens (here from the base model in torch, fp32)."""
+    from dataclasses import replace
+
+    from tests.integration.hf_logprobs import sequence_logprobs
+
+    base = base_model(tiny_path)
+    out = []
+    for t in trajectories:
+        lps = sequence_logprobs(base, t.token_ids)
+        out.append(replace(t, reference_logprobs=[lp + shift if m else 0.0 for lp, m in zip(lps, t.loss_mask)]))
+    return out
+
+
+@pytest.mark.parametrize("backend, stage, packed", [("torch", 0, False), ("deepspeed", 2, True)])
+def test_a_carried_reference_replaces_the_reference_forward(tiny_path, backend, stage, packed):
+    """Given the base model's log-probs with the trajectories, the learner skips its reference forward
+    and takes the same step: the same KL and loss, the same adapter after it (fp32, packed or not).
+    A reference off by 1 nat moves the KL: the carried values are what the loss reads."""
+    batch = make_batch(4, tiny_path, shared_prompt=packed)
+    own, carried, shifted = (lora_learner(tiny_path, backend, stage, packed=packed) for _ in range(3))
+    start = own.model.state_dict()
+    for lrn in (carried, shifted):
+        lrn.model.load_state_dict(start)
+
+    a = own.train_batch(batch, RELEASED_BASE_WEIGHTS)
+    b = carried.train_batch(carrying_reference(batch, tiny_path), RELEASED_BASE_WEIGHTS)
+    c = shifted.train_batch(carrying_reference(batch, tiny_path, shift=-1.0), RELEASED_BASE_WEIGHTS)
+    assert a.reference_carried_tokens == 0 and b.reference_carried_tokens == b.scored_tokens > 0
+    assert a.kl is not None and b.kl == pytest.approx(a.kl, rel=1e-4, abs=1e-7)
+    assert b.loss == pytest.approx(a.loss, rel=1e-4, abs=1e-7)
+    _, adapter_a = split_state(own)
+    _, adapter_b = split_state(carried)
+    # The carried values come from an unpacked forward in torch, the learner's own from its (packed)
+    # forward: fp32 rounding apart (1e-7 nats). Adam's first step divides each gradient by its own size,
+    # which magnifies that where a gradient is near 0: measured 2e-7 unpacked, 2e-5 packed, against a
+    # step of lr = 1e-2 per weight. 1e-4 is 1% of the step.
+    assert all(torch.allclose(adapter_b[k], adapter_a[k], atol=1e-4, rtol=0) for k in adapter_a)
+    assert c.kl > a.kl + 0.1  # k3 of a 1-nat gap is e^-1 + 1 - 1 = 0.37 per token
+
+
+def test_a_batch_partly_without_it_forwards_those_micro_batches(tiny_path):
+    """A trajectory the generator did not score (left to the learner) costs only its own micro-batch
+    a reference forward; the rest still take theirs from the trajectories."""
+    from dataclasses import replace
+
+    batch = carrying_reference(make_batch(5, tiny_path), tiny_path)
+    batch[0] = replace(batch[0], reference_logprobs=None)
+    result = lora_learner(tiny_path).train_batch(batch, RELEASED_BASE_WEIGHTS)
+    assert 0 < result.reference_carried_tokens == result.scored_tokens - sum(batch[0].loss_mask)

@@ -195,3 +195,56 @@ def test_the_canary_scores_beside_requests_on_the_adapter(replica, learner, tiny
         loop.run(_noop())
     assert_serves_the_learner(gen, loop, learner, base)
     assert all(len(out.token_ids) > 0 and out.policy_version == version for out in busy.result(300))
+
+
+def test_the_base_scores_the_kl_reference_beside_requests_on_the_adapter(replica, learner, tiny_path):
+    """trainer.reference_logprobs=generator: sequences scored on the base model (no adapter) while
+    episodes decode on the newest adapter are the learner's reference (its policy with the adapter
+    off), and not the adapter's log-probs; every sequence of the call is answered whole."""
+    gen, loop = replica
+    base = learner_base_logprobs(learner)
+    version = gen.policy_version() + 1
+    loop.run(gen.update_weights(version, trained(learner, tiny_path, version)))
+    busy = loop.submit(
+        gen.generate(
+            [GenerationRequest(f"ref-busy{i}", list(TOKENS), 200, 20 + i) for i in range(3)],
+            SamplingConfig(temperature=1.0, seed=5),
+        )
+    )
+    while gen.adapters.served.users(version) < 3:
+        loop.run(_noop())
+    whole, again = loop.run(gen.reference_logprobs([TOKENS, list(TOKENS)]))
+    assert gap(whole, base) <= TOLERANCE and whole == again
+    assert gap(whole, learner.canary_logprobs(TOKENS)) > 100 * TOLERANCE  # the adapter's are other
+    assert all(out.policy_version == version for out in busy.result(300))
+
+
+def test_a_request_on_the_base_stays_on_it_when_the_first_adapter_lands(tiny_path, learner):
+    """A request that started before any adapter (policy v0, the base) and decodes on after the
+    first publish keeps the base: each sampled token's log-prob is the learner's base log-prob of it.
+    (vLLM's CPU kernels would give a request without an adapter the last slot's: ServedAdapters.base.)"""
+    from actors.generation.async_vllm_engine import AsyncVllmGenerator
+    from tests.integration.hf_logprobs import sequence_logprobs
+
+    loop = Loop()
+    gen = AsyncVllmGenerator(
+        tiny_path, max_model_len=512, cpu_kv_cache_gb=0.25, dtype="float32", max_lora_rank=8, update_timeout_s=600.0
+    )
+    try:
+        loop.run(gen.max_model_len())
+        long = loop.submit(
+            gen.generate([GenerationRequest("v0", list(TOKENS), 490, 3)], SamplingConfig(temperature=1.0, seed=3))
+        )
+        tensors = trained(learner, tiny_path, 1)
+        while not gen.counters.outstanding:
+            loop.run(_noop())
+        loop.run(gen.update_weights(1, tensors))
+        assert not long.done(), "the request ended before the adapter landed: nothing tested"
+        out = long.result(300)[0]
+        assert out.policy_version == 0 and len(out.token_ids) > 20
+        with torch.no_grad(), learner.model.disable_adapter():
+            base = sequence_logprobs(learner.model, list(TOKENS) + out.token_ids)[len(TOKENS) :]
+        worst = max(abs(a - b) for a, b in zip(out.logprobs, base))
+        assert worst <= TOLERANCE, f"a token of the v0 request was off the base by {worst:.4f} nats"
+    finally:
+        loop.run(gen.close())

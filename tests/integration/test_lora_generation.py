@@ -73,6 +73,9 @@ def test_published_adapters_give_the_learners_logprobs(tiny_path, generator, tmp
         [GenerationRequest(request_id="r", prompt_ids=TOKENS, max_new_tokens=4)], SamplingConfig(temperature=0.0)
     )[0]
     assert out.policy_version == 3 and len(out.token_ids) == len(out.logprobs) > 0
+    # trainer.reference_logprobs=generator: with an adapter loaded, the base still answers the reference
+    (reference,) = generator.reference_logprobs([TOKENS])
+    assert gap(reference, base) <= TOLERANCE and gap(reference, served) > 100 * TOLERANCE
 
 
 def test_a_publish_is_refused_for_an_older_version_or_a_missing_adapter(generator, tmp_path):

@@ -52,6 +52,7 @@ def traj(group="g0", index=0, version=0, reward=1.0, n_tokens=12) -> Trajectory:
     [
         traj(),
         replace(traj(), infra_fault=InfraFault("engine_rejected", "ValueError: prompt longer than the model")),
+        replace(traj(), reference_logprobs=[0.0] * 8 + [-0.25] * 4),  # exact in float32
         Control("scale", {"env": 6}),
     ],
 )
@@ -90,6 +91,24 @@ def test_inconsistent_trajectory_is_rejected():
     frame["body"]["logprobs"] = b"\x00\x01\x02"
     with pytest.raises(WireError, match="logprobs"):
         decode(msgpack.packb(frame, use_bin_type=True))
+
+
+def test_a_carried_reference_travels_as_raw_bytes_and_is_checked():
+    t = replace(traj(), reference_logprobs=[0.0] * 8 + [-0.25] * 4)
+    frame = msgpack.unpackb(encode(t), raw=False)
+    assert isinstance(frame["body"]["reference_logprobs"], bytes) and len(frame["body"]["reference_logprobs"]) == 4 * 12
+    assert msgpack.unpackb(encode(traj()), raw=False)["body"]["reference_logprobs"] is None
+    frame["body"]["reference_logprobs"] = b"\x00\x01"
+    with pytest.raises(WireError, match="reference_logprobs must be raw"):
+        decode(msgpack.packb(frame, use_bin_type=True))
+    with pytest.raises(ValueError, match="11 reference logprobs for 12 tokens"):
+        replace(traj(), reference_logprobs=[0.0] * 11).validate()
+    with pytest.raises(ValueError, match="reference logprobs set on masked tokens"):
+        replace(traj(), reference_logprobs=[-1.0] * 12).validate()
+    # A record written before the field existed reads as carrying none.
+    d = traj().to_dict()
+    del d["reference_logprobs"]
+    assert Trajectory.from_dict(d).reference_logprobs is None
 
 
 @settings(max_examples=300, deadline=None)

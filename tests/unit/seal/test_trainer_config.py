@@ -210,3 +210,20 @@ def test_a_run_recorded_before_the_modules_moved_finds_its_classes_again():
     assert recorded.tag_weights._target_ == "actors.coordinator.tag_weights.TagWeights"
     assert recorded.tag_weights.cfg._target_ == "actors.coordinator.tag_weights.DynamicWeightConfig"
     assert recorded.env._target_ == "no_such_package.NoSuchEnv"  # nothing of that name today: its own error later
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        ([], "is the reference only under LoRA"),
+        (["learner.cfg.lora.rank=8", "learner.cfg.lora.publish=merged"], "needs learner.cfg.lora.publish=adapter"),
+        (["learner.cfg.lora.rank=8", "learner.cfg.loss.kl_coef=0"], "there is no KL term"),
+    ],
+)
+def test_the_reference_from_the_generator_is_refused_where_it_is_not_the_base(overrides, says):
+    from seal.run.pipeline import check_pipeline_config
+
+    with pytest.raises(ValueError, match=f"^trainer.reference_logprobs=generator takes .*{says}"):
+        check_pipeline_config(compose(["trainer.reference_logprobs=generator", *overrides]))
+    settings = check_pipeline_config(compose(["trainer.reference_logprobs=generator", "learner.cfg.lora.rank=8"]))
+    assert settings.trainer.reference_logprobs == "generator"
