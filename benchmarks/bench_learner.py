@@ -7,8 +7,12 @@ generated tokens). Each (system, shape, repeat) runs in a process of its own
 (benchmarks/learner_probe.py: the learner built from that checkout's config, warm-up steps, then
 measured ones), so peak RSS is per system; with --baseline DIR (a checkout of another commit, e.g.
 `git worktree add /tmp/old c76e32f`) the two systems alternate, the order flipping every repeat.
-With --lora R the two systems are this checkout training every weight (`full`) and a rank-R LoRA
-adapter (`lora`: learner.cfg.lora.rank=R, publishes carry the adapter alone), on the same shapes.
+With --lora R the systems are this checkout training every weight (`full`), a rank-R LoRA adapter
+(`lora`: learner.cfg.lora.rank=R, publishes carry the adapter alone) and that adapter with the KL
+reference carried by the trajectories (`lora_genref`: trainer.reference_logprobs=generator, the
+learner skipping its reference forward; the probe fills them with the base model's log-probs before
+the timed steps, which the replicas' agree with within the bf16 mismatch: `seal bench reference`),
+on the same shapes.
 
 FLOPs are the step's useful work, counted from the model's config and the batch's layout: every
 linear layer of the policy forward and backward (3x the forward) at every forwarded token, the
@@ -57,6 +61,9 @@ PHASE_ORDER = (
     "optimizer",
     "zero_bookkeeping",
 )
+
+
+GENREF = "lora_genref"  # --lora's third system: the KL reference carried by the trajectories
 
 
 def add_arguments(parser) -> None:
@@ -144,8 +151,9 @@ def step_flops(model_path: str, batch: list[dict], kl: bool, packed: bool, lora:
     return (2 if lora else 3) * forward + (forward if kl else 0.0)
 
 
-def _probe(repo: Path, overrides: list[str], batch: list[dict], args) -> dict[str, Any]:
+def _probe(repo: Path, overrides: list[str], batch: list[dict], args, carry_reference: bool = False) -> dict[str, Any]:
     spec = {
+        "carry_reference": carry_reference,
         "repo": str(repo),
         "overrides": overrides,
         "batch": batch,
@@ -214,7 +222,8 @@ def run(args) -> dict[str, Any]:
     if args.baseline:
         systems["baseline"] = (args.baseline.resolve(), [])
     if args.lora is not None:
-        systems = {"full": (REPO, []), "lora": (REPO, [f"learner.cfg.lora.rank={args.lora}"])}
+        adapter = [f"learner.cfg.lora.rank={args.lora}"]
+        systems = {"full": (REPO, []), "lora": (REPO, adapter), GENREF: (REPO, adapter)}
     first = next(iter(systems))
     per_shape: dict[str, Any] = {}
     for i, shape in enumerate(shapes):
@@ -228,9 +237,11 @@ def run(args) -> dict[str, Any]:
             for name in order:
                 log(f"[{NAME}] {shape}: {name} repeat {r + 1}/{args.repeats}")
                 repo, own = systems[name]
-                probes[name].append(_probe(repo, [*overrides, *own], batch, args))
+                probes[name].append(_probe(repo, [*overrides, *own], batch, args, carry_reference=name == GENREF))
         per_shape[shape] = {
-            name: _summarise(probes[name], step_flops(model_path, batch, kl, packed, lora=name == "lora"))
+            name: _summarise(
+                probes[name], step_flops(model_path, batch, kl and name != GENREF, packed, lora=name != "full")
+            )
             for name in systems
         }
         per_shape[shape]["group"] = {
@@ -243,6 +254,7 @@ def run(args) -> dict[str, Any]:
             per_shape[shape]["speedup"] = this["tokens_per_s"]["median"] / base["tokens_per_s"]["median"]
         if args.lora is not None:
             per_shape[shape]["lora_vs_full"] = lora_ratios(per_shape[shape]["full"], per_shape[shape]["lora"])
+            per_shape[shape]["genref_vs_full"] = lora_ratios(per_shape[shape]["full"], per_shape[shape][GENREF])
     main = per_shape[shapes[0]][first]
     report: dict[str, Any] = {
         "shapes": per_shape,
@@ -265,6 +277,12 @@ def run(args) -> dict[str, Any]:
         ratios = per_shape[shapes[0]]["lora_vs_full"]
         report["targets"] += [
             target(f"LoRA step speedup ({shapes[0]})", ratios["step_speedup"], ">=", 1.5),
+            target(
+                f"LoRA step speedup, reference from the generator ({shapes[0]})",
+                per_shape[shapes[0]]["genref_vs_full"]["step_speedup"],
+                ">=",
+                1.5,
+            ),
             target(f"LoRA / full peak RSS ({shapes[0]})", ratios["rss_ratio"], "<", 1.0),
             target(f"full / LoRA publish bytes ({shapes[0]})", ratios["publish_bytes_ratio"], ">=", 20.0),
             target(f"full / LoRA publish seconds ({shapes[0]})", ratios["publish_s_ratio"], ">=", 10.0),
@@ -286,7 +304,7 @@ def lora_ratios(full: dict[str, Any], lora: dict[str, Any]) -> dict[str, float]:
 def render(report: dict[str, Any]) -> str:
     parts = []
     for shape, per in report["shapes"].items():
-        systems = [s for s in ("this", "baseline", "full", "lora") if s in per]
+        systems = [s for s in ("this", "baseline", "full", "lora", GENREF) if s in per]
         g = per["group"]
         parts.append(
             f"{shape}: one group of {g['n']}, prompt {g['prompt_tokens']} tokens, {g['sequence_tokens']} in all"
@@ -320,6 +338,10 @@ def render(report: dict[str, Any]) -> str:
                 f"LoRA vs full: step {r['step_speedup']:.2f}x faster, peak RSS x{r['rss_ratio']:.2f}, "
                 f"publish {r['publish_bytes_ratio']:.1f}x fewer bytes, {r['publish_s_ratio']:.1f}x shorter"
             )
+        if "genref_vs_full" in per:
+            parts.append(
+                f"LoRA with the generator's reference vs full: step {per['genref_vs_full']['step_speedup']:.2f}x faster"
+            )
     return "\n\n".join(parts)
 
 
@@ -328,7 +350,7 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
     fig, axes = figure(len(shapes))
     for ax, shape in zip(axes, shapes):
         per = report["shapes"][shape]
-        systems = [s for s in ("this", "baseline", "full", "lora") if s in per]
+        systems = [s for s in ("this", "baseline", "full", "lora", GENREF) if s in per]
         for x, s in enumerate(systems):
             if not per[s].get("phases"):  # a checkout without the phase clock: its whole step, in grey
                 ax.bar(x, per[s]["step_s"]["median"], color="0.6", label="whole step (no phase clock)")

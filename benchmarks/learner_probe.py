@@ -3,7 +3,8 @@
     python benchmarks/learner_probe.py SPEC_JSON
 
 SPEC: {"repo": a checkout (this one, or another commit's worktree for the baseline), "overrides":
-hydra overrides, "batch": the trajectories as dicts, "warmup", "steps", "threads", "publish_dtype"}.
+hydra overrides, "batch": the trajectories as dicts, "warmup", "steps", "threads", "publish_dtype",
+"carry_reference": a LoRA learner's trajectories carry the KL reference (filled here, untimed)}.
 The learner is built from that checkout's own config and code, so an older commit is measured as it
 was. Prints one line `PROBE {json}`: per measured step the learner's own seconds and tokens/s, the
 phases where the checkout's learner has a phase clock (learner/phases.py), the publish time (the
@@ -36,6 +37,17 @@ def matmul_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best
 
 
+def with_base_reference(learner, traj):
+    """``traj`` carrying the base model's log-prob of each generated token (a LoRA learner's policy
+    with its adapter off, under its autocast), as a replica's reply would make it."""
+    from dataclasses import replace
+
+    with learner.model.disable_adapter():
+        lps = learner.canary_logprobs(traj.token_ids)
+    ref = [0.0] + [lp if m else 0.0 for m, lp in zip(traj.loss_mask[1:], lps)]
+    return replace(traj, reference_logprobs=ref)
+
+
 def main(spec: dict) -> dict:
     sys.path.insert(0, spec["repo"])
     os.chdir(spec["repo"])
@@ -57,6 +69,8 @@ def main(spec: dict) -> dict:
         t = dict(t)
         t["segments"] = [Segment(*s) for s in t["segments"]]
         batch.append(Trajectory(**t))
+    if spec.get("carry_reference"):  # trainer.reference_logprobs=generator: the base's log-probs ride along
+        batch = [with_base_reference(learner, t) for t in batch]
     clock = None
     if hasattr(learner, "phases"):
         from learner.phases import PhaseClock

@@ -130,7 +130,11 @@ ROW_FIELDS = (
     "tag_weights",
 )
 # ... and its throughput under the learner's name (the row holds the generator's too).
-ROW_RENAMED = {"learner_samples_per_s": "samples_per_s", "learner_tokens_per_s": "tokens_per_s"}
+ROW_RENAMED = {
+    "learner_samples_per_s": "samples_per_s",
+    "learner_tokens_per_s": "tokens_per_s",
+    "learner_scored_tokens": "scored_tokens",  # beside reference_carried_tokens: the share carried
+}
 
 
 def learner_row(result: LearnerStepResult | None) -> dict[str, Any]:

@@ -54,3 +54,18 @@ def test_a_lora_run_trains_publishes_checkpoints_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][-1] == 3
+
+
+@pytest.mark.slow
+def test_a_lora_run_takes_its_kl_reference_from_the_replicas(tmp_path):
+    """trainer.reference_logprobs=generator: the replica that played each group scores it on the base,
+    the trajectories carry that over ZeroMQ, and the learner takes it for every scored token instead
+    of its own reference forward; the KL it reports is the same small one as with its own."""
+    run_dir = tmp_path / "run"
+    proc = seal_train(*ARGS, "trainer.steps=2", "trainer.reference_logprobs=generator", f"run_dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["reference_carried_tokens"] == r["learner_scored_tokens"] > 0, r
+        assert r["wait_s"]["reference"] > 0 and 0 <= r["kl"] < 0.05
