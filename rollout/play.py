@@ -221,9 +221,7 @@ def _reference_logprobs(
     with no room for the one token a scoring request asks) has its reference forwarded by the learner.
     A replica that fails or times out raises (GeneratorUnavailable: the group is re-issued)."""
     scored = [
-        ep
-        for ep in episodes
-        if ep.fault is None and any(ep.loss_mask) and len(ep.token_ids) < generator.max_model_len
+        ep for ep in episodes if ep.fault is None and any(ep.loss_mask) and len(ep.token_ids) < generator.max_model_len
     ]
     if not scored:
         return {}

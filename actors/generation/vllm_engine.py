@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from actors.generation.adapter_updates import scored_prompt
 from actors.generation.adapters import AdapterSlots
 from actors.generation.engine_guard import start_guard
 from actors.generation.engine_settings import EngineSettings, engine_setup
@@ -253,8 +254,6 @@ class VllmGenerator(Generator):
         adapter: the KL reference under LoRA (trainer.reference_logprobs=generator)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-
-        from actors.generation.adapter_updates import scored_prompt
 
         if not self.settings.max_lora_rank:
             raise ValueError(
