@@ -244,6 +244,17 @@ class ServedAdapters:
         return dropped
 
 
+def adapter_slots(by_hand: int | None, default: int, reference_from_base: bool) -> int:
+    """The LoRA slots (vLLM's ``max_loras``: distinct adapters in one batch) a replica starts with:
+    those set by hand, else the engine's ``default`` and, where the replicas score the KL reference
+    (trainer.reference_logprobs=generator), one more for the zero adapter those requests use
+    (``ServedAdapters.base``): without it a group's scoring requests and episodes on two policy
+    versions would take turns for the slots."""
+    if by_hand is not None:
+        return by_hand
+    return default + 1 if reference_from_base else default
+
+
 def serving_rank(rank: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds a rank-``rank`` adapter."""
     fitting = [r for r in VLLM_LORA_RANKS if r >= rank]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from actors.generation.adapters import serving_rank
+from actors.generation.adapters import adapter_slots, serving_rank
 from seal.cluster_config import ClusterConfig, local_gpu_count
 from seal.config import GeneratorConfig, ModelConfig, Settings, config_dir, instantiate
 from seal.estimate import plan_layout  # query_cluster through the module: tests stand a cluster in there
@@ -150,13 +150,17 @@ def generator_setup(g: GeneratorConfig) -> GeneratorSetup:
     )
 
 
-def with_adapter_slots(gs: GeneratorSetup, lora) -> GeneratorSetup:
+def with_adapter_slots(
+    gs: GeneratorSetup, lora, reference_from_base: bool = False, max_loras: int | None = None
+) -> GeneratorSetup:
     """A learner publishing adapters (learner.cfg.lora.publish: adapter) has the replicas serve them:
     vLLM's LoRA slots at the smallest rank holding the adapter, as `seal train` starts them
-    (actors/generation/adapters.py ``adapter_serving_spec``: its max_loras default, 2)."""
+    (actors/generation/adapters.py ``adapter_serving_spec``; the slots ``adapter_slots``: the
+    engine's 2, one more where the replicas score the KL reference, or ``max_loras`` set by hand)."""
     if lora is None or lora.rank is None or lora.publish != "adapter":
         return gs
-    return replace(gs, max_lora_rank=serving_rank(int(lora.rank)))
+    slots = adapter_slots(max_loras, gs.max_loras, reference_from_base)
+    return replace(gs, max_lora_rank=serving_rank(int(lora.rank)), max_loras=slots)
 
 
 def demands(
@@ -231,7 +235,7 @@ def build_plan(cfg, query: bool = True, settings: Settings | None = None) -> Pla
     m = ModelSpec.from_config(config, Path(source).parent.name)
     cluster: ClusterConfig = instantiate(cfg.cluster)
     ls, gs = learner_setup(cfg, s), generator_setup(s.generator)
-    gs = with_adapter_slots(gs, s.learner.cfg.lora)
+    gs = with_adapter_slots(gs, s.learner.cfg.lora, s.trainer.reference_logprobs == "generator", s.generator.max_loras)
     replicas = s.generator.replicas
     asks_gpus = (
         ls.device == "cuda"

@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 from actors.coordinator.coordinator import Coordinator, CoordinatorState
 from actors.coordinator.service import CoordinatorService
 from actors.env_actor import EnvActor
-from actors.generation.adapters import adapter_serving_spec
+from actors.generation.adapters import adapter_serving_spec, adapter_slots
+from actors.generation.engine_settings import EngineSettings
 from learner.lora import publishes_adapter
 from replay.auth import ClientKeys
 from seal.chat_setup import chat_options
@@ -111,6 +112,8 @@ class ActorSet:
         # A LoRA learner publishing adapters: the replicas serve them (actors/generation/adapters.py).
         adapter_rank = group.cfg.lora.rank if group.cfg.lora is not None and publishes_adapter(group.cfg) else None
         gen_spec = adapter_serving_spec(gen_spec, adapter_rank, fleet.max_lora_rank, is_async_engine(fleet.target))
+        if settings.trainer.reference_logprobs == "generator":  # refused without adapters (seal/run/pipeline.py)
+            gen_spec["max_loras"] = adapter_slots(fleet.max_loras, EngineSettings.max_loras, True)
         io = run_io_bounds(cfg, settings)  # checkpoint, resume and snapshot bounded by their bytes
         replicas = fleet.replicas
         # The learner ranks' layout as `seal plan` states it, reserved before any replica starts:

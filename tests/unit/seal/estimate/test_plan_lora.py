@@ -71,6 +71,16 @@ def test_slots_only_where_the_learner_publishes_adapters(lora, rank):
     assert with_adapter_slots(GeneratorSetup(), lora).max_lora_rank == rank  # vLLM's smallest rank >= 4: 8
 
 
+def test_the_replicas_scoring_the_reference_get_a_slot_for_the_zero_adapter():
+    """trainer.reference_logprobs=generator: the engine's 2 slots and one for the base's zero adapter
+    (actors/generation/adapters.py adapter_slots, as `seal train` starts the replicas); set by hand, as set."""
+    lora = LoraConfig(rank=8)
+    assert with_adapter_slots(GeneratorSetup(), lora).max_loras == 2
+    assert with_adapter_slots(GeneratorSetup(), lora, reference_from_base=True).max_loras == 3
+    assert with_adapter_slots(GeneratorSetup(), lora, reference_from_base=True, max_loras=5).max_loras == 5
+    assert with_adapter_slots(GeneratorSetup(), None, reference_from_base=True).max_loras == 2  # no adapters
+
+
 def test_zero3_partitions_the_adapter_and_a_snapshot_gathers_the_whole_model():
     two = LearnerSetup(backend="deepspeed", zero_stage=3, world_size=2, device="cuda", dtype="bfloat16", lora_rank=16)
     e, p = learner_memory(QWEN7, two), QWEN7.params()
