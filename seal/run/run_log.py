@@ -62,6 +62,7 @@ SCALARS = (
     "parse_failures_per_episode",
     "token_staleness_mean",
     "token_staleness_max",
+    "mixed_version_episodes",
     "tokens_per_s_per_device",
     # generator replicas' weight updates (seal/run/step_metrics.py replica_metrics)
     "prefix_cache_reset_refused",

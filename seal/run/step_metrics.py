@@ -316,12 +316,15 @@ def sum_token_books(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
 
 
 def token_staleness(trajs: Sequence[Trajectory], learner_version: int) -> dict[str, Any]:
-    """Per generated token: how many versions behind the weights it trained against it was made."""
+    """Per generated token: how many versions behind the weights it trained against it was made; and
+    the episodes whose tokens came from more than one policy version (an update landed mid-episode;
+    0 under trainer.episode_version=pinned)."""
     tokens = [(learner_version - s.policy_version, s.end - s.start) for t in trajs for s in t.segments]
     n = sum(k for _, k in tokens)
     return {
         "token_staleness_mean": sum(v * k for v, k in tokens) / n if n else None,
         "token_staleness_max": max((v for v, k in tokens if k), default=None),
+        "mixed_version_episodes": sum(len({s.policy_version for s in t.segments if s.end > s.start}) > 1 for t in trajs),
     }
 
 

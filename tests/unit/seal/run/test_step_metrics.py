@@ -213,3 +213,15 @@ def test_a_report_later_than_its_groups_row_is_not_counted_in_flight_at_the_end(
     row = window.row(StepOutcome([], None, interface, 0.0), facts(2, 1, 1.0, 16), 2.0, {}).row
     books = row["tokens_run"]
     assert (books["trained"], books["filtered"], books["in_flight_end"], books["unattributed"]) == (8, 8, 0, 0)
+
+
+def test_an_episode_with_tokens_of_two_versions_is_counted_mixed():
+    """mixed_version_episodes: an update landed mid-episode (trainer.episode_version=latest); pinned
+    episodes keep it at 0. An empty span (a turn that generated nothing) names no policy."""
+    from seal.run.step_metrics import token_staleness
+
+    one = traj("g", 1.0, version=2)
+    mixed = replace(traj("g", 0.0, version=1), segments=[Segment(8, 10, 1), Segment(10, 12, 2)])
+    empty = replace(traj("g", 0.0, version=2), segments=[Segment(8, 8, 1), Segment(8, 12, 2)])
+    out = token_staleness([one, mixed, empty], learner_version=3)
+    assert out["mixed_version_episodes"] == 1 and out["token_staleness_max"] == 2
