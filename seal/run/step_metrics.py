@@ -324,7 +324,9 @@ def token_staleness(trajs: Sequence[Trajectory], learner_version: int) -> dict[s
     return {
         "token_staleness_mean": sum(v * k for v, k in tokens) / n if n else None,
         "token_staleness_max": max((v for v, k in tokens if k), default=None),
-        "mixed_version_episodes": sum(len({s.policy_version for s in t.segments if s.end > s.start}) > 1 for t in trajs),
+        "mixed_version_episodes": sum(
+            len({s.policy_version for s in t.segments if s.end > s.start}) > 1 for t in trajs
+        ),
     }
 
 
