@@ -176,6 +176,22 @@ def test_an_abort_update_continues_a_request_on_the_new_adapter(replica, learner
     assert gen.adapters.served.loaded() == [new]
 
 
+def decoding_on_a_new_adapter(gen, loop, learner, tiny_path, tag, seed):
+    """A new adapter published, then three requests decoding on it (all in the engine on return):
+    (its version, the future of their outputs)."""
+    version = gen.policy_version() + 1
+    loop.run(gen.update_weights(version, trained(learner, tiny_path, version)))
+    busy = loop.submit(
+        gen.generate(
+            [GenerationRequest(f"{tag}{i}", list(TOKENS), 200, 10 * seed + i) for i in range(3)],
+            SamplingConfig(temperature=1.0, seed=seed),
+        )
+    )
+    while gen.adapters.served.users(version) < 3:
+        loop.run(_noop())
+    return version, busy
+
+
 def test_the_canary_scores_beside_requests_on_the_adapter(replica, learner, tiny_path):
     """The canary asks for prompt log-probs while episodes run (the main job's case). vLLM computes
     them through the output head's LoRA wrapper with the batch's mapping, one entry per request:
@@ -183,16 +199,7 @@ def test_the_canary_scores_beside_requests_on_the_adapter(replica, learner, tiny
     core died (einsum shape error). The engine wraps only the adapter's layers, never the head."""
     gen, loop = replica
     base = learner_base_logprobs(learner)
-    version = gen.policy_version() + 1
-    loop.run(gen.update_weights(version, trained(learner, tiny_path, version)))
-    busy = loop.submit(
-        gen.generate(
-            [GenerationRequest(f"busy{i}", list(TOKENS), 200, 10 + i) for i in range(3)],
-            SamplingConfig(temperature=1.0, seed=4),
-        )
-    )
-    while gen.adapters.served.users(version) < 3:  # all three in the engine, decoding
-        loop.run(_noop())
+    version, busy = decoding_on_a_new_adapter(gen, loop, learner, tiny_path, "busy", seed=4)
     assert_serves_the_learner(gen, loop, learner, base)
     assert all(len(out.token_ids) > 0 and out.policy_version == version for out in busy.result(300))
 
@@ -203,16 +210,7 @@ def test_the_base_scores_the_kl_reference_beside_requests_on_the_adapter(replica
     off), and not the adapter's log-probs; every sequence of the call is answered whole."""
     gen, loop = replica
     base = learner_base_logprobs(learner)
-    version = gen.policy_version() + 1
-    loop.run(gen.update_weights(version, trained(learner, tiny_path, version)))
-    busy = loop.submit(
-        gen.generate(
-            [GenerationRequest(f"ref-busy{i}", list(TOKENS), 200, 20 + i) for i in range(3)],
-            SamplingConfig(temperature=1.0, seed=5),
-        )
-    )
-    while gen.adapters.served.users(version) < 3:
-        loop.run(_noop())
+    version, busy = decoding_on_a_new_adapter(gen, loop, learner, tiny_path, "ref-busy", seed=5)
     whole, again = loop.run(gen.reference_logprobs([TOKENS, list(TOKENS)]))
     assert gap(whole, base) <= TOLERANCE and whole == again
     assert gap(whole, learner.canary_logprobs(TOKENS)) > 100 * TOLERANCE  # the adapter's are other
