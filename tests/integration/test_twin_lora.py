@@ -55,5 +55,7 @@ def test_vllm_serves_each_twins_adapter_as_the_learner_scores_it(name, tmp_path)
         served = [generator.prompt_logprobs(s) for s in seqs]
         assert max_diff(served, [learner.canary_logprobs(s) for s in seqs]) <= TOLERANCE, name
         assert max_diff(served, base) > 1e-2, f"{name}: the adapter changed nothing"
+        # trainer.reference_logprobs=generator: with the adapter loaded, the base still scores the reference
+        assert max_diff(generator.reference_logprobs(seqs), base) <= TOLERANCE, name
     finally:
         generator.close()
