@@ -220,17 +220,17 @@ def _reference_logprobs(
     episode left out (an infra fault: it trains as a stand-in; or as long as the model's context,
     with no room for the one token a scoring request asks) has its reference forwarded by the learner.
     A replica that fails or times out raises (GeneratorUnavailable: the group is re-issued)."""
-    scored = [
-        ep for ep in episodes if ep.fault is None and any(ep.loss_mask) and len(ep.token_ids) < generator.max_model_len
-    ]
+    played = [ep for ep in episodes if ep.fault is None]
+    # One that generated nothing scores nothing: zeros, never read, so its micro-batch needs no forward either.
+    out = {ep.index: [0.0] * len(ep.token_ids) for ep in played if not any(ep.loss_mask)}
+    scored = [ep for ep in played if any(ep.loss_mask) and len(ep.token_ids) < generator.max_model_len]
     if not scored:
-        return {}
+        return out
     t0 = time.perf_counter()
     answers = generator.reference_logprobs([ep.token_ids for ep in scored])
     if stats is not None:
         stats.reference_s += time.perf_counter() - t0
         stats.reference_tokens += sum(len(ep.token_ids) for ep in scored)
-    out = {}
     for ep, lps in zip(scored, answers, strict=True):
         if len(lps) != len(ep.token_ids) - 1:
             raise ValueError(f"{len(lps)} reference log-probs for the {len(ep.token_ids) - 1} tokens after the first")
