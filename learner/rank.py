@@ -28,6 +28,7 @@ from learner.engine import Learner
 from learner.onednn_caches import bound_caches
 from learner.rank_shards import RankShard, Rendezvous, join_group
 from learner.step_result import LearnerStepResult
+from learner.torch_thread import TorchThread
 
 if TYPE_CHECKING:
     from learner.weight_broadcast import WeightBroadcaster
@@ -49,6 +50,13 @@ def _release_free_memory() -> None:
         trim(0)
 
 
+def _set_torch_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def _node_ip() -> str:
     import ray
 
@@ -65,10 +73,9 @@ def _free_port_here() -> tuple[str, int]:
 class LearnerRank:
     def __init__(self, threads: int | None = None) -> None:  # the learner comes in start
         bound_caches()  # this process's first torch use is below: before any bf16 op (learner/onednn_caches.py)
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
+        # Every ordered call's body runs on this one thread (learner/torch_thread.py); torch's thread
+        # count is that thread's setting, so it is set there.
+        self.torch = TorchThread("learner-torch", initializer=functools.partial(_set_torch_threads, threads))
         self.learner: Learner | None = None
         # Rank 0 of the weight group, when generators take weights by broadcast.
         self.broadcaster: WeightBroadcaster | None = None
@@ -114,8 +121,8 @@ class LearnerRank:
         self.wait_s = rendezvous.wait_s
         with self.order.turn(ticket, "start", self.wait_s):
             if rendezvous.world_size > 1:
-                join_group(rendezvous)
-            self.learner = make_learner()
+                self.torch.run(join_group, rendezvous)
+            self.learner = self.torch.run(make_learner)
             if self.learner.world_size != rendezvous.world_size:
                 raise ValueError(
                     f"the learner was configured for world_size={self.learner.world_size}, the group has {rendezvous.world_size}"
@@ -132,7 +139,8 @@ class LearnerRank:
         policy_version: int | None,
     ) -> LearnerStepResult:
         with self.order.turn(ticket, "train step", self.wait_s):
-            out = self._started().train_batch(
+            out = self.torch.run(
+                self._started().train_batch,
                 shard.trajectories,
                 tag_weights,
                 group_weights,
@@ -144,20 +152,20 @@ class LearnerRank:
 
     def canary_logprobs(self, ticket: int, token_ids: list[int]) -> list[float]:
         with self.order.turn(ticket, "weight canary", self.wait_s):
-            return self._started().canary_logprobs(token_ids)
+            return self.torch.run(self._started().canary_logprobs, token_ids)
 
     def weights(self, ticket: int, dtype: str | None = None):
         """The generator's weights in its ``dtype`` (None: fp32 as trained), put into the object
         store bucket by bucket: rank 0 returns the ``WeightManifest`` (weights/buckets.py),
         the other ranks of a group join the gathers and return None."""
         with self.order.turn(ticket, "weight gather", self.wait_s):
-            return self._started().weights_out.weight_manifest(dtype)
+            return self.torch.run(self._started().weights_out.weight_manifest, dtype)
 
     def save_snapshot(self, ticket: int, out_dir: str, version: int) -> tuple[str, float]:
         """A loadable safetensors snapshot (frozen evaluation snapshots)."""
         with self.order.turn(ticket, "snapshot", self.wait_s):
             learner = self._started()
-            path, seconds = learner.weights_out.save_snapshot(out_dir, version, learner.step)
+            path, seconds = self.torch.run(learner.weights_out.save_snapshot, out_dir, version, learner.step)
             _release_free_memory()
             return str(path), seconds
 
@@ -171,7 +179,7 @@ class LearnerRank:
 
         from learner.weight_broadcast import WeightBroadcaster
 
-        with self.order.turn(ticket, "weight group", self.wait_s):
+        def form() -> list[dict[str, Any]]:
             if self.broadcaster is not None:
                 self.broadcaster.close()
                 self.broadcaster = None
@@ -181,22 +189,27 @@ class LearnerRank:
             )
             return [m.to_wire() for m in self._started().weights_out.weight_metadata(cast)]
 
+        with self.order.turn(ticket, "weight group", self.wait_s):
+            return self.torch.run(form)
+
     def broadcast_weights(self, ticket: int) -> float:
         """Rank 0 sends over the weight group; the other ranks only join the ZeRO-3 bucket gathers."""
         with self.order.turn(ticket, "weight broadcast", self.wait_s):
             if self.rank == 0 and self.broadcaster is None:
                 raise RuntimeError("broadcast_weights before join_weight_group")
-            return self._started().weights_out.broadcast_weights(self.broadcaster if self.rank == 0 else None)
+            return self.torch.run(
+                self._started().weights_out.broadcast_weights, self.broadcaster if self.rank == 0 else None
+            )
 
     def save_checkpoint(self, ticket: int, path: str, extra: Mapping[str, Any], keep: int = 0) -> str:
         with self.order.turn(ticket, "checkpoint", self.wait_s):
-            saved = str(self._started().save_checkpoint(path, extra, keep))
+            saved = str(self.torch.run(self._started().save_checkpoint, path, extra, keep))
             _release_free_memory()
             return saved
 
     def load_checkpoint(self, ticket: int, path: str) -> dict[str, Any]:
         with self.order.turn(ticket, "resume", self.wait_s):
-            return self._started().load_checkpoint(path)
+            return self.torch.run(self._started().load_checkpoint, path)
 
     def param_share(self, ticket: int) -> dict[str, int]:
         """Parameters this rank holds, from the partitioned tensors (ZeRO-3: ds_tensor), against the
@@ -209,7 +222,7 @@ class LearnerRank:
                 total += getattr(p, "ds_numel", p.numel())
             return held, total
 
-        with self.order.turn(ticket, "parameter count", self.wait_s):
+        with self.order.turn(ticket, "parameter count", self.wait_s):  # reads sizes only: no torch op
             learner = self._started()
             held, total = count(learner.model)
             ref = learner.ref

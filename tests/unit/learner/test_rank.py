@@ -37,21 +37,25 @@ class FakeLearner:
     def __init__(self, world_size: int = 1, body_s: float = 0.0) -> None:
         self.world_size, self.body_s, self.step, self.timeout_s = world_size, body_s, 7, 30.0
         self.calls: list[str] = []
+        self.threads: list[str] = []  # the thread each call ran on
         self.weights_out = FakeWeightsOut(self.calls)
         self.model = torch.nn.Linear(3, 2)  # 8 parameters, all held (no ZeRO-3 partition)
         self.ref = None
 
     def train_batch(self, trajectories: list, tag_weights: Any, group_weights: Any, **kw: Any) -> Any:
         time.sleep(self.body_s)  # long enough that an unordered rank would let the next call in
+        self.threads.append(threading.current_thread().name)
         self.calls.append(f"train v{kw['policy_version']} minis {kw['mini_groups']}")
         return step_result(loss=0.25)
 
     def canary_logprobs(self, token_ids: list[int]) -> list[float]:
         self.calls.append(f"canary {token_ids}")
+        self.threads.append(threading.current_thread().name)
         return [-0.5] * (len(token_ids) - 1)
 
     def save_checkpoint(self, path: str, extra: Any, keep: int) -> str:
         self.calls.append(f"checkpoint {path} keep {keep}")
+        self.threads.append(threading.current_thread().name)
         return path
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
@@ -146,3 +150,35 @@ def test_the_parameter_share_of_an_unpartitioned_model_is_all_of_it():
     assert r.param_share(1) == {"held": 8, "total": 8, "ref_held": 0, "ref_total": 0}
     learner.ref = SimpleNamespace(module=torch.nn.Linear(2, 2))  # a DeepSpeed-wrapped reference: its module
     assert r.param_share(2) == {"held": 8, "total": 8, "ref_held": 6, "ref_total": 6}
+
+
+def test_every_ordered_call_runs_on_the_one_torch_thread_whichever_thread_brings_it():
+    # Ray serves a rank's calls on a pool of threads; torch's per-thread caches (learner/torch_thread.py)
+    # must see one thread, the one the learner was built on.
+    built_on: list[str] = []
+    learner = FakeLearner()
+    r = LearnerRank()
+    r.start(0, rendezvous(), lambda: built_on.append(threading.current_thread().name) or learner)
+    shard = RankShard(trajectories=[], mini_groups=[["g1"]])
+    callers = [
+        threading.Thread(target=r.train_shard, args=(1, shard, {}, None, 1)),
+        threading.Thread(target=r.canary_logprobs, args=(2, [1, 2])),
+        threading.Thread(target=r.save_checkpoint, args=(3, "/runs/x/ck", {}, 1)),
+    ]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=10)
+    assert len(learner.calls) == 3
+    assert set(learner.threads) == set(built_on) == {"learner-torch"}
+
+
+def test_a_failing_body_on_the_torch_thread_fails_its_call_and_passes_the_turn():
+    class Broken(FakeLearner):
+        def canary_logprobs(self, token_ids: list[int]) -> list[float]:
+            raise ValueError("no such token")
+
+    r = started(Broken())
+    with pytest.raises(ValueError, match="no such token"):
+        r.canary_logprobs(1, [1])
+    assert r.save_checkpoint(2, "/runs/x/ck", {}, 1) == "/runs/x/ck"
