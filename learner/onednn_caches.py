@@ -10,6 +10,9 @@ every layer) needs a few dozen entries. Measured on the tiny model, bf16, a new 
 each step: capacity 64 for both stays flat at 371 MB and steps as fast as 1024 (0.172 s against
 0.174 s); 16 for both stays flat at 330 MB but steps 15% slower.
 
+ideep's cache is kept per calling thread: a rank runs all its torch calls on one thread
+(learner/torch_thread.py), so it holds one such cache, not one per thread of Ray's pool.
+
 Both are read from the environment once, when the process first uses the cache, so the bound must
 be set before the learner's first bf16 op: ``Learner`` and ``LearnerRank`` call ``bound_caches``
 first. A value set by the user is kept.
