@@ -33,6 +33,8 @@ def seal_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         f"run_dir={run_dir}",
         *extra,
     ]
+    if any(a.startswith("resume=") for a in extra):  # a resume reads the run's config: settings only
+        args = [*extra]
     return subprocess.run(
         [sys.executable, "-m", "seal.commands.cli", "train", *args],
         capture_output=True,
