@@ -281,7 +281,8 @@ def test_a_learner_rank_lost_with_its_host_stops_the_run_named_and_it_resumes(ho
     assert 1 <= saved <= len(metrics(run_dir)), saved
     got = hosts.run_on(
         hosts.head,
-        train_args(hosts, run_dir, *base, "trainer.steps=1", f"resume={run_dir}"),
+        # A resume reads the run's recorded config (its groups chosen): settings only.
+        [SEAL, "train", f"cluster.address={hosts.address}", "trainer.steps=1", f"resume={run_dir}"],
         timeout_s=900,
         cwd=tmp_path,
     )
