@@ -58,3 +58,6 @@ class TorchThread:
                 done.set_result(fn(*args, **kwargs))
             except BaseException as e:
                 done.set_exception(e)
+            # Hold nothing between calls: the last call's arguments (a step's trajectories) and a failed
+            # call's traceback (its frames' tensors) would otherwise live until the next call arrives.
+            del done, fn, args, kwargs
